@@ -1,0 +1,42 @@
+# geserve: `make run` serves model_repository/, `make test` runs lint, types and the suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+
+.PHONY: run test lint typecheck unit protos models bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[onnx]'
+	touch $@
+
+$(STAMP_TEST): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@ $(STAMP_RUN)
+
+run: $(STAMP_RUN)
+	$(BIN)/geserve --model-repository=model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002
+
+lint: $(STAMP_TEST)
+	$(BIN)/ruff check geserve tests scripts
+	$(BIN)/ruff format --check geserve tests scripts
+
+typecheck: $(STAMP_TEST)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+protos: $(STAMP_TEST)
+	$(BIN)/python scripts/gen_protos.py
+
+models: $(STAMP_TEST)
+	$(BIN)/python scripts/make_models.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

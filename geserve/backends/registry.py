@@ -1,0 +1,66 @@
+"""Backend names, aliases, platforms and default model files -> lazily imported backend factories."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from geserve.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from geserve.backends.base import Backend
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """How to find and build one backend; the module is imported only inside a worker."""
+
+    name: str
+    module: str
+    default_filename: str
+    platforms: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    def create(self) -> Backend:
+        factory = importlib.import_module(self.module).create_backend
+        backend: Backend = factory()
+        return backend
+
+
+BACKENDS = (
+    BackendSpec("onnxruntime", "geserve.backends.onnxruntime", "model.onnx", platforms=("onnxruntime_onnx",)),
+    BackendSpec("identity", "geserve.backends.identity", ""),
+)
+
+
+def by_name(name: str) -> BackendSpec:
+    for spec in BACKENDS:
+        if name == spec.name or name in spec.aliases:
+            return spec
+    known = ", ".join(spec.name for spec in BACKENDS)
+    raise ModelLoadError(f"unknown backend '{name}' (available backends: {known})")
+
+
+def resolve(backend: str, platform: str, version_dirs: list[Path], default_filename: str) -> BackendSpec:
+    """The backend a config selects: `backend`, else `platform`, else the model file present."""
+    if backend:
+        return by_name(backend)
+    if platform:
+        for spec in BACKENDS:
+            if platform in spec.platforms:
+                return spec
+        raise ModelLoadError(f"unknown platform '{platform}'")
+    for spec in BACKENDS:
+        if not spec.default_filename:
+            continue
+        candidates = {spec.default_filename}
+        if Path(default_filename).suffix == Path(spec.default_filename).suffix:
+            candidates.add(default_filename)
+        if any((directory / name).exists() for directory in version_dirs for name in candidates):
+            return spec
+    raise ModelLoadError(
+        "unable to determine the backend: the config names no 'backend' or 'platform' and no version "
+        f"folder holds a known model file ({', '.join(s.default_filename for s in BACKENDS if s.default_filename)})"
+    )

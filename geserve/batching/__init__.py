@@ -1,0 +1,1 @@
+"""Schedulers: how requests of one model version reach its instances."""

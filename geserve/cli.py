@@ -1,0 +1,186 @@
+"""tritonserver-style command line -> ServerOptions, and the `geserve` entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
+from geserve.server import Server, ServerOptions
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in [0, 65535], got {port}")
+    return port
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _boolean(group: argparse._ArgumentGroup, name: str, default: bool, help_text: str) -> None:
+    group.add_argument(
+        name,
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=f"{help_text} (default: {str(default).lower()})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="geserve",
+        description="A Triton-compatible (KServe v2) inference server. Boolean flags take true/false "
+        "(`--strict-readiness=false`); a bare boolean flag means true.",
+    )
+    group = parser.add_argument_group("model repository")
+    group.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repositories",
+        action="append",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="a model repository folder; repeat for several",
+    )
+    group.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="do not complete configs from the model files",
+    )
+    group.add_argument(
+        "--strict-model-config",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="BOOL",
+        help="deprecated: true is --disable-auto-complete-config",
+    )
+    _boolean(group, "--exit-on-error", True, "exit when any model fails to load")
+    _boolean(group, "--strict-readiness", True, "ready only while every model is ready")
+    group.add_argument(
+        "--exit-timeout-secs",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="how long shutdown waits for in-flight requests and workers (default: 30)",
+    )
+    group.add_argument(
+        "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"
+    )
+
+    group = parser.add_argument_group("HTTP")
+    _boolean(group, "--allow-http", True, "serve HTTP/REST")
+    group.add_argument("--http-address", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
+    group.add_argument("--http-port", type=_port, default=8000, help="HTTP port (default: 8000)")
+    group.add_argument(
+        "--http-max-input-size",
+        type=_positive,
+        default=DEFAULT_MAX_INPUT_SIZE,
+        metavar="BYTES",
+        help=f"largest request body, also after decompression (default: {DEFAULT_MAX_INPUT_SIZE})",
+    )
+
+    group = parser.add_argument_group("gRPC")
+    _boolean(group, "--allow-grpc", True, "serve gRPC")
+    group.add_argument("--grpc-address", default="0.0.0.0", help="gRPC bind address (default: 0.0.0.0)")
+    group.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default: 8001)")
+
+    group = parser.add_argument_group("metrics")
+    _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
+    group.add_argument("--metrics-address", default="", help="metrics bind address (default: the HTTP address)")
+    group.add_argument("--metrics-port", type=_port, default=8002, help="metrics port (default: 8002)")
+
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="LEVEL",
+        help="verbose logging level; >0 logs debug details (default: 0)",
+    )
+    _boolean(group, "--log-info", True, "log informational messages")
+    _boolean(group, "--log-warning", True, "log warnings")
+    _boolean(group, "--log-error", True, "log errors")
+    return parser
+
+
+def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
+    args = build_parser().parse_args(argv)
+    auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
+    if args.log_verbose > 0:
+        level = logging.DEBUG
+    elif args.log_info:
+        level = logging.INFO
+    elif args.log_warning:
+        level = logging.WARNING
+    elif args.log_error:
+        level = logging.ERROR
+    else:
+        level = logging.CRITICAL
+    return ServerOptions(
+        model_repositories=args.model_repositories,
+        server_id=args.server_id,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        exit_timeout_secs=args.exit_timeout_secs,
+        auto_complete=auto_complete,
+        allow_http=args.allow_http,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_max_input_size=args.http_max_input_size,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address or args.http_address,
+        metrics_port=args.metrics_port,
+        log_verbose=args.log_verbose,
+        log_level=level,
+    )
+
+
+def _loop_factory() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_options(argv)
+    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with asyncio.Runner(loop_factory=_loop_factory) as runner:
+        return runner.run(Server(options).serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tensor encodings shared by every layer: the dtype table and BYTES framing."""

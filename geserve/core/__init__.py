@@ -1,0 +1,1 @@
+"""The inference service both front-ends call: models, versions, validation."""

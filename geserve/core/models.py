@@ -1,0 +1,88 @@
+"""Loaded models and their versions: config, tensor specs, scheduler, readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.batching.scheduler import InstanceScheduler
+from geserve.codecs import dtypes
+from geserve.types import ModelMetadata, TensorMetadata
+from geserve.workers.client import WorkerClient
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A config input or output, resolved once at load so requests are checked cheaply."""
+
+    name: str
+    dtype: dtypes.DataType
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool
+    batched: bool
+
+    @property
+    def wire_shape(self) -> tuple[int, ...]:
+        """The shape clients see: -1 for the batch dimension first when the model batches."""
+        return ((-1,) if self.batched else ()) + self.dims
+
+
+def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: bool) -> dict[str, TensorSpec]:
+    specs = {}
+    for tensor in tensors:
+        reshape = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
+        optional = bool(getattr(tensor, "optional", False))
+        specs[tensor.name] = TensorSpec(
+            tensor.name, dtypes.from_config(tensor.data_type), tuple(tensor.dims), reshape, optional, batched
+        )
+    return specs
+
+
+class ModelVersion:
+    """One served version of a model and the scheduler that feeds its instances."""
+
+    def __init__(self, config: mc.ModelConfig, version: int, scheduler: InstanceScheduler) -> None:
+        self.name = config.name
+        self.version = version
+        self.version_str = str(version)
+        self.config = config
+        self.scheduler = scheduler
+        self.max_batch_size = config.max_batch_size
+        batched = config.max_batch_size > 0
+        self.inputs = _tensor_specs(list(config.input), batched)
+        self.outputs = _tensor_specs(list(config.output), batched)
+        self.output_names = tuple(self.outputs)
+        self.platform = config.platform or config.backend
+        self.input_metadata = tuple(TensorMetadata(s.name, s.dtype.wire, s.wire_shape) for s in self.inputs.values())
+        self.output_metadata = tuple(TensorMetadata(s.name, s.dtype.wire, s.wire_shape) for s in self.outputs.values())
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler.any_alive()
+
+    @property
+    def instances(self) -> list[WorkerClient]:
+        return self.scheduler.instances
+
+    def metadata(self, versions: tuple[str, ...]) -> ModelMetadata:
+        return ModelMetadata(self.name, versions, self.platform, self.input_metadata, self.output_metadata)
+
+    async def stop(self, timeout_s: float) -> None:
+        await asyncio.gather(*(instance.stop(timeout_s) for instance in self.instances))
+
+
+@dataclass(slots=True)
+class Model:
+    """A model name in the repository: its loaded versions, or why it could not be loaded."""
+
+    name: str
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    reason: str = ""
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [self.versions[v] for v in sorted(self.versions) if self.versions[v].ready]

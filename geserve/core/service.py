@@ -1,0 +1,155 @@
+"""InferenceService: the one API the HTTP and gRPC front-ends call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import numpy as np
+
+import geserve
+from geserve._generated import model_config_pb2 as mc
+from geserve.core import validation
+from geserve.core.loader import LoadSettings, load_model
+from geserve.core.models import Model, ModelVersion
+from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError
+from geserve.repository.scan import scan_repositories
+from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor
+
+logger = logging.getLogger(__name__)
+
+# Protocol extensions that work end to end; clients (perf_analyzer) key behaviour off this list.
+EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters")
+
+
+class InferenceService:
+    """Owns the models of the repositories and answers health, metadata and inference."""
+
+    def __init__(
+        self,
+        repositories: list[Path],
+        settings: LoadSettings | None = None,
+        server_id: str = "triton",
+        strict_readiness: bool = True,
+    ) -> None:
+        self.repositories = repositories
+        self.settings = settings or LoadSettings()
+        self.server_id = server_id
+        self.strict_readiness = strict_readiness
+        self._models: dict[str, Model] = {}
+        self._accepting = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def load_models(self) -> dict[str, str]:
+        """Load every model of the repositories; returns the failures as name -> reason."""
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        for name, reason in scan.conflicts.items():
+            self._models[name] = Model(name, reason=reason)
+        models = await asyncio.gather(*(load_model(source, self.settings) for source in scan.models.values()))
+        for model in models:
+            self._models[model.name] = model
+        failures = {name: model.reason for name, model in sorted(self._models.items()) if model.reason}
+        for name, reason in failures.items():
+            logger.error("failed to load '%s': %s", name, reason)
+        self._accepting = True
+        return failures
+
+    def stop_accepting(self) -> None:
+        """Report not ready from now on (the first step of shutdown)."""
+        self._accepting = False
+
+    async def shutdown(self) -> None:
+        """Stop answering as ready and stop every worker."""
+        self._accepting = False
+        versions = [version for model in self._models.values() for version in model.versions.values()]
+        await asyncio.gather(*(version.stop(self.settings.stop_timeout_s) for version in versions))
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        if not self._accepting:
+            return False
+        if not self.strict_readiness:
+            return True
+        return all(not model.reason and model.ready_versions() for model in self._models.values())
+
+    def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
+        return self.server_id, geserve.__version__, EXTENSIONS
+
+    def model_version(self, name: str, version: str = "") -> ModelVersion:
+        """The version a request addresses; Triton's errors for unknown models and versions."""
+        model = self._models.get(name)
+        if model is None:
+            raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
+        if version:
+            if not version.isdigit():
+                raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
+            found = model.versions.get(int(version))
+            if found is None or not found.ready:
+                raise NotFoundError(f"Request for unknown model: '{name}' version {int(version)} is not found")
+            return found
+        ready = model.ready_versions()
+        if not ready:
+            raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
+        return ready[-1]
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model (version) can serve; unknown model names are an error, as in Triton."""
+        try:
+            self.model_version(name, version)
+        except NotFoundError:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        found = self.model_version(name, version)
+        if version:
+            versions: tuple[str, ...] = (found.version_str,)
+        else:
+            versions = tuple(v.version_str for v in self._models[name].ready_versions())
+        return found.metadata(versions)
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.model_version(name, version).config
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, schedule and run one request; errors carry Triton's request-id prefix."""
+        try:
+            validation.check_parameters(request.parameters)
+            model = self.model_version(request.model_name, request.model_version)
+            inputs = validation.validate_inputs(request, model)
+            output_names = validation.requested_output_names(request, model)
+            executed = await model.scheduler.execute(inputs, output_names)
+            if executed.error is not None:
+                raise executed.error
+            assert executed.outputs is not None
+            return InferResponse(
+                model_name=model.name,
+                model_version=model.version_str,
+                outputs=tuple(_output(model, name, executed.outputs[name]) for name in output_names),
+                id=request.id,
+            )
+        except GeserveError as error:
+            raise error.with_request_id(request.id) from None
+
+
+def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:
+    spec = model.outputs[name]
+    if spec.dtype.itemsize is not None and array.dtype != spec.dtype.numpy:
+        raise InternalError(
+            f"model '{model.name}' produced output '{name}' of type {array.dtype}, "
+            f"but its config declares {spec.dtype.config_name}"
+        )
+    if spec.reshape is not None:
+        batch = (array.shape[0],) if spec.batched and array.ndim else ()
+        array = array.reshape(batch + spec.dims)
+    return OutputTensor(name, spec.dtype.wire, array)

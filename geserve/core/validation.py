@@ -1,0 +1,133 @@
+"""Request checks against a model's config, with Triton's error texts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from geserve.codecs import bytes as bytes_codec
+from geserve.core.models import ModelVersion, TensorSpec
+from geserve.errors import InvalidArgumentError
+from geserve.types import InferInput, InferRequest, Parameters
+
+# Request parameters Triton interprets itself; everything else is passed to the model.
+_RESERVED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"}
+)
+
+
+def check_parameters(parameters: Parameters) -> None:
+    """Reject reserved `triton_` keys and badly typed scheduling parameters."""
+    for key, value in parameters.items():
+        if key.startswith("triton_"):
+            raise InvalidArgumentError(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            )
+        if key in ("priority", "timeout") and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise InvalidArgumentError(f"parameter '{key}' must be a non-negative integer, got {value!r}")
+        if key in ("sequence_start", "sequence_end", "binary_data_output") and not isinstance(value, bool):
+            raise InvalidArgumentError(f"parameter '{key}' must be a boolean, got {value!r}")
+        if key == "sequence_id" and (isinstance(value, bool) or not isinstance(value, int | str)):
+            raise InvalidArgumentError(
+                f"parameter 'sequence_id' must be an unsigned integer or a string, got {value!r}"
+            )
+
+
+def is_reserved_parameter(key: str) -> bool:
+    return key in _RESERVED_PARAMETERS or key.startswith("triton_")
+
+
+def _dims_text(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
+
+
+def validate_inputs(request: InferRequest, model: ModelVersion) -> dict[str, np.ndarray]:
+    """Check every input against the config and return them as arrays of the configured shape."""
+    name = model.name
+    arrays: dict[str, np.ndarray] = {}
+    batch_size: int | None = None
+    for tensor in request.inputs:
+        spec = model.inputs.get(tensor.name)
+        if spec is None:
+            raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
+        if tensor.name in arrays:
+            raise InvalidArgumentError(f"input '{tensor.name}' already exists in request")
+        if tensor.datatype != spec.dtype.wire:
+            raise InvalidArgumentError(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"but model '{name}' expects '{spec.dtype.wire}'"
+            )
+        shape = tensor.shape
+        item_shape = shape
+        if spec.batched:
+            if shape and shape[0] > model.max_batch_size:
+                raise InvalidArgumentError(
+                    f"inference request batch-size must be <= {model.max_batch_size} for '{name}'"
+                )
+            if shape and batch_size is not None and shape[0] != batch_size:
+                raise InvalidArgumentError(f"input '{tensor.name}' batch size does not match other inputs for '{name}'")
+            if shape:
+                batch_size = shape[0]
+            item_shape = shape[1:]
+        if (not shape and spec.batched) or any(d < 0 for d in shape) or not _dims_match(item_shape, spec.dims):
+            raise InvalidArgumentError(
+                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                f"Expected {_dims_text(spec.wire_shape)}, got {_dims_text(shape)}"
+            )
+        array = _as_array(tensor, spec, name)
+        if spec.reshape is not None:
+            array = array.reshape(((shape[0],) if spec.batched else ()) + spec.reshape)
+        arrays[tensor.name] = array
+    if len(arrays) != len(model.inputs):
+        missing = [n for n, s in model.inputs.items() if n not in arrays and not s.optional]
+        if missing:
+            required = sum(1 for s in model.inputs.values() if not s.optional)
+            raise InvalidArgumentError(
+                f"expected {required} inputs but got {len(arrays)} inputs for model '{name}'. "
+                f"Got input(s) {list(arrays)}, but missing required input(s) {missing}. "
+                "Please provide all required input(s)."
+            )
+    return arrays
+
+
+def _as_array(tensor: InferInput, spec: TensorSpec, model_name: str) -> np.ndarray:
+    """Turn raw bytes into an array of the declared shape, checking the byte size first."""
+    data = tensor.data
+    if isinstance(data, np.ndarray):
+        return data  # front-ends build typed arrays with exactly the declared shape
+    count = math.prod(tensor.shape)
+    itemsize = spec.dtype.itemsize
+    if itemsize is None:
+        strings = bytes_codec.deserialize(data, count)
+        if len(strings) != count:
+            raise InvalidArgumentError(
+                f"expected {count} string elements for inference input '{tensor.name}' for model "
+                f"'{model_name}', got {len(strings)}"
+            )
+        return strings.reshape(tensor.shape)
+    expected = count * itemsize
+    if data.nbytes != expected:
+        raise InvalidArgumentError(
+            f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. "
+            f"Expected {expected}, got {data.nbytes}"
+        )
+    return np.frombuffer(data, dtype=spec.dtype.numpy.newbyteorder("<")).reshape(tensor.shape)
+
+
+def requested_output_names(request: InferRequest, model: ModelVersion) -> tuple[str, ...]:
+    """The outputs to compute: those requested, in order, or all of them."""
+    if not request.outputs:
+        return model.output_names
+    names: list[str] = []
+    for output in request.outputs:
+        if output.name not in model.outputs:
+            raise InvalidArgumentError(f"unexpected inference output '{output.name}' for model '{model.name}'")
+        if output.name in names:
+            raise InvalidArgumentError(f"output '{output.name}' already exists in request")
+        names.append(output.name)
+    return tuple(names)

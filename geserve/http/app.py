@@ -1,0 +1,41 @@
+"""The FastAPI application: routes plus Triton's error bodies for every failure."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+import geserve
+from geserve.core.service import InferenceService
+from geserve.errors import GeserveError
+from geserve.http.errors import error_response, from_error
+from geserve.http.routes import build_router
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
+
+
+def create_app(service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastAPI:
+    app = FastAPI(title="geserve", version=geserve.__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(build_router(service, max_input_size))
+
+    async def on_geserve_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, GeserveError)
+        return from_error(error)
+
+    async def on_http_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        return error_response(str(error.detail), error.status_code)
+
+    async def on_unexpected_error(request: Request, error: Exception) -> Response:
+        logger.exception("unexpected error serving %s %s", request.method, request.url.path)
+        return error_response(f"internal error: {type(error).__name__}: {error}", 500)
+
+    app.add_exception_handler(GeserveError, on_geserve_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected_error)
+    return app

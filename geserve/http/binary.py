@@ -1,0 +1,288 @@
+"""The v2 infer body: JSON header plus binary tensor data, in and out, and raw binary requests."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+
+from geserve.codecs import bytes as bytes_codec
+from geserve.codecs import dtypes
+from geserve.core.models import ModelVersion
+from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.types import (
+    InferInput,
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+    ParameterValue,
+    RequestedOutput,
+)
+
+BINARY_DATA = "binary_data"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def loads(data: bytes | memoryview) -> Any:
+    """Parse JSON; NaN and Infinity literals (sent by Triton clients) are accepted."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        try:  # orjson is strict JSON; the standard library also takes NaN / Infinity
+            return json.loads(bytes(data))
+        except (ValueError, RecursionError):
+            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
+
+
+def _parameters(value: Any, where: str) -> dict[str, ParameterValue]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"'parameters' of {where} must be a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, bool | int | float | str):
+            raise InvalidArgumentError(f"parameter '{key}' of {where} must be a bool, number or string")
+    return value
+
+
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise InvalidArgumentError(f"'shape' of input '{name}' must be an array of integers")
+    if any(d < 0 for d in value):
+        raise InvalidArgumentError(f"'shape' of input '{name}' must not hold negative dimensions, got {value}")
+    return tuple(value)
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+_ACCEPTS = {"b": "b", "i": "biu", "u": "biu", "f": "biuf"}
+
+
+def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A JSON `data` field as an array of the declared datatype and shape."""
+    if datatype.wire in ("FP16", "BF16"):
+        raise InvalidArgumentError(
+            f"receiving {datatype.wire} data via JSON is not supported. "
+            f"Please use the binary data format for input '{name}'"
+        )
+    count = math.prod(shape)
+    if datatype.wire == "BYTES":
+        flat = _flatten(data)
+        if not all(isinstance(item, str) for item in flat):
+            raise InvalidArgumentError(f"unable to parse 'data' of input '{name}': BYTES elements must be strings")
+        array = np.empty(len(flat), dtype=np.object_)
+        array[:] = [item.encode("utf-8") for item in flat]
+    else:
+        try:
+            parsed = np.asarray(data)
+        except ValueError as error:
+            raise InvalidArgumentError(f"unable to parse 'data' of input '{name}': {error}") from None
+        if parsed.size and parsed.dtype.kind not in _ACCEPTS[datatype.numpy.kind]:
+            raise InvalidArgumentError(
+                f"unable to parse 'data' of input '{name}': expected {datatype.wire} values, got {parsed.dtype.kind!r} "
+                "elements"
+            )
+        if parsed.size and datatype.numpy.kind in "iu":
+            limits = np.iinfo(datatype.numpy.name)
+            if parsed.min() < limits.min or parsed.max() > limits.max:
+                raise InvalidArgumentError(
+                    f"unable to parse 'data' of input '{name}': value out of range for {datatype.wire}"
+                )
+        array = parsed.astype(datatype.numpy, copy=False).reshape(-1)
+    if array.size != count:
+        raise InvalidArgumentError(
+            f"unable to parse 'data' of input '{name}': Shape does not match true shape of 'data' field "
+            f"({array.size} elements for shape {list(shape)})"
+        )
+    return array.reshape(shape)
+
+
+def decode_request(
+    header: Any, binary: memoryview, model_name: str, model_version: str
+) -> tuple[InferRequest, dict[str, bool]]:
+    """The JSON header (already parsed) and the binary section -> InferRequest, and which outputs go binary."""
+    if not isinstance(header, dict):
+        raise InvalidArgumentError("the inference request JSON must be an object")
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError("'id' of the inference request must be a string")
+    parameters = _parameters(header.get("parameters"), "the inference request")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidArgumentError("the inference request must hold an 'inputs' array")
+    inputs = []
+    offset = 0
+    for item in raw_inputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgumentError("each input must be a JSON object with a string 'name'")
+        name = item["name"]
+        if not isinstance(item.get("datatype"), str):
+            raise InvalidArgumentError(f"input '{name}' must have a string 'datatype'")
+        datatype = dtypes.from_wire(item["datatype"])
+        shape = _shape(item.get("shape"), name)
+        input_parameters = _parameters(item.get("parameters"), f"input '{name}'")
+        binary_size = input_parameters.get("binary_data_size")
+        sources = ("data" in item) + (binary_size is not None) + ("shared_memory_region" in input_parameters)
+        if sources != 1:
+            raise InvalidArgumentError(
+                f"input '{name}' must have exactly one of 'data', 'binary_data_size' or 'shared_memory_region'"
+            )
+        if "shared_memory_region" in input_parameters:
+            raise UnsupportedError(f"input '{name}': shared memory is not supported by this server")
+        data: np.ndarray | memoryview
+        if binary_size is not None:
+            if not isinstance(binary_size, int) or isinstance(binary_size, bool) or binary_size < 0:
+                raise InvalidArgumentError(f"'binary_data_size' of input '{name}' must be a non-negative integer")
+            if offset + binary_size > len(binary):
+                raise InvalidArgumentError(
+                    f"unexpected end of binary data for input '{name}': it needs {binary_size} bytes at offset "
+                    f"{offset}, but the request has {len(binary)} bytes of binary data"
+                )
+            data = binary[offset : offset + binary_size]
+            offset += binary_size
+        else:
+            data = _json_tensor(item["data"], datatype, shape, name)
+        inputs.append(InferInput(name, datatype.wire, shape, data, input_parameters))
+    if offset != len(binary):
+        raise InvalidArgumentError(
+            f"the request holds {len(binary)} bytes of binary data but its inputs' 'binary_data_size' "
+            f"add up to {offset}"
+        )
+    default_binary = parameters.get("binary_data_output", False) is True
+    outputs, binary_outputs = _requested_outputs(header.get("outputs"), default_binary)
+    request = InferRequest(model_name, model_version, tuple(inputs), outputs, request_id, parameters)
+    return request, binary_outputs
+
+
+def _requested_outputs(value: Any, default_binary: bool) -> tuple[tuple[RequestedOutput, ...], dict[str, bool]]:
+    if value is None:
+        return (), {}
+    if not isinstance(value, list):
+        raise InvalidArgumentError("'outputs' of the inference request must be an array")
+    outputs = []
+    binary: dict[str, bool] = {}
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgumentError("each requested output must be a JSON object with a string 'name'")
+        name = item["name"]
+        parameters = _parameters(item.get("parameters"), f"output '{name}'")
+        if "classification" in parameters:
+            raise UnsupportedError(f"output '{name}': the classification extension is not supported")
+        if "shared_memory_region" in parameters:
+            raise UnsupportedError(f"output '{name}': shared memory is not supported by this server")
+        binary[name] = bool(parameters.get(BINARY_DATA, default_binary))
+        outputs.append(RequestedOutput(name, parameters))
+    binary.setdefault("", default_binary)  # for outputs the request did not list
+    return tuple(outputs), binary
+
+
+def decode_raw_request(body: memoryview, model: ModelVersion, model_version: str) -> InferRequest:
+    """A body that is one input's raw bytes (header length 0): shape deduced from the config."""
+    if len(model.inputs) != 1:
+        raise InvalidArgumentError(
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(model.inputs)} inputs "
+            f"in '{model.name}' model configuration"
+        )
+    spec = next(iter(model.inputs.values()))
+    batch = (1,) if spec.batched else ()
+    itemsize = spec.dtype.itemsize
+    if itemsize is None:
+        if spec.dims not in ((1,), (-1,)):
+            raise InvalidArgumentError(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        shape = (*batch, 1)
+        element = np.empty(1, dtype=np.object_)
+        element[0] = bytes(body)  # the whole body is the one string element
+        tensor = InferInput(spec.name, spec.dtype.wire, shape, element.reshape(shape))
+        return InferRequest(model.name, model_version, (tensor,), (), "", {"binary_data_output": True})
+    else:
+        variable = [i for i, d in enumerate(spec.dims) if d == -1]
+        if len(variable) > 1:
+            raise InvalidArgumentError(
+                f"The shape of the raw input '{spec.name}' can not be deduced because there are more than one "
+                "variable-sized dimension"
+            )
+        dims = list(spec.dims)
+        if variable:
+            fixed = math.prod(d for d in dims if d != -1) * itemsize
+            dims[variable[0]] = len(body) // fixed if fixed else 0
+        shape = batch + tuple(dims)
+    tensor = InferInput(spec.name, spec.dtype.wire, shape, body)
+    return InferRequest(model.name, model_version, (tensor,), (), "", {"binary_data_output": True})
+
+
+def _json_data(tensor: OutputTensor) -> tuple[Any, bool]:
+    """An output's `data` list, and whether it holds NaN or Infinity (which strict JSON cannot)."""
+    array = tensor.data
+    if tensor.datatype == "BYTES":
+        return [item.decode("utf-8", errors="replace") for item in array.reshape(-1)], False
+    if tensor.datatype == "BF16":
+        array = (array.astype(np.uint32) << 16).view(np.float32)
+    elif tensor.datatype == "FP16":
+        array = array.astype(np.float32)
+    flat = np.ascontiguousarray(array.reshape(-1))
+    special = array.dtype.kind == "f" and not bool(np.isfinite(flat).all())
+    return flat, special
+
+
+def _binary_data(tensor: OutputTensor) -> bytes | memoryview:
+    if tensor.datatype == "BYTES":
+        return bytes_codec.serialize(tensor.data)
+    array = np.ascontiguousarray(tensor.data)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array.data.cast("B")
+
+
+def encode_response(
+    response: InferResponse, binary_outputs: Mapping[str, bool]
+) -> tuple[bytes, list[bytes | memoryview]]:
+    """The response JSON header and the binary blobs that follow it, in output order."""
+    default_binary = binary_outputs.get("", False)
+    outputs = []
+    blobs: list[bytes | memoryview] = []
+    special = False
+    for tensor in response.outputs:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if binary_outputs.get(tensor.name, default_binary):
+            blob = _binary_data(tensor)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"], has_special = _json_data(tensor)
+            special = special or has_special
+        outputs.append(entry)
+    header: dict[str, Any] = {}
+    if response.id:
+        header["id"] = response.id
+    header["model_name"] = response.model_name
+    header["model_version"] = response.model_version
+    if response.parameters:
+        header["parameters"] = dict(response.parameters)
+    header["outputs"] = outputs
+    if special:
+        return json.dumps(header, default=lambda a: a.tolist(), separators=(",", ":")).encode(), blobs
+    return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY), blobs

@@ -1,0 +1,1 @@
+"""Model repositories on disk: layout, versions and config.pbtxt."""

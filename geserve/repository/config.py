@@ -1,0 +1,138 @@
+"""config.pbtxt parsing with protobuf text_format, Triton's defaults, checks and JSON form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor, json_format, text_format
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.errors import ModelLoadError
+
+ModelConfig = mc.ModelConfig
+CONFIG_FILENAME = "config.pbtxt"
+_INT64_TYPES = {
+    descriptor.FieldDescriptor.TYPE_INT64,
+    descriptor.FieldDescriptor.TYPE_UINT64,
+    descriptor.FieldDescriptor.TYPE_SINT64,
+    descriptor.FieldDescriptor.TYPE_FIXED64,
+    descriptor.FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def parse_config_text(text: str, source: str) -> mc.ModelConfig:
+    """Parse config.pbtxt text; a syntax error names the file, line and column."""
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        line, column = error.GetLine(), error.GetColumn()
+        reason = str(error).split(" : ", 1)[-1]
+        raise ModelLoadError(f"failed to parse {source} at line {line} column {column}: {reason}") from None
+    return config
+
+
+def read_model_config(model_dir: Path, model_name: str) -> tuple[mc.ModelConfig, bool]:
+    """The model's config.pbtxt, or an empty config when there is none; and whether a file existed."""
+    path = model_dir / CONFIG_FILENAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return mc.ModelConfig(name=model_name), False
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelLoadError(f"failed to read {path}: {error}") from None
+    config = parse_config_text(text, str(path))
+    if config.name and config.name != model_name:
+        raise ModelLoadError(
+            f"unexpected 'name' in model configuration {path}: expected '{model_name}', got '{config.name}'"
+        )
+    config.name = model_name
+    return config, True
+
+
+def fill_defaults(config: mc.ModelConfig, backend: str, default_filename: str, device_kind: int) -> None:
+    """Fill the fields Triton fills before it reports a config (backend, policy, instances, ...)."""
+    if not config.backend:
+        config.backend = backend
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename:
+        config.default_model_filename = default_filename
+    if not config.instance_group:
+        config.instance_group.add()
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = config.name if len(config.instance_group) == 1 else f"{config.name}_{index}"
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = device_kind  # type: ignore[assignment]
+        group.count = max(group.count, 1)
+    if not config.HasField("optimization"):
+        config.optimization.input_pinned_memory.enable = True
+        config.optimization.output_pinned_memory.enable = True
+    if not config.HasField("model_transaction_policy"):
+        config.model_transaction_policy.decoupled = False
+
+
+def validate_config(config: mc.ModelConfig) -> None:
+    """Reject configs that cannot be served, with a message naming the model and field."""
+    name = config.name
+    if config.max_batch_size < 0:
+        raise ModelLoadError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    if not config.input:
+        raise ModelLoadError(f"model '{name}' must specify at least one input")
+    if not config.output:
+        raise ModelLoadError(f"model '{name}' must specify at least one output")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for tensor in tensors:
+            if not tensor.name:
+                raise ModelLoadError(f"model '{name}' has an {kind} without a name")
+            if tensor.name in seen:
+                raise ModelLoadError(f"model '{name}' has more than one {kind} named '{tensor.name}'")
+            seen.add(tensor.name)
+            if tensor.data_type == mc.TYPE_INVALID:
+                raise ModelLoadError(f"model '{name}' {kind} '{tensor.name}' must specify 'data_type'")
+            for dim in tensor.dims:
+                if dim == 0 or dim < -1:
+                    raise ModelLoadError(
+                        f"model '{name}' {kind} '{tensor.name}' dimension {dim} is invalid: dims must be positive or -1"
+                    )
+    if config.HasField("dynamic_batching"):
+        for size in config.dynamic_batching.preferred_batch_size:
+            if size < 1 or size > max(config.max_batch_size, 1):
+                raise ModelLoadError(
+                    f"model '{name}': preferred_batch_size {size} must be in [1, max_batch_size "
+                    f"{config.max_batch_size}]"
+                )
+
+
+def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
+    """ModelConfig as Triton prints it: proto field names, every scalar, enums by name,
+    64-bit integers as JSON numbers, unset messages and oneofs left out."""
+    data = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _int64_as_numbers(config.DESCRIPTOR, data)
+    return data
+
+
+def _int64_as_numbers(message_type: descriptor.Descriptor, data: dict[str, Any]) -> None:
+    # protobuf's JSON mapping quotes 64-bit integers; Triton prints them as numbers.
+    for field in message_type.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            if value_field.message_type is not None:
+                for item in value.values():
+                    _int64_as_numbers(value_field.message_type, item)
+            elif value_field.type in _INT64_TYPES:
+                data[field.name] = {key: int(item) for key, item in value.items()}
+        elif field.message_type is not None:
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                _int64_as_numbers(field.message_type, item)
+        elif field.type in _INT64_TYPES:
+            data[field.name] = [int(item) for item in value] if isinstance(value, list) else int(value)

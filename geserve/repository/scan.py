@@ -1,0 +1,74 @@
+"""Repository layout: which model folders exist and which version folders a policy selects."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from geserve._generated import model_config_pb2 as mc
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A model folder found in one of the repositories."""
+
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """Models found, and names that cannot be served with the reason why."""
+
+    models: dict[str, ModelSource]
+    conflicts: dict[str, str]
+
+
+def scan_repositories(repositories: list[Path]) -> ScanResult:
+    """List model folders across repositories; a name found in two repositories is unavailable."""
+    models: dict[str, ModelSource] = {}
+    conflicts: dict[str, str] = {}
+    for repository in repositories:
+        if not repository.is_dir():
+            raise FileNotFoundError(f"model repository '{repository}' does not exist or is not a folder")
+        for entry in sorted(repository.iterdir()):
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.name in models:
+                conflicts[entry.name] = (
+                    f"model '{entry.name}' appears in multiple repositories: "
+                    f"'{models[entry.name].path.parent}' and '{repository}'"
+                )
+                continue
+            models[entry.name] = ModelSource(entry.name, entry)
+    for name in conflicts:
+        models.pop(name, None)
+    return ScanResult(models, conflicts)
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    """Numeric version folders in ascending order; names with a leading zero are ignored, as Triton does."""
+    versions = []
+    for entry in model_dir.iterdir():
+        name = entry.name
+        if entry.is_dir() and name.isdigit() and not name.startswith("0"):
+            versions.append(int(name))
+    return sorted(versions)
+
+
+def select_versions(available: list[int], policy: mc.ModelVersionPolicy) -> list[int]:
+    """The versions a version_policy serves (latest N by default)."""
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return list(available)
+    if choice == "specific":
+        wanted = set(policy.specific.versions)
+        missing = sorted(wanted - set(available))
+        if missing:
+            logger.warning("version_policy names versions with no folder: %s", missing)
+        return [version for version in available if version in wanted]
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return available[-max(count, 1) :] if available else []

@@ -1,0 +1,93 @@
+"""The core data types every layer shares: requests, responses and their tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Values a request or tensor parameter may carry on either wire protocol.
+ParameterValue = bool | int | float | str
+Parameters = Mapping[str, ParameterValue]
+EMPTY_PARAMETERS: Parameters = {}
+
+
+@dataclass(frozen=True, slots=True)
+class InferInput:
+    """One input tensor as decoded by a front-end.
+
+    `data` is a typed numpy array (JSON, typed protobuf contents) or the raw little-endian
+    bytes of a binary tensor; validation turns raw bytes into an array once the expected
+    byte size is known, without copying.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | memoryview
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters (e.g. binary_data)."""
+
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A wire-independent inference request; `model_version` "" means the policy's choice."""
+
+    model_name: str
+    model_version: str
+    inputs: tuple[InferInput, ...]
+    outputs: tuple[RequestedOutput, ...] = ()
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTensor:
+    """One output tensor of a response; BYTES outputs are object arrays of bytes."""
+
+    name: str
+    datatype: str
+    data: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class InferResponse:
+    """The answer to one InferRequest, outputs in the order they were requested."""
+
+    model_name: str
+    model_version: str
+    outputs: tuple[OutputTensor, ...]
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """Name, datatype and shape of a model input or output as clients see it."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """What `GET /v2/models/<m>` and gRPC ModelMetadata answer."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
