@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,20 @@ from geserve.types import (
 
 BINARY_DATA = "binary_data"
 HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputEncoding:
+    """Which outputs a response carries as binary data, and which as JSON `data`."""
+
+    default_binary: bool
+    per_output: Mapping[str, bool] = field(default_factory=dict)
+
+    def is_binary(self, name: str) -> bool:
+        return self.per_output.get(name, self.default_binary)
+
+
+ALL_BINARY = OutputEncoding(default_binary=True)
 
 
 def loads(data: bytes | memoryview) -> Any:
@@ -117,7 +132,7 @@ def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], n
 
 def decode_request(
     header: Any, binary: memoryview, model_name: str, model_version: str
-) -> tuple[InferRequest, dict[str, bool]]:
+) -> tuple[InferRequest, OutputEncoding]:
     """The JSON header (already parsed) and the binary section -> InferRequest, and which outputs go binary."""
     if not isinstance(header, dict):
         raise InvalidArgumentError("the inference request JSON must be an object")
@@ -167,9 +182,9 @@ def decode_request(
             f"add up to {offset}"
         )
     default_binary = parameters.get("binary_data_output", False) is True
-    outputs, binary_outputs = _requested_outputs(header.get("outputs"), default_binary)
+    outputs, per_output = _requested_outputs(header.get("outputs"), default_binary)
     request = InferRequest(model_name, model_version, tuple(inputs), outputs, request_id, parameters)
-    return request, binary_outputs
+    return request, OutputEncoding(default_binary, per_output)
 
 
 def _requested_outputs(value: Any, default_binary: bool) -> tuple[tuple[RequestedOutput, ...], dict[str, bool]]:
@@ -190,7 +205,6 @@ def _requested_outputs(value: Any, default_binary: bool) -> tuple[tuple[Requeste
             raise UnsupportedError(f"output '{name}': shared memory is not supported by this server")
         binary[name] = bool(parameters.get(BINARY_DATA, default_binary))
         outputs.append(RequestedOutput(name, parameters))
-    binary.setdefault("", default_binary)  # for outputs the request did not list
     return tuple(outputs), binary
 
 
@@ -253,11 +267,8 @@ def _binary_data(tensor: OutputTensor) -> bytes | memoryview:
     return array.data.cast("B")
 
 
-def encode_response(
-    response: InferResponse, binary_outputs: Mapping[str, bool]
-) -> tuple[bytes, list[bytes | memoryview]]:
+def encode_response(response: InferResponse, encoding: OutputEncoding) -> tuple[bytes, list[bytes | memoryview]]:
     """The response JSON header and the binary blobs that follow it, in output order."""
-    default_binary = binary_outputs.get("", False)
     outputs = []
     blobs: list[bytes | memoryview] = []
     special = False
@@ -267,7 +278,7 @@ def encode_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if binary_outputs.get(tensor.name, default_binary):
+        if encoding.is_binary(tensor.name):
             blob = _binary_data(tensor)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

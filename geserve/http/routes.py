@@ -150,12 +150,12 @@ def build_router(service: InferenceService, max_input_size: int) -> APIRouter:
         if header_size == 0 and header_length is not None:
             model = service.model_version(model_name, model_version)
             infer_request = binary.decode_raw_request(view, model, model_version)
-            binary_outputs = {"": True}
+            encoding = binary.ALL_BINARY
         else:
             header = binary.loads(view[:header_size])
-            infer_request, binary_outputs = binary.decode_request(header, view[header_size:], model_name, model_version)
+            infer_request, encoding = binary.decode_request(header, view[header_size:], model_name, model_version)
         response = await service.infer(infer_request)
-        json_header, blobs = binary.encode_response(response, binary_outputs)
+        json_header, blobs = binary.encode_response(response, encoding)
         headers = {}
         if blobs:
             content = b"".join((json_header, *blobs))
@@ -164,13 +164,13 @@ def build_router(service: InferenceService, max_input_size: int) -> APIRouter:
         else:
             content = json_header
             media_type = "application/json"
-        encoding = _accepted_encoding(request)
-        if encoding:
+        compression = _accepted_encoding(request)
+        if compression:
             if len(content) > _OFFLOAD_BYTES:
-                content = await asyncio.to_thread(_compress, content, encoding)
+                content = await asyncio.to_thread(_compress, content, compression)
             else:
-                content = _compress(content, encoding)
-            headers["Content-Encoding"] = encoding
+                content = _compress(content, compression)
+            headers["Content-Encoding"] = compression
         return Response(content, media_type=media_type, headers=headers)
 
     return router

@@ -113,12 +113,12 @@ def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
     data = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    _int64_as_numbers(config.DESCRIPTOR, data)
-    return data
+    return _triton_form(config.DESCRIPTOR, data)
 
 
-def _int64_as_numbers(message_type: descriptor.Descriptor, data: dict[str, Any]) -> None:
-    # protobuf's JSON mapping quotes 64-bit integers; Triton prints them as numbers.
+def _triton_form(message_type: descriptor.Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+    """Fields in .proto order, as Triton prints them; 64-bit integers (quoted by protobuf's JSON
+    mapping) as numbers."""
     for field in message_type.fields:
         if field.name not in data:
             continue
@@ -126,13 +126,15 @@ def _int64_as_numbers(message_type: descriptor.Descriptor, data: dict[str, Any])
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
             if value_field.message_type is not None:
-                for item in value.values():
-                    _int64_as_numbers(value_field.message_type, item)
+                data[field.name] = {key: _triton_form(value_field.message_type, item) for key, item in value.items()}
             elif value_field.type in _INT64_TYPES:
                 data[field.name] = {key: int(item) for key, item in value.items()}
         elif field.message_type is not None:
-            items = value if isinstance(value, list) else [value]
-            for item in items:
-                _int64_as_numbers(field.message_type, item)
+            if isinstance(value, list):
+                data[field.name] = [_triton_form(field.message_type, item) for item in value]
+            else:
+                data[field.name] = _triton_form(field.message_type, value)
         elif field.type in _INT64_TYPES:
             data[field.name] = [int(item) for item in value] if isinstance(value, list) else int(value)
+    order = {field.name: index for index, field in enumerate(message_type.fields)}
+    return dict(sorted(data.items(), key=lambda item: order.get(item[0], len(order))))

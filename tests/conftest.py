@@ -1,0 +1,27 @@
+"""Shared fixtures: one geserve process serving the shipped model_repository for the e2e tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import MODEL_REPOSITORY, GeserveProcess
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]:
+    """geserve serving model_repository/ exactly as `make run` does, on free ports."""
+    log = tmp_path_factory.mktemp("server") / "geserve.log"
+    process = GeserveProcess(log, f"--model-repository={MODEL_REPOSITORY}").wait_live()
+    yield process
+    status = process.stop()
+    assert status == 0, f"geserve exited with {status} on SIGTERM:\n{process.log()}"
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    return folder

@@ -1,0 +1,125 @@
+"""Test helpers: free ports, a real `python -m geserve` process, and small model repositories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = ROOT / "model_repository"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+class GeserveProcess:
+    """`python -m geserve` on free loopback ports, its output kept in a log file."""
+
+    def __init__(self, log_path: Path, *args: str) -> None:
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self.log_path = log_path
+        command = [
+            sys.executable,
+            "-m",
+            "geserve",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            *args,
+        ]
+        self._log = log_path.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_live(self, timeout_s: float = 90.0) -> GeserveProcess:
+        """Wait until the HTTP endpoint answers live; fail with the log if the process exits."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"geserve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if http_status(f"http://{self.url}/v2/health/live") == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"geserve did not become live in {timeout_s}s:\n{self.log()}")
+
+    def wait_exit(self, timeout_s: float = 90.0) -> int:
+        return self.process.wait(timeout_s)
+
+    def stop(self) -> int:
+        """SIGTERM, as an orchestrator would; returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
+        return self.process.returncode
+
+
+def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path:
+    """Copy a shipped model into a test repository."""
+    target = repository / (new_name or name)
+    shutil.copytree(MODEL_REPOSITORY / name, target)
+    return target
+
+
+IDENTITY_CONFIG = """
+name: "{name}"
+backend: "identity"
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT0" data_type: {dtype} dims: [ {dims} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ {dims} ] }} ]
+{extra}
+"""
+
+
+def write_identity_model(
+    repository: Path,
+    name: str,
+    dtype: str = "TYPE_FP32",
+    dims: str = "-1",
+    max_batch_size: int = 8,
+    extra: str = "",
+    versions: tuple[int, ...] = (1,),
+) -> Path:
+    folder = repository / name
+    for version in versions:
+        (folder / str(version)).mkdir(parents=True, exist_ok=True)
+    config = IDENTITY_CONFIG.format(name=name, dtype=dtype, dims=dims, max_batch_size=max_batch_size, extra=extra)
+    (folder / "config.pbtxt").write_text(config)
+    return folder
