@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,3 +25,18 @@ def repository(tmp_path: Path) -> Path:
     folder = tmp_path / "models"
     folder.mkdir()
     return folder
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., GeserveProcess]]:
+    """Start `python -m geserve` with the given flags; every process is stopped at teardown."""
+    started: list[GeserveProcess] = []
+
+    def start(*args: str) -> GeserveProcess:
+        process = GeserveProcess(tmp_path / f"geserve-{len(started)}.log", *args)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

@@ -87,7 +87,8 @@ class GeserveProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
         return self.process.returncode
 
 
@@ -118,6 +119,7 @@ def write_identity_model(
     versions: tuple[int, ...] = (1,),
 ) -> Path:
     folder = repository / name
+    folder.mkdir(parents=True, exist_ok=True)
     for version in versions:
         (folder / str(version)).mkdir(parents=True, exist_ok=True)
     config = IDENTITY_CONFIG.format(name=name, dtype=dtype, dims=dims, max_batch_size=max_batch_size, extra=extra)
