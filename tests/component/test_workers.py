@@ -1,0 +1,105 @@
+"""Worker clients: process and in-process twins answer alike; a dead worker fails its in-flight requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.batching.scheduler import InstanceScheduler
+from geserve.errors import InternalError, ModelLoadError, UnavailableError
+from geserve.repository.config import parse_config_text
+from geserve.workers.client import InProcessWorker, ProcessWorker, WorkerClient
+from geserve.workers.messages import InstanceSpec
+
+IDENTITY = """
+name: "echo"
+backend: "identity"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+parameters { key: "execute_delay_ms" value: { string_value: "%s" } }
+"""
+
+
+def spec(tmp_path: Path, delay_ms: str = "0", backend: str = "identity") -> InstanceSpec:
+    config = parse_config_text(IDENTITY % delay_ms, "test")
+    return InstanceSpec(
+        model_name="echo",
+        model_version=1,
+        instance_name="echo_0",
+        backend=backend,
+        config=config.SerializeToString(),
+        model_path=str(tmp_path),
+        device_id=0,
+        auto_complete=True,
+        log_level=30,
+    )
+
+
+@pytest.mark.parametrize("kind", [ProcessWorker, InProcessWorker])
+async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorker] | type[InProcessWorker]) -> None:
+    worker: WorkerClient = kind(spec(tmp_path))
+    config = await worker.start()
+    assert isinstance(config, mc.ModelConfig) and config.name == "echo"
+    assert worker.alive
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    results = await asyncio.gather(*(worker.execute({"INPUT0": data + i}, ("OUTPUT0",)) for i in range(5)))
+    for i, executed in enumerate(results):
+        assert executed.error is None and executed.outputs is not None
+        np.testing.assert_array_equal(executed.outputs["OUTPUT0"], data + i)
+    await worker.stop(timeout_s=10)
+    assert not worker.alive
+
+
+@pytest.mark.parametrize("kind", [ProcessWorker, InProcessWorker])
+async def test_load_failure_is_reported(tmp_path: Path, kind: type[ProcessWorker] | type[InProcessWorker]) -> None:
+    worker: WorkerClient = kind(spec(tmp_path, delay_ms="soon"))
+    with pytest.raises(ModelLoadError, match="parameter 'execute_delay_ms' must be a number, got 'soon'"):
+        await worker.start()
+    worker = kind(spec(tmp_path, backend="nonexistent"))
+    with pytest.raises(ModelLoadError, match="unknown backend 'nonexistent'"):
+        await worker.start()
+
+
+async def test_killed_worker_fails_in_flight_requests_at_once(tmp_path: Path) -> None:
+    worker = ProcessWorker(spec(tmp_path, delay_ms="30000"))
+    await worker.start()
+    scheduler = InstanceScheduler("echo", [worker])
+    data = np.zeros((1, 3), dtype=np.float32)
+    in_flight = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
+    queued = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
+    await asyncio.sleep(0.5)
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGKILL)
+    with pytest.raises(InternalError, match=r"instance 'echo_0' of model 'echo' version 1 exited unexpectedly"):
+        await asyncio.wait_for(in_flight, 10)
+    with pytest.raises(UnavailableError, match="model 'echo' has no running instance"):
+        await asyncio.wait_for(queued, 10)
+    assert not worker.alive and not scheduler.any_alive()
+    with pytest.raises(UnavailableError):
+        await scheduler.execute({"INPUT0": data}, ("OUTPUT0",))
+    await worker.stop(timeout_s=5)
+
+
+async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:
+    first, second = ProcessWorker(spec(tmp_path)), ProcessWorker(spec(tmp_path))
+    await asyncio.gather(first.start(), second.start())
+    scheduler = InstanceScheduler("echo", [first, second])
+    assert first.pid is not None
+    os.kill(first.pid, signal.SIGKILL)
+    for _ in range(50):
+        if not first.alive:
+            break
+        await asyncio.sleep(0.1)
+    data = np.ones((1, 3), dtype=np.float32)
+    for _ in range(4):
+        executed = await scheduler.execute({"INPUT0": data}, ("OUTPUT0",))
+        assert executed.outputs is not None
+        np.testing.assert_array_equal(executed.outputs["OUTPUT0"], data)
+    await asyncio.gather(first.stop(5), second.stop(5))

@@ -1,0 +1,76 @@
+"""Command-line flags: tritonserver's names and defaults."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geserve.cli import parse_options
+from tests.support import ROOT
+
+
+def test_defaults_are_tritonservers() -> None:
+    options = parse_options(["--model-repository=/models"])
+    assert options.model_repositories == [Path("/models")]
+    assert (options.http_port, options.grpc_port, options.metrics_port) == (8000, 8001, 8002)
+    assert options.http_address == "0.0.0.0"
+    assert options.http_max_input_size == 1 << 26
+    assert options.strict_readiness and options.exit_on_error and options.auto_complete
+    assert options.server_id == "triton"
+    assert options.log_level == logging.INFO
+
+
+def test_flags() -> None:
+    options = parse_options(
+        [
+            "--model-store", "/a",
+            "--model-repository=/b",
+            "--http-port=9000",
+            "--strict-readiness=false",
+            "--exit-on-error", "false",
+            "--log-verbose=1",
+            "--http-max-input-size=1024",
+            "--id=mine",
+            "--strict-model-config=true",
+        ]
+    )  # fmt: skip
+    assert options.model_repositories == [Path("/a"), Path("/b")]
+    assert options.http_port == 9000
+    assert not options.strict_readiness and not options.exit_on_error
+    assert options.log_level == logging.DEBUG
+    assert options.http_max_input_size == 1024
+    assert options.server_id == "mine"
+    assert not options.auto_complete
+    assert not parse_options(["--model-repository=/a", "--disable-auto-complete-config"]).auto_complete
+    assert parse_options(["--model-repository=/a", "--exit-on-error"]).exit_on_error
+
+
+@pytest.mark.parametrize(
+    "argv", [[], ["--model-repository=/a", "--http-port=70000"], ["--model-repository=/a", "--strict-readiness=maybe"]]
+)
+def test_bad_flags_exit(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as error:
+        parse_options(argv)
+    assert error.value.code == 2
+
+
+def test_help_documents_the_flags() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "geserve", "--help"], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    for flag in (
+        "--model-repository",
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--strict-readiness",
+        "--exit-on-error",
+        "--log-verbose",
+        "--http-max-input-size",
+        "--id",
+    ):
+        assert flag in result.stdout

@@ -1,0 +1,152 @@
+"""Request validation against a model config, with Triton's texts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from geserve.batching.scheduler import InstanceScheduler
+from geserve.core import validation
+from geserve.core.models import ModelVersion
+from geserve.errors import InvalidArgumentError
+from geserve.repository.config import parse_config_text
+from geserve.types import InferInput, InferRequest, RequestedOutput
+
+CONFIG = """
+name: "m"
+max_batch_size: 4
+input [
+  { name: "A" data_type: TYPE_INT32 dims: [ 2, -1 ] },
+  { name: "S" data_type: TYPE_STRING dims: [ 2 ] },
+  { name: "R" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } },
+  { name: "O" data_type: TYPE_FP32 dims: [ 1 ] optional: true }
+]
+output [ { name: "X" data_type: TYPE_INT32 dims: [ 2, -1 ] }, { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def model() -> ModelVersion:
+    return ModelVersion(parse_config_text(CONFIG, "c"), 1, InstanceScheduler("m", []))
+
+
+def raw(array: np.ndarray) -> memoryview:
+    return memoryview(array.tobytes())
+
+
+def good_inputs(batch: int = 1) -> list[InferInput]:
+    strings = np.array([b"x", b"yz"] * batch, dtype=object).reshape(batch, 2)
+    return [
+        InferInput("A", "INT32", (batch, 2, 3), raw(np.arange(batch * 6, dtype=np.int32))),
+        InferInput("S", "BYTES", (batch, 2), strings),
+        InferInput("R", "FP32", (batch, 4), raw(np.ones(batch * 4, dtype=np.float32))),
+    ]
+
+
+def request(inputs: list[InferInput], **kwargs: Any) -> InferRequest:
+    return InferRequest("m", "", tuple(inputs), **kwargs)
+
+
+def test_good_request_becomes_arrays(model: ModelVersion) -> None:
+    arrays = validation.validate_inputs(request(good_inputs(3)), model)
+    assert arrays["A"].shape == (3, 2, 3) and arrays["A"].dtype == np.int32
+    assert arrays["A"][2, 1, 2] == 17
+    assert arrays["R"].shape == (3, 2, 2)  # reshaped for the backend
+    assert arrays["S"][1, 1] == b"yz"
+    assert "O" not in arrays  # optional inputs may be left out
+
+
+def replace_input(index: int, tensor: InferInput) -> list[InferInput]:
+    inputs = good_inputs()
+    inputs[index] = tensor
+    return inputs
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (
+            [*good_inputs(), InferInput("Z", "FP32", (1,), raw(np.zeros(1, np.float32)))],
+            "unexpected inference input 'Z' for model 'm'",
+        ),
+        (good_inputs() + good_inputs()[:1], "input 'A' already exists in request"),
+        (
+            replace_input(0, InferInput("A", "INT64", (1, 2, 3), raw(np.zeros(6, np.int64)))),
+            "inference input 'A' data-type is 'INT64', but model 'm' expects 'INT32'",
+        ),
+        (
+            replace_input(0, InferInput("A", "INT32", (5, 2, 3), raw(np.zeros(30, np.int32)))),
+            "inference request batch-size must be <= 4 for 'm'",
+        ),
+        (
+            replace_input(0, InferInput("A", "INT32", (1, 3, 3), raw(np.zeros(9, np.int32)))),
+            "unexpected shape for input 'A' for model 'm'. Expected [-1,2,-1], got [1,3,3]",
+        ),
+        (
+            replace_input(0, InferInput("A", "INT32", (), raw(np.zeros(1, np.int32)))),
+            "unexpected shape for input 'A' for model 'm'. Expected [-1,2,-1], got []",
+        ),
+        (
+            replace_input(0, InferInput("A", "INT32", (1, 2, 3), raw(np.zeros(5, np.int32)))),
+            "input byte size mismatch for input 'A' for model 'm'. Expected 24, got 20",
+        ),
+        (
+            replace_input(2, InferInput("R", "FP32", (2, 4), raw(np.zeros(8, np.float32)))),
+            "input 'R' batch size does not match other inputs for 'm'",
+        ),
+        (
+            good_inputs()[:1],
+            "expected 3 inputs but got 1 inputs for model 'm'. Got input(s) ['A'], but missing required input(s) ['S', 'R']. Please provide all required input(s).",
+        ),
+    ],
+)
+def test_invalid_inputs(model: ModelVersion, inputs: list[InferInput], message: str) -> None:
+    with pytest.raises(InvalidArgumentError) as error:
+        validation.validate_inputs(request(inputs), model)
+    assert error.value.message == message
+
+
+def test_huge_declared_shape_is_refused_before_allocating(model: ModelVersion) -> None:
+    inputs = replace_input(0, InferInput("A", "INT32", (1, 2, 2**60), raw(np.zeros(6, np.int32))))
+    with pytest.raises(InvalidArgumentError, match="input byte size mismatch"):
+        validation.validate_inputs(request(inputs), model)
+
+
+def test_bytes_element_count(model: ModelVersion) -> None:
+    framed = memoryview(b"\x01\x00\x00\x00a")
+    inputs = replace_input(1, InferInput("S", "BYTES", (1, 2), framed))
+    with pytest.raises(
+        InvalidArgumentError, match="expected 2 string elements for inference input 'S' for model 'm', got 1"
+    ):
+        validation.validate_inputs(request(inputs), model)
+
+
+def test_requested_outputs(model: ModelVersion) -> None:
+    assert validation.requested_output_names(request([]), model) == ("X", "Y")
+    ask = request([], outputs=(RequestedOutput("Y"), RequestedOutput("X")))
+    assert validation.requested_output_names(ask, model) == ("Y", "X")
+    with pytest.raises(InvalidArgumentError, match="output 'X' already exists in request"):
+        validation.requested_output_names(request([], outputs=(RequestedOutput("X"), RequestedOutput("X"))), model)
+    with pytest.raises(InvalidArgumentError, match="unexpected inference output 'Q' for model 'm'"):
+        validation.requested_output_names(request([], outputs=(RequestedOutput("Q"),)), model)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"triton_anything": 1}, "parameter keys starting with 'triton_' are reserved"),
+        ({"priority": -1}, "'priority' must be a non-negative integer"),
+        ({"timeout": True}, "'timeout' must be a non-negative integer"),
+        ({"sequence_start": 1}, "'sequence_start' must be a boolean"),
+        ({"sequence_id": 1.5}, "'sequence_id' must be an unsigned integer or a string"),
+    ],
+)
+def test_parameters(parameters: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        validation.check_parameters(parameters)
+
+
+def test_custom_parameters_pass() -> None:
+    validation.check_parameters({"sequence_id": "abc", "priority": 2, "timeout": 10, "custom": "x", "flag": True})
