@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from geserve.grpc.server import GrpcOptions
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
 from geserve.server import Server, ServerOptions
 
@@ -111,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     _boolean(group, "--allow-grpc", True, "serve gRPC")
     group.add_argument("--grpc-address", default="0.0.0.0", help="gRPC bind address (default: 0.0.0.0)")
     group.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default: 8001)")
+    defaults = GrpcOptions()
+    for flag, default, meaning in (
+        ("--grpc-keepalive-time", defaults.keepalive_time_ms, "ms between keepalive pings"),
+        ("--grpc-keepalive-timeout", defaults.keepalive_timeout_ms, "ms to wait for a keepalive ping's answer"),
+        ("--grpc-http2-max-pings-without-data", defaults.http2_max_pings_without_data, "pings sent without data"),
+        (
+            "--grpc-http2-min-recv-ping-interval-without-data",
+            defaults.http2_min_recv_ping_interval_without_data_ms,
+            "least ms between pings received without data",
+        ),
+        ("--grpc-http2-max-ping-strikes", defaults.http2_max_ping_strikes, "bad pings tolerated before closing"),
+    ):
+        group.add_argument(flag, type=int, default=default, metavar="N", help=f"{meaning} (default: {default})")
+    _boolean(group, "--grpc-keepalive-permit-without-calls", False, "allow keepalive pings with no call open")
 
     group = parser.add_argument_group("metrics")
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
@@ -156,8 +171,16 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
         allow_grpc=args.allow_grpc,
-        grpc_address=args.grpc_address,
-        grpc_port=args.grpc_port,
+        grpc=GrpcOptions(
+            address=args.grpc_address,
+            port=args.grpc_port,
+            keepalive_time_ms=args.grpc_keepalive_time,
+            keepalive_timeout_ms=args.grpc_keepalive_timeout,
+            keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+            http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+            http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+            http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        ),
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,

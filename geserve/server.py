@@ -10,10 +10,12 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import uvicorn
 
 from geserve.core.loader import LoadSettings
 from geserve.core.service import InferenceService
+from geserve.grpc.server import GrpcOptions, create_server
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE, create_app
 
 logger = logging.getLogger(__name__)
@@ -34,8 +36,7 @@ class ServerOptions:
     http_port: int = 8000
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     allow_grpc: bool = True
-    grpc_address: str = "0.0.0.0"
-    grpc_port: int = 8001
+    grpc: GrpcOptions = field(default_factory=GrpcOptions)
     allow_metrics: bool = True
     metrics_address: str = ""
     metrics_port: int = 8002
@@ -86,16 +87,19 @@ class Server:
             return 1
         http = self._http_server() if self.options.allow_http else None
         http_task = asyncio.create_task(http.serve()) if http is not None else None
+        grpc_server: grpc.aio.Server | None = None
         try:
+            if self.options.allow_grpc:
+                grpc_server = await self._start_grpc()
+                if grpc_server is None:
+                    return 1
             if http is not None and http_task is not None:
                 # uvicorn exposes startup only as a flag.
                 while not http.started and not http_task.done():  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
                 if http_task.done():
                     logger.error(
-                        "the HTTP service failed to start on %s:%d",
-                        self.options.http_address,
-                        self.options.http_port,
+                        "the HTTP service failed to start on %s:%d", self.options.http_address, self.options.http_port
                     )
                     return 1
                 logger.info("Started HTTPService at %s:%d", self.options.http_address, self.options.http_port)
@@ -105,13 +109,29 @@ class Server:
             logger.info("shutting down")
         finally:
             # Not ready first, then stop accepting and drain, then stop the workers.
-            await self._shutdown(http, http_task)
+            await self._shutdown(http, http_task, grpc_server)
         return 0
 
-    async def _shutdown(self, http: uvicorn.Server | None, http_task: asyncio.Task[None] | None) -> None:
+    async def _start_grpc(self) -> grpc.aio.Server | None:
+        options = self.options.grpc
+        try:
+            server, _ = create_server(self.service, options)
+            await server.start()
+        except RuntimeError as error:
+            logger.error("the gRPC service failed to start on %s:%d: %s", options.address, options.port, error)
+            return None
+        logger.info("Started GRPCInferenceService at %s:%d", options.address, options.port)
+        return server
+
+    async def _shutdown(
+        self, http: uvicorn.Server | None, http_task: asyncio.Task[None] | None, grpc_server: grpc.aio.Server | None
+    ) -> None:
         self.service.stop_accepting()
         if http is not None and http_task is not None:
             http.should_exit = True
+        if grpc_server is not None:
+            await grpc_server.stop(grace=float(self.options.exit_timeout_secs))
+        if http_task is not None:
             with contextlib.suppress(BaseException):
                 await http_task
         await self.service.shutdown()

@@ -22,14 +22,17 @@ def generate(out_dir: Path) -> None:
     include = Path(protoc.__file__).parent / "_proto"
     # The mypy plugin lives beside the interpreter that runs this script (the venv's bin/).
     mypy_plugin = Path(sys.executable).parent / "protoc-gen-mypy"
+    mypy_grpc_plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
     args = [
         "protoc",
         f"--plugin=protoc-gen-mypy={mypy_plugin}",
+        f"--plugin=protoc-gen-mypy_grpc={mypy_grpc_plugin}",
         f"-I{proto_dir}",
         f"-I{include}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
         *(str(proto_dir / name) for name in PROTOS),
     ]
     if protoc.main(args) != 0:

@@ -8,7 +8,7 @@ import numpy as np
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.core.models import ModelVersion, TensorSpec
-from geserve.errors import InvalidArgumentError
+from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.types import InferInput, InferRequest, Parameters
 
 # Request parameters Triton interprets itself; everything else is passed to the model.
@@ -52,6 +52,8 @@ def validate_inputs(request: InferRequest, model: ModelVersion) -> dict[str, np.
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
     for tensor in request.inputs:
+        if "shared_memory_region" in tensor.parameters:
+            raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
         spec = model.inputs.get(tensor.name)
         if spec is None:
             raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
@@ -125,6 +127,10 @@ def requested_output_names(request: InferRequest, model: ModelVersion) -> tuple[
         return model.output_names
     names: list[str] = []
     for output in request.outputs:
+        if "classification" in output.parameters:
+            raise UnsupportedError(f"output '{output.name}': the classification extension is not supported")
+        if "shared_memory_region" in output.parameters:
+            raise UnsupportedError(f"output '{output.name}': shared memory is not supported by this server")
         if output.name not in model.outputs:
             raise InvalidArgumentError(f"unexpected inference output '{output.name}' for model '{model.name}'")
         if output.name in names:

@@ -14,7 +14,7 @@ import orjson
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.core.models import ModelVersion
-from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.errors import InvalidArgumentError
 from geserve.types import (
     InferInput,
     InferRequest,
@@ -160,9 +160,7 @@ def decode_request(
             raise InvalidArgumentError(
                 f"input '{name}' must have exactly one of 'data', 'binary_data_size' or 'shared_memory_region'"
             )
-        if "shared_memory_region" in input_parameters:
-            raise UnsupportedError(f"input '{name}': shared memory is not supported by this server")
-        data: np.ndarray | memoryview
+        data: np.ndarray | memoryview = memoryview(b"")  # shared memory: refused by validation
         if binary_size is not None:
             if not isinstance(binary_size, int) or isinstance(binary_size, bool) or binary_size < 0:
                 raise InvalidArgumentError(f"'binary_data_size' of input '{name}' must be a non-negative integer")
@@ -173,7 +171,7 @@ def decode_request(
                 )
             data = binary[offset : offset + binary_size]
             offset += binary_size
-        else:
+        elif "data" in item:
             data = _json_tensor(item["data"], datatype, shape, name)
         inputs.append(InferInput(name, datatype.wire, shape, data, input_parameters))
     if offset != len(binary):
@@ -199,10 +197,6 @@ def _requested_outputs(value: Any, default_binary: bool) -> tuple[tuple[Requeste
             raise InvalidArgumentError("each requested output must be a JSON object with a string 'name'")
         name = item["name"]
         parameters = _parameters(item.get("parameters"), f"output '{name}'")
-        if "classification" in parameters:
-            raise UnsupportedError(f"output '{name}': the classification extension is not supported")
-        if "shared_memory_region" in parameters:
-            raise UnsupportedError(f"output '{name}': shared memory is not supported by this server")
         binary[name] = bool(parameters.get(BINARY_DATA, default_binary))
         outputs.append(RequestedOutput(name, parameters))
     return tuple(outputs), binary

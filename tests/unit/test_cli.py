@@ -16,7 +16,9 @@ from tests.support import ROOT
 def test_defaults_are_tritonservers() -> None:
     options = parse_options(["--model-repository=/models"])
     assert options.model_repositories == [Path("/models")]
-    assert (options.http_port, options.grpc_port, options.metrics_port) == (8000, 8001, 8002)
+    assert (options.http_port, options.grpc.port, options.metrics_port) == (8000, 8001, 8002)
+    assert options.grpc.keepalive_time_ms == 7_200_000 and options.grpc.keepalive_timeout_ms == 20_000
+    assert options.grpc.http2_max_pings_without_data == 2 and options.grpc.http2_max_ping_strikes == 2
     assert options.http_address == "0.0.0.0"
     assert options.http_max_input_size == 1 << 26
     assert options.strict_readiness and options.exit_on_error and options.auto_complete
@@ -36,6 +38,9 @@ def test_flags() -> None:
             "--http-max-input-size=1024",
             "--id=mine",
             "--strict-model-config=true",
+            "--grpc-port=9001",
+            "--grpc-keepalive-time=1000",
+            "--grpc-keepalive-permit-without-calls=true",
         ]
     )  # fmt: skip
     assert options.model_repositories == [Path("/a"), Path("/b")]
@@ -45,6 +50,9 @@ def test_flags() -> None:
     assert options.http_max_input_size == 1024
     assert options.server_id == "mine"
     assert not options.auto_complete
+    assert options.grpc.port == 9001 and options.grpc.keepalive_time_ms == 1000
+    assert options.grpc.keepalive_permit_without_calls
+    assert ("grpc.max_receive_message_length", 2**31 - 1) in options.grpc.channel_options()
     assert not parse_options(["--model-repository=/a", "--disable-auto-complete-config"]).auto_complete
     assert parse_options(["--model-repository=/a", "--exit-on-error"]).exit_on_error
 

@@ -11,7 +11,7 @@ import pytest
 
 from geserve.batching.scheduler import InstanceScheduler
 from geserve.core.models import ModelVersion
-from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.errors import InvalidArgumentError
 from geserve.http import binary
 from geserve.repository.config import parse_config_text
 from geserve.types import InferResponse, OutputTensor
@@ -87,16 +87,6 @@ def test_json_and_binary_inputs() -> None:
             },
             InvalidArgumentError,
             "exactly one of",
-        ),
-        (
-            {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "parameters": {"shared_memory_region": "r"}}]},
-            UnsupportedError,
-            "shared memory",
-        ),
-        (
-            {"inputs": [], "outputs": [{"name": "o", "parameters": {"classification": 3}}]},
-            UnsupportedError,
-            "classification",
         ),
         ({"inputs": [], "parameters": {"x": [1]}}, InvalidArgumentError, "parameter 'x' of the inference request"),
         ({"inputs": [], "outputs": "o"}, InvalidArgumentError, "'outputs' of the inference request must be an array"),

@@ -10,7 +10,7 @@ import pytest
 from geserve.batching.scheduler import InstanceScheduler
 from geserve.core import validation
 from geserve.core.models import ModelVersion
-from geserve.errors import InvalidArgumentError
+from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.repository.config import parse_config_text
 from geserve.types import InferInput, InferRequest, RequestedOutput
 
@@ -150,3 +150,12 @@ def test_parameters(parameters: dict[str, Any], message: str) -> None:
 
 def test_custom_parameters_pass() -> None:
     validation.check_parameters({"sequence_id": "abc", "priority": 2, "timeout": 10, "custom": "x", "flag": True})
+
+
+def test_shared_memory_and_classification_are_refused(model: ModelVersion) -> None:
+    inputs = replace_input(0, InferInput("A", "INT32", (1, 2, 3), memoryview(b""), {"shared_memory_region": "r"}))
+    with pytest.raises(UnsupportedError, match="input 'A': shared memory is not supported"):
+        validation.validate_inputs(request(inputs), model)
+    asks = request([], outputs=(RequestedOutput("X", {"classification": 2}),))
+    with pytest.raises(UnsupportedError, match="output 'X': the classification extension is not supported"):
+        validation.requested_output_names(asks, model)

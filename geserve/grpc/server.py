@@ -1,0 +1,50 @@
+"""The grpc.aio server: Triton's message-size and keepalive options, started on the running loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from geserve._generated import grpc_service_pb2_grpc as pb_grpc
+from geserve._generated import health_pb2_grpc
+from geserve.core.service import InferenceService
+from geserve.grpc.servicer import HealthServicer, InferenceServicer
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcOptions:
+    """Listener and HTTP/2 keepalive settings; defaults are tritonserver's."""
+
+    address: str = "0.0.0.0"
+    port: int = 8001
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    http2_max_ping_strikes: int = 2
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_send_message_length", INT32_MAX),
+            ("grpc.max_receive_message_length", INT32_MAX),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", self.http2_min_recv_ping_interval_without_data_ms),
+            ("grpc.http2.max_ping_strikes", self.http2_max_ping_strikes),
+        ]
+
+
+def create_server(service: InferenceService, options: GrpcOptions) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server bound to its port (not started); returns it and the bound port."""
+    server = grpc.aio.server(options=options.channel_options())
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), server)
+    host = f"[{options.address}]" if ":" in options.address else options.address
+    port = server.add_insecure_port(f"{host}:{options.port}")
+    return server, port
