@@ -91,3 +91,14 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorMetadata, ...]
     outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """Where one request's time went, in ns; the compute figures are those of its batch."""
+
+    total_ns: int
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int

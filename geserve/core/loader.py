@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, replace
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
-from geserve.batching.scheduler import InstanceScheduler
+from geserve.batching.batcher import Scheduler
+from geserve.batching.policy import BatchingPolicy
 from geserve.core.models import Model, ModelVersion
+from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, available_versions, select_versions
@@ -107,6 +110,7 @@ async def _load_version(
     version: int,
     settings: LoadSettings,
 ) -> ModelVersion:
+    started_ns = time.monotonic_ns()
     specs = _instance_specs(source, config, spec.name, version, settings)
     # The first instance completes the config from the model file; the others load that config as is.
     first = _worker(specs[0], settings)
@@ -126,4 +130,7 @@ async def _load_version(
         await asyncio.gather(*(worker.stop(settings.stop_timeout_s) for worker in started))
         raise
     logger.info("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
-    return ModelVersion(completed, version, InstanceScheduler(completed.name, started))
+    stats = ModelStats()
+    stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
+    scheduler = Scheduler(completed.name, started, BatchingPolicy.from_config(completed), stats)
+    return ModelVersion(completed, version, scheduler, stats)

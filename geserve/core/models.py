@@ -7,8 +7,9 @@ import logging
 from dataclasses import dataclass, field
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.scheduler import InstanceScheduler
+from geserve.batching.batcher import Scheduler
 from geserve.codecs import dtypes
+from geserve.core.stats import ModelStats
 from geserve.types import ModelMetadata, TensorMetadata
 from geserve.workers.client import WorkerClient
 
@@ -46,12 +47,13 @@ def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: 
 class ModelVersion:
     """One served version of a model and the scheduler that feeds its instances."""
 
-    def __init__(self, config: mc.ModelConfig, version: int, scheduler: InstanceScheduler) -> None:
+    def __init__(self, config: mc.ModelConfig, version: int, scheduler: Scheduler, stats: ModelStats) -> None:
         self.name = config.name
         self.version = version
         self.version_str = str(version)
         self.config = config
         self.scheduler = scheduler
+        self.stats = stats
         self.max_batch_size = config.max_batch_size
         batched = config.max_batch_size > 0
         self.inputs = _tensor_specs(list(config.input), batched)
@@ -73,6 +75,11 @@ class ModelVersion:
         return ModelMetadata(self.name, versions, self.platform, self.input_metadata, self.output_metadata)
 
     async def stop(self, timeout_s: float) -> None:
+        """Let running batches finish (up to `timeout_s`), then stop the instances."""
+        try:
+            await asyncio.wait_for(self.scheduler.drain(), timeout_s)
+        except TimeoutError:
+            logger.warning("model '%s' version %d: batches still running at shutdown", self.name, self.version)
         await asyncio.gather(*(instance.stop(timeout_s) for instance in self.instances))
 
 

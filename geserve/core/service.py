@@ -126,16 +126,20 @@ class InferenceService:
         try:
             validation.check_parameters(request.parameters)
             model = self.model_version(request.model_name, request.model_version)
+        except GeserveError as error:
+            raise error.with_request_id(request.id) from None
+        try:
             inputs = validation.validate_inputs(request, model)
             output_names = validation.requested_output_names(request, model)
-            executed = await model.scheduler.execute(inputs, output_names)
-            if executed.error is not None:
-                raise executed.error
-            assert executed.outputs is not None
+        except GeserveError as error:
+            model.stats.record_failure("OTHER", 0)
+            raise error.with_request_id(request.id) from None
+        try:
+            outputs = await model.scheduler.execute(inputs, output_names, request.parameters)
             return InferResponse(
                 model_name=model.name,
                 model_version=model.version_str,
-                outputs=tuple(_output(model, name, executed.outputs[name]) for name in output_names),
+                outputs=tuple(_output(model, name, outputs[name]) for name in output_names),
                 id=request.id,
             )
         except GeserveError as error:

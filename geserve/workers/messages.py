@@ -47,12 +47,14 @@ class Execute:
 
 @dataclass(frozen=True, slots=True)
 class Executed:
-    """The answer to Execute: outputs, or the error that failed the whole batch."""
+    """The answer to Execute: outputs, or the error that failed the whole batch, and when the
+    backend started and finished (time.monotonic_ns, comparable across processes)."""
 
     request_id: int
     outputs: dict[str, np.ndarray] | None
     error: GeserveError | None
-    compute_ns: int
+    infer_start_ns: int
+    infer_end_ns: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,25 +41,26 @@ class InstanceRunner:
     def execute(self, message: Execute) -> Executed:
         """Run one batch; any failure becomes the batch's error, never an exception."""
         backend = self._backend
-        started = time.perf_counter_ns()
+        started = time.monotonic_ns()
         if backend is None:
             error: GeserveError = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
-            return Executed(message.request_id, None, error, 0)
+            return Executed(message.request_id, None, error, started, started)
         try:
             outputs = backend.execute(message.inputs, message.output_names)
             missing = [name for name in message.output_names if name not in outputs]
             if missing:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
         except GeserveError as error:
-            return Executed(message.request_id, None, error, time.perf_counter_ns() - started)
+            return Executed(message.request_id, None, error, started, time.monotonic_ns())
         except Exception as error:
             logger.exception("instance %s failed to execute", self.spec.instance_name)
             failure = InternalError(
                 f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}"
             )
-            return Executed(message.request_id, None, failure, time.perf_counter_ns() - started)
+            return Executed(message.request_id, None, failure, started, time.monotonic_ns())
+        finished = time.monotonic_ns()
         answer = {name: outputs[name] for name in message.output_names}
-        return Executed(message.request_id, answer, None, time.perf_counter_ns() - started)
+        return Executed(message.request_id, answer, None, started, finished)
 
     def unload(self) -> None:
         if self._backend is not None:

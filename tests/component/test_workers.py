@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.scheduler import InstanceScheduler
+from geserve.batching.batcher import Scheduler
+from geserve.batching.policy import BatchingPolicy
+from geserve.core.stats import ModelStats
 from geserve.errors import InternalError, ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text
 from geserve.workers.client import InProcessWorker, ProcessWorker, WorkerClient
@@ -70,7 +72,7 @@ async def test_load_failure_is_reported(tmp_path: Path, kind: type[ProcessWorker
 async def test_killed_worker_fails_in_flight_requests_at_once(tmp_path: Path) -> None:
     worker = ProcessWorker(spec(tmp_path, delay_ms="30000"))
     await worker.start()
-    scheduler = InstanceScheduler("echo", [worker])
+    scheduler = Scheduler("echo", [worker], BatchingPolicy(max_batch_size=4), ModelStats())
     data = np.zeros((1, 3), dtype=np.float32)
     in_flight = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
     queued = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
@@ -90,7 +92,7 @@ async def test_killed_worker_fails_in_flight_requests_at_once(tmp_path: Path) ->
 async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:
     first, second = ProcessWorker(spec(tmp_path)), ProcessWorker(spec(tmp_path))
     await asyncio.gather(first.start(), second.start())
-    scheduler = InstanceScheduler("echo", [first, second])
+    scheduler = Scheduler("echo", [first, second], BatchingPolicy(max_batch_size=4), ModelStats())
     assert first.pid is not None
     os.kill(first.pid, signal.SIGKILL)
     for _ in range(50):
@@ -99,7 +101,6 @@ async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:
         await asyncio.sleep(0.1)
     data = np.ones((1, 3), dtype=np.float32)
     for _ in range(4):
-        executed = await scheduler.execute({"INPUT0": data}, ("OUTPUT0",))
-        assert executed.outputs is not None
-        np.testing.assert_array_equal(executed.outputs["OUTPUT0"], data)
+        outputs = await scheduler.execute({"INPUT0": data}, ("OUTPUT0",))
+        np.testing.assert_array_equal(outputs["OUTPUT0"], data)
     await asyncio.gather(first.stop(5), second.stop(5))

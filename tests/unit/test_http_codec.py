@@ -9,12 +9,12 @@ import numpy as np
 import orjson
 import pytest
 
-from geserve.batching.scheduler import InstanceScheduler
 from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError
 from geserve.http import binary
 from geserve.repository.config import parse_config_text
 from geserve.types import InferResponse, OutputTensor
+from tests.unit.builders import model_version
 
 
 def test_json_and_binary_inputs() -> None:
@@ -148,7 +148,7 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 
 
 def raw_model(dtype: str, dims: str) -> ModelVersion:
-    return ModelVersion(parse_config_text(RAW % (dtype, dims), "c"), 1, InstanceScheduler("raw", []))
+    return model_version(parse_config_text(RAW % (dtype, dims), "c"))
 
 
 def test_raw_requests_deduce_the_shape() -> None:

@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geserve.batching.scheduler import InstanceScheduler
 from geserve.core import validation
 from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.repository.config import parse_config_text
 from geserve.types import InferInput, InferRequest, RequestedOutput
+from tests.unit.builders import model_version
 
 CONFIG = """
 name: "m"
@@ -29,7 +29,7 @@ output [ { name: "X" data_type: TYPE_INT32 dims: [ 2, -1 ] }, { name: "Y" data_t
 
 @pytest.fixture(scope="module")
 def model() -> ModelVersion:
-    return ModelVersion(parse_config_text(CONFIG, "c"), 1, InstanceScheduler("m", []))
+    return model_version(parse_config_text(CONFIG, "c"))
 
 
 def raw(array: np.ndarray) -> memoryview:

@@ -1,0 +1,108 @@
+"""The request queue of one model version: priority levels, size limits and timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from geserve.batching.policy import BatchingPolicy
+from geserve.errors import UnavailableError
+
+QUEUE_FULL = "Exceeds maximum queue size"
+TIMEOUT_EXPIRED = "Request timeout expired"
+
+
+@dataclass(eq=False, slots=True)
+class PendingRequest:
+    """One request waiting for (or running in) a batch."""
+
+    sequence: int
+    inputs: Mapping[str, np.ndarray]
+    output_names: tuple[str, ...]
+    rows: int  # its share of the batch dimension
+    shape_key: tuple[tuple[int, ...], ...]  # non-batch dims; only equal keys share a batch
+    level: int
+    enqueued_ns: int
+    deadline_ns: int | None
+    future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
+    queued: bool = True
+    delayed: bool = False
+
+
+class RequestQueue:
+    """Levels served highest first (1 = highest), FIFO within a level; requests whose timeout
+    expired with timeout_action DELAY wait behind every level."""
+
+    def __init__(self, policy: BatchingPolicy) -> None:
+        self._policy = policy
+        self._levels: list[deque[PendingRequest]] = [deque() for _ in range(policy.priority_levels)]
+        self._delayed: deque[PendingRequest] = deque()
+        self._deadlines: list[tuple[int, int, PendingRequest]] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, request: PendingRequest) -> None:
+        """Queue a request; a full level refuses it with UNAVAILABLE."""
+        level = self._levels[request.level - 1]
+        limit = self._policy.queue_policies[request.level - 1].max_queue_size
+        if limit and len(level) >= limit:
+            raise UnavailableError(QUEUE_FULL)
+        level.append(request)
+        self._size += 1
+        if request.deadline_ns is not None:
+            heapq.heappush(self._deadlines, (request.deadline_ns, request.sequence, request))
+
+    def in_order(self) -> Iterator[PendingRequest]:
+        """Queued requests in the order they are served."""
+        for level in self._levels:
+            yield from level
+        yield from self._delayed
+
+    def pop_front(self, count: int) -> list[PendingRequest]:
+        """Take the first `count` requests in service order."""
+        taken: list[PendingRequest] = []
+        for level in [*self._levels, self._delayed]:
+            while level and len(taken) < count:
+                request = level.popleft()
+                request.queued = False
+                taken.append(request)
+        self._size -= len(taken)
+        return taken
+
+    def remove(self, request: PendingRequest) -> bool:
+        """Take a request out (a cancelled client); False when it is no longer queued."""
+        if not request.queued:
+            return False
+        queue = self._delayed if request.delayed else self._levels[request.level - 1]
+        queue.remove(request)
+        request.queued = False
+        self._size -= 1
+        return True
+
+    def expire(self, now_ns: int) -> list[PendingRequest]:
+        """Apply timeouts due by `now_ns`: REJECT ones are removed and returned, DELAY ones move back."""
+        rejected = []
+        while self._deadlines and self._deadlines[0][0] <= now_ns:
+            _, _, request = heapq.heappop(self._deadlines)
+            if not request.queued or request.delayed:
+                continue
+            if self._policy.queue_policies[request.level - 1].delay_on_timeout:
+                self._levels[request.level - 1].remove(request)
+                request.delayed = True
+                self._delayed.append(request)
+            else:
+                self.remove(request)
+                rejected.append(request)
+        return rejected
+
+    def next_deadline(self) -> int | None:
+        while self._deadlines and (not self._deadlines[0][2].queued or self._deadlines[0][2].delayed):
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None

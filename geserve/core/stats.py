@@ -1,0 +1,80 @@
+"""Per model-version statistics: the one source of the statistics extension and the metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from geserve.types import RequestTiming
+
+# nv_inference_request_failure reasons; every one is reported, even at zero.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+@dataclass(slots=True)
+class Duration:
+    """A count and a cumulative duration, as Triton's StatisticDuration."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += max(ns, 0)
+
+
+@dataclass(slots=True)
+class BatchDurations:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class ModelStats:
+    """Counters of one model version, updated by its scheduler on the event loop (it implements
+    the scheduler's StatsRecorder)."""
+
+    def __init__(self) -> None:
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.batch_stats: dict[int, BatchDurations] = {}
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.pending = 0
+        self.load_duration_s = 0.0
+        # Called with every successful request's timing (latency summaries and histograms subscribe).
+        self.observers: list[Callable[[RequestTiming], None]] = []
+
+    def record_success(self, timing: RequestTiming) -> None:
+        self.success.add(timing.total_ns)
+        self.queue.add(timing.queue_ns)
+        self.compute_input.add(timing.compute_input_ns)
+        self.compute_infer.add(timing.compute_infer_ns)
+        self.compute_output.add(timing.compute_output_ns)
+        for observer in self.observers:
+            observer(timing)
+
+    def record_failure(self, reason: str, total_ns: int) -> None:
+        self.fail.add(total_ns)
+        self.failures[reason] += 1
+
+    def record_execution(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One model execution (one batch) of `rows` inferences."""
+        self.execution_count += 1
+        self.inference_count += rows
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        batch = self.batch_stats.get(rows)
+        if batch is None:
+            batch = self.batch_stats[rows] = BatchDurations()
+        batch.compute_input.add(input_ns)
+        batch.compute_infer.add(infer_ns)
+        batch.compute_output.add(output_ns)
