@@ -9,8 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from geserve.errors import GeserveError
 from geserve.grpc.server import GrpcOptions
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
+from geserve.metrics.config import MetricsConfig
 from geserve.server import Server, ServerOptions
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -131,6 +133,22 @@ def build_parser() -> argparse.ArgumentParser:
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
     group.add_argument("--metrics-address", default="", help="metrics bind address (default: the HTTP address)")
     group.add_argument("--metrics-port", type=_port, default=8002, help="metrics port (default: 8002)")
+    group.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="counter_latencies, summary_latencies, summary_quantiles (q:e,...) or histogram_latencies; repeatable",
+    )
+    group.add_argument(
+        "--metrics-interval-ms",
+        type=_positive,
+        default=2000,
+        metavar="MS",
+        help="how often CPU utilization is refreshed (default: 2000)",
+    )
+    _boolean(group, "--allow-cpu-metrics", True, "publish nv_cpu_* metrics")
+    _boolean(group, "--allow-gpu-metrics", True, "accepted for compatibility; there are no GPU metrics")
 
     group = parser.add_argument_group("logging")
     group.add_argument(
@@ -147,7 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        metrics = MetricsConfig.parse(args.metrics_config, args.metrics_interval_ms, args.allow_cpu_metrics)
+    except GeserveError as error:
+        parser.error(error.message)
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     if args.log_verbose > 0:
         level = logging.DEBUG
@@ -184,6 +207,7 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,
+        metrics=metrics,
         log_verbose=args.log_verbose,
         log_level=level,
     )

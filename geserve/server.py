@@ -9,6 +9,7 @@ import signal
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvicorn
@@ -17,6 +18,9 @@ from geserve.core.loader import LoadSettings
 from geserve.core.service import InferenceService
 from geserve.grpc.server import GrpcOptions, create_server
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE, create_app
+from geserve.metrics.config import MetricsConfig
+from geserve.metrics.registry import create_registry
+from geserve.metrics.server import create_metrics_app
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +42,9 @@ class ServerOptions:
     allow_grpc: bool = True
     grpc: GrpcOptions = field(default_factory=GrpcOptions)
     allow_metrics: bool = True
-    metrics_address: str = ""
+    metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log_verbose: int = 0
     log_level: int = logging.INFO
 
@@ -50,6 +55,34 @@ class _EmbeddedUvicorn(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+@dataclass(slots=True)
+class _Listener:
+    """One uvicorn server (HTTP or metrics) running as a task on the loop."""
+
+    name: str
+    address: str
+    port: int
+    server: _EmbeddedUvicorn
+    task: asyncio.Task[None] | None = None
+
+    async def start(self) -> bool:
+        self.task = asyncio.create_task(self.server.serve())
+        # uvicorn exposes startup only as a flag.
+        while not self.server.started and not self.task.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if self.task.done():
+            logger.error("the %s failed to start on %s:%d", self.name, self.address, self.port)
+            return False
+        logger.info("Started %s at %s:%d", self.name, self.address, self.port)
+        return True
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self.task is not None:
+            with contextlib.suppress(BaseException):
+                await self.task
 
 
 class Server:
@@ -65,6 +98,8 @@ class Server:
         self.service = InferenceService(
             options.model_repositories, settings, options.server_id, options.strict_readiness
         )
+        # The collector subscribes to versions as they load, so it exists before the models do.
+        self.registry = create_registry(self.service, options.metrics) if options.allow_metrics else None
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -85,31 +120,27 @@ class Server:
             logger.error("exiting: %d model(s) failed to load and --exit-on-error is true", len(failures))
             await self.service.shutdown()
             return 1
-        http = self._http_server() if self.options.allow_http else None
-        http_task = asyncio.create_task(http.serve()) if http is not None else None
+        listeners: list[_Listener] = []
         grpc_server: grpc.aio.Server | None = None
         try:
             if self.options.allow_grpc:
                 grpc_server = await self._start_grpc()
                 if grpc_server is None:
                     return 1
-            if http is not None and http_task is not None:
-                # uvicorn exposes startup only as a flag.
-                while not http.started and not http_task.done():  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
-                if http_task.done():
-                    logger.error(
-                        "the HTTP service failed to start on %s:%d", self.options.http_address, self.options.http_port
-                    )
+            for listener in self._listeners():
+                listeners.append(listener)
+                if not await listener.start():
                     return 1
-                logger.info("Started HTTPService at %s:%d", self.options.http_address, self.options.http_port)
-            waiters = [asyncio.create_task(self._stop.wait())] + ([http_task] if http_task else [])
+            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stop.wait())]
+            waiters += [listener.task for listener in listeners if listener.task is not None]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             waiters[0].cancel()
             logger.info("shutting down")
         finally:
             # Not ready first, then stop accepting and drain, then stop the workers.
-            await self._shutdown(http, http_task, grpc_server)
+            self.service.stop_accepting()
+            await self._stop_front_ends(listeners, grpc_server)
+            await self.service.shutdown()
         return 0
 
     async def _start_grpc(self) -> grpc.aio.Server | None:
@@ -123,30 +154,41 @@ class Server:
         logger.info("Started GRPCInferenceService at %s:%d", options.address, options.port)
         return server
 
-    async def _shutdown(
-        self, http: uvicorn.Server | None, http_task: asyncio.Task[None] | None, grpc_server: grpc.aio.Server | None
-    ) -> None:
-        self.service.stop_accepting()
-        if http is not None and http_task is not None:
-            http.should_exit = True
+    async def _stop_front_ends(self, listeners: list[_Listener], grpc_server: grpc.aio.Server | None) -> None:
+        for listener in listeners:
+            listener.server.should_exit = True
         if grpc_server is not None:
             await grpc_server.stop(grace=float(self.options.exit_timeout_secs))
-        if http_task is not None:
-            with contextlib.suppress(BaseException):
-                await http_task
-        await self.service.shutdown()
+        await asyncio.gather(*(listener.stop() for listener in listeners))
 
-    def _http_server(self) -> uvicorn.Server:
+    def _listeners(self) -> list[_Listener]:
         options = self.options
-        app = create_app(self.service, options.http_max_input_size)
+        listeners = []
+        if options.allow_http:
+            app = create_app(self.service, options.http_max_input_size)
+            listeners.append(
+                _Listener(
+                    "HTTPService",
+                    options.http_address,
+                    options.http_port,
+                    self._uvicorn(app, options.http_address, options.http_port),
+                )
+            )
+        if self.registry is not None:
+            metrics_app = create_metrics_app(self.registry)
+            server = self._uvicorn(metrics_app, options.metrics_address, options.metrics_port)
+            listeners.append(_Listener("Metrics Service", options.metrics_address, options.metrics_port, server))
+        return listeners
+
+    def _uvicorn(self, app: Any, host: str, port: int) -> _EmbeddedUvicorn:
         config = uvicorn.Config(
             app,
-            host=options.http_address,
-            port=options.http_port,
+            host=host,
+            port=port,
             lifespan="off",
             log_config=None,
-            access_log=options.log_verbose > 0,
-            timeout_graceful_shutdown=options.exit_timeout_secs,
+            access_log=self.options.log_verbose > 0,
+            timeout_graceful_shutdown=self.options.exit_timeout_secs,
             server_header=False,
         )
         return _EmbeddedUvicorn(config)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +15,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.core import validation
 from geserve.core.loader import LoadSettings, load_model
 from geserve.core.models import Model, ModelVersion
+from geserve.core.stats import statistics_json
 from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError
 from geserve.repository.scan import scan_repositories
 from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor
@@ -20,7 +23,7 @@ from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTens
 logger = logging.getLogger(__name__)
 
 # Protocol extensions that work end to end; clients (perf_analyzer) key behaviour off this list.
-EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters")
+EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
 
 
 class InferenceService:
@@ -39,6 +42,8 @@ class InferenceService:
         self.strict_readiness = strict_readiness
         self._models: dict[str, Model] = {}
         self._accepting = False
+        # Called with every version that finishes loading (metrics subscribe to its statistics).
+        self.version_listeners: list[Callable[[ModelVersion], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -50,6 +55,9 @@ class InferenceService:
         models = await asyncio.gather(*(load_model(source, self.settings) for source in scan.models.values()))
         for model in models:
             self._models[model.name] = model
+            for version in model.versions.values():
+                for listener in self.version_listeners:
+                    listener(version)
         failures = {name: model.reason for name, model in sorted(self._models.items()) if model.reason}
         for name, reason in failures.items():
             logger.error("failed to load '%s': %s", name, reason)
@@ -118,6 +126,23 @@ class InferenceService:
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.model_version(name, version).config
+
+    def loaded_versions(self) -> list[ModelVersion]:
+        """Every loaded version of every model, by name then version."""
+        return [
+            model.versions[number] for _, model in sorted(self._models.items()) for number in sorted(model.versions)
+        ]
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """The statistics extension's `model_stats`: all models, one model's versions, or one version."""
+        if not name:
+            versions = self.loaded_versions()
+        elif version:
+            versions = [self.model_version(name, version)]
+        else:
+            self.model_version(name)  # Triton's errors for unknown or unavailable models
+            versions = [self._models[name].versions[number] for number in sorted(self._models[name].versions)]
+        return [statistics_json(v.name, v.version_str, v.stats) for v in versions]
 
     # -- inference -------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from geserve.types import RequestTiming
 
@@ -78,3 +79,39 @@ class ModelStats:
         batch.compute_input.add(input_ns)
         batch.compute_infer.add(infer_ns)
         batch.compute_output.add(output_ns)
+
+
+def _duration(value: Duration) -> dict[str, int]:
+    return {"count": value.count, "ns": value.ns}
+
+
+def statistics_json(name: str, version: str, stats: ModelStats) -> dict[str, Any]:
+    """One entry of `model_stats`, in the statistics extension's JSON form (also parsed into protobuf)."""
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": stats.last_inference_ms,
+        "inference_count": stats.inference_count,
+        "execution_count": stats.execution_count,
+        "inference_stats": {
+            "success": _duration(stats.success),
+            "fail": _duration(stats.fail),
+            "queue": _duration(stats.queue),
+            "compute_input": _duration(stats.compute_input),
+            "compute_infer": _duration(stats.compute_infer),
+            "compute_output": _duration(stats.compute_output),
+            "cache_hit": _duration(stats.cache_hit),
+            "cache_miss": _duration(stats.cache_miss),
+        },
+        "response_stats": {},
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(batch.compute_input),
+                "compute_infer": _duration(batch.compute_infer),
+                "compute_output": _duration(batch.compute_output),
+            }
+            for size, batch in sorted(stats.batch_stats.items())
+        ],
+        "memory_usage": [],
+    }

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 from geserve._generated import grpc_service_pb2 as pb
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
@@ -150,8 +151,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await reader
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
-        await _unimplemented(context, "statistics")
-        return pb.ModelStatisticsResponse()
+        async def produce() -> pb.ModelStatisticsResponse:
+            entries = self._service.statistics(request.name, request.version)
+            return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
+
+        return await _answer(context, produce)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> pb.RepositoryIndexResponse:
         await _unimplemented(context, "model repository")

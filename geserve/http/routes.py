@@ -115,6 +115,16 @@ def build_router(service: InferenceService, max_input_size: int) -> APIRouter:
         name, version, extensions = service.server_metadata()
         return _json({"name": name, "version": version, "extensions": list(extensions)})
 
+    # Matched before the model routes, as in Triton: "stats" is no model name here.
+    @router.get("/v2/models/stats")
+    async def all_statistics() -> Response:
+        return _json({"model_stats": service.statistics()})
+
+    @router.get("/v2/models/{model_name}/stats")
+    @router.get("/v2/models/{model_name}/versions/{version}/stats")
+    async def model_statistics(model_name: str, version: str | None = None) -> Response:
+        return _json({"model_stats": service.statistics(model_name, _version(version))})
+
     @router.get("/v2/models/{model_name}")
     @router.get("/v2/models/{model_name}/versions/{version}")
     async def model_metadata(model_name: str, version: str | None = None) -> Response:

@@ -1,0 +1,1 @@
+"""Prometheus metrics with Triton's names, labels and text, from the models' statistics."""

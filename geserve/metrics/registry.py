@@ -1,0 +1,186 @@
+"""Triton's metric families, collected from the models' statistics into an injected CollectorRegistry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from geserve.core.models import ModelVersion
+from geserve.core.service import InferenceService
+from geserve.core.stats import FAILURE_REASONS, ModelStats
+from geserve.metrics.config import MetricsConfig
+from geserve.metrics.latency import DEFAULT_BUCKETS_MS, SUMMARY_FAMILIES, LatencyTracker
+from geserve.metrics.system import CpuUtilization, memory_bytes
+
+HISTOGRAM = "nv_inference_first_response_histogram_ms"
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)", "inference_count"),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        "execution_count",
+    ),
+)
+_INCLUDES_CACHED = "in microseconds (includes cached requests)"
+_EXCLUDES_CACHED = "in microseconds (does not include cached requests)"
+_LATENCY_COUNTERS = (
+    ("nv_inference_request_duration_us", f"Cumulative inference request duration {_INCLUDES_CACHED}", "success"),
+    ("nv_inference_queue_duration_us", f"Cumulative inference queuing duration {_INCLUDES_CACHED}", "queue"),
+    (
+        "nv_inference_compute_input_duration_us",
+        f"Cumulative compute input duration {_EXCLUDES_CACHED}",
+        "compute_input",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        f"Cumulative compute inference duration {_EXCLUDES_CACHED}",
+        "compute_infer",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        f"Cumulative inference compute output duration {_EXCLUDES_CACHED}",
+        "compute_output",
+    ),
+)
+_SUMMARY_HELP = {
+    "request": "Summary of inference request duration in microseconds (includes cached requests)",
+    "queue": "Summary of inference queuing duration in microseconds (includes cached requests)",
+    "compute_input": "Summary of compute input duration in microseconds (does not include cached requests)",
+    "compute_infer": "Summary of compute inference duration in microseconds (does not include cached requests)",
+    "compute_output": "Summary of compute output duration in microseconds (does not include cached requests)",
+}
+
+
+def _labels(version: ModelVersion) -> dict[str, str]:
+    # prometheus-cpp prints labels sorted by name; metric_tags add `_<key>` labels.
+    labels = {"model": version.name, "version": version.version_str}
+    labels.update({f"_{key}": value for key, value in version.config.metric_tags.items()})
+    return dict(sorted(labels.items()))
+
+
+def _histogram_bounds(version: ModelVersion) -> tuple[float, ...]:
+    for control in version.config.model_metrics.metric_control:
+        if control.metric_identifier.family == HISTOGRAM and control.histogram_options.buckets:
+            return tuple(control.histogram_options.buckets)
+    return DEFAULT_BUCKETS_MS
+
+
+class TritonCollector(Collector):
+    """Reads every loaded version's ModelStats at scrape time: the numbers the statistics
+    extension reports, under Triton's metric names."""
+
+    def __init__(self, service: InferenceService, config: MetricsConfig) -> None:
+        self._service = service
+        self._config = config
+        self._trackers: dict[tuple[str, int], LatencyTracker] = {}
+        self._cpu = CpuUtilization(config.interval_ms) if config.cpu_metrics else None
+        service.version_listeners.append(self.watch)
+
+    def watch(self, version: ModelVersion) -> None:
+        """Subscribe to a newly loaded version's request timings when summaries or histograms are on."""
+        config = self._config
+        if not (config.summary_latencies or config.histogram_latencies):
+            return
+        bounds = _histogram_bounds(version) if config.histogram_latencies else None
+        tracker = LatencyTracker(config.summary_latencies, bounds)
+        self._trackers[(version.name, version.version)] = tracker
+        version.stats.observers.append(tracker)
+
+    def collect(self) -> Iterator[Metric]:
+        versions = [(version, _labels(version)) for version in self._service.loaded_versions()]
+        for name, documentation, field in _COUNTERS:
+            metric = Metric(name, documentation, "counter")
+            for version, labels in versions:
+                metric.add_sample(name, labels, _count(version.stats, field))
+            yield metric
+        failure = Metric(
+            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
+        )
+        for version, labels in versions:
+            for reason in FAILURE_REASONS:
+                reason_labels = dict(sorted({**labels, "reason": reason}.items()))
+                failure.add_sample("nv_inference_request_failure", reason_labels, version.stats.failures[reason])
+        yield failure
+        pending = Metric(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            "gauge",
+        )
+        for version, labels in versions:
+            pending.add_sample("nv_inference_pending_request_count", labels, version.stats.pending)
+        yield pending
+        if self._config.counter_latencies:
+            for name, documentation, field in _LATENCY_COUNTERS:
+                metric = Metric(name, documentation, "counter")
+                for version, labels in versions:
+                    metric.add_sample(name, labels, getattr(version.stats, field).ns // 1000)
+                yield metric
+        load = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
+        for version, labels in versions:
+            load.add_sample("nv_model_load_duration_secs", labels, version.stats.load_duration_s)
+        yield load
+        yield from self._latency_metrics(versions)
+        yield from self._cpu_metrics()
+
+    def _latency_metrics(self, versions: list[tuple[ModelVersion, dict[str, str]]]) -> Iterator[Metric]:
+        tracked = [
+            (self._trackers[(v.name, v.version)], labels)
+            for v, labels in versions
+            if (v.name, v.version) in self._trackers
+        ]
+        if self._config.summary_latencies:
+            quantiles = tuple(q for q, _ in self._config.summary_quantiles)
+            for family in SUMMARY_FAMILIES:
+                name = f"nv_inference_{family}_summary_us"
+                metric = Metric(name, _SUMMARY_HELP[family], "summary")
+                for tracker, labels in tracked:
+                    summary = tracker.summaries[family]
+                    for quantile, value in zip(quantiles, summary.quantiles(quantiles), strict=True):
+                        metric.add_sample(name, {**labels, "quantile": _number(quantile)}, value)
+                    metric.add_sample(f"{name}_sum", labels, summary.sum_us)
+                    metric.add_sample(f"{name}_count", labels, summary.count)
+                yield metric
+        if self._config.histogram_latencies:
+            metric = Metric(HISTOGRAM, "Duration from request to first response in milliseconds", "histogram")
+            for tracker, labels in tracked:
+                histogram = tracker.histogram
+                if histogram is None:
+                    continue
+                bounds = [*(_number(b) for b in histogram.bounds_ms), "+Inf"]
+                for bound, count in zip(bounds, histogram.cumulative(), strict=True):
+                    metric.add_sample(f"{HISTOGRAM}_bucket", {**labels, "le": bound}, count)
+                metric.add_sample(f"{HISTOGRAM}_sum", labels, histogram.sum_ms)
+                metric.add_sample(f"{HISTOGRAM}_count", labels, histogram.count)
+            yield metric
+
+    def _cpu_metrics(self) -> Iterator[Metric]:
+        if self._cpu is None:
+            return
+        total, used = memory_bytes()
+        for name, documentation, value in (
+            ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", self._cpu.value()),
+            ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", float(total)),
+            ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", float(used)),
+        ):
+            metric = Metric(name, documentation, "gauge")
+            metric.add_sample(name, {}, value)
+            yield metric
+
+
+def _count(stats: ModelStats, field: str) -> int:
+    value = getattr(stats, field)
+    return value if isinstance(value, int) else value.count
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def create_registry(service: InferenceService, config: MetricsConfig) -> CollectorRegistry:
+    """A fresh registry (never prometheus_client's global one) holding Triton's families."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TritonCollector(service, config))
+    return registry
