@@ -181,7 +181,6 @@ def test_request_parameters(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> 
 @pytest.mark.parametrize(
     ("call", "feature"),
     [
-        (lambda c: c.get_inference_statistics("simple"), "statistics"),
         (lambda c: c.get_model_repository_index(), "model repository"),
         (lambda c: c.load_model("simple"), "model repository"),
         (lambda c: c.unload_model("simple"), "model repository"),

@@ -30,7 +30,7 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     metadata = client.get_server_metadata()
     assert metadata["name"] == "triton"
     assert metadata["version"]
-    assert metadata["extensions"] == ["model_configuration", "binary_tensor_data", "parameters"]
+    assert metadata["extensions"] == ["model_configuration", "binary_tensor_data", "parameters", "statistics"]
 
 
 def test_model_metadata_has_batch_dimension(client: httpclient.InferenceServerClient) -> None:
