@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -236,3 +237,28 @@ def test_latency_summaries_histograms_and_switches(launch: Launch, repository: P
     no_metrics = launch(f"--model-repository={repository}", "--allow-metrics=false").wait_live()
     with pytest.raises(OSError):
         scrape(no_metrics)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_cancelled_grpc_request_leaves_the_queue(launch: Launch, repository: Path) -> None:
+    identity_repository(repository, "slow", 1500, "dynamic_batching { }")
+    server = launch(f"--model-repository={repository}").wait_live()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    tensor = grpcclient.InferInput("INPUT0", [4, 4], "INT32")
+    tensor.set_data_from_numpy(np.zeros((4, 4), dtype=np.int32))
+    answers: list[object] = []
+    client.async_infer("slow", [tensor], callback=lambda result, error: answers.append(error or result))
+    # The next request queues behind the running one, and its client gives up.
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("slow", [tensor], client_timeout=0.4)
+    assert error.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    wait_until(lambda: metric(scrape(server), "nv_inference_request_failure", "slow", reason="CANCELED") == 1)
+    assert metric(scrape(server), "nv_inference_pending_request_count", "slow") == 0
+    wait_until(lambda: bool(answers))
+    assert metric(scrape(server), "nv_inference_exec_count", "slow") == 1  # the cancelled one never ran
