@@ -59,6 +59,8 @@ class Scheduler:
         self._model_name = model_name
         self._instances = list(instances)
         self._idle: deque[WorkerClient] = deque(self._instances)
+        for instance in self._instances:
+            instance.on_ready = self._instance_ready
         self._policy = policy
         self.stats = stats
         self._clock = clock or LoopClock()
@@ -82,12 +84,21 @@ class Scheduler:
     def any_alive(self) -> bool:
         return any(instance.alive for instance in self._instances)
 
+    def _any_recoverable(self) -> bool:
+        return any(instance.recoverable for instance in self._instances)
+
+    def _instance_ready(self, instance: WorkerClient) -> None:
+        """A restarted instance is back: it joins the idle pool (once) and takes queued work."""
+        if instance not in self._idle:
+            self._idle.append(instance)
+        self._schedule()
+
     async def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], parameters: Parameters | None = None
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs."""
         parameters = parameters or {}
-        if not self.any_alive():
+        if not self._any_recoverable():
             raise UnavailableError(f"model '{self._model_name}' has no running instance")
         now = self._clock.now_ns()
         request = self._pending(inputs, output_names, parameters, now)
@@ -153,7 +164,7 @@ class Scheduler:
             task = asyncio.get_running_loop().create_task(self._run(instance, batch, now))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
-        if self._queue and not self.any_alive():
+        if self._queue and not self._any_recoverable():
             self._fail_queued(UnavailableError(f"model '{self._model_name}' has no running instance"))
         self.stats.pending = len(self._queue)
         deadline = self._queue.next_deadline()
@@ -237,14 +248,14 @@ class Scheduler:
                 self._finish(request, error)
         self._schedule()
 
-    def _batch_inputs(self, batch: list[PendingRequest]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    def _batch_inputs(self, batch: list[PendingRequest]) -> tuple[dict[str, list[np.ndarray]], tuple[str, ...]]:
+        """Each input as the requests' row blocks (the worker lays them out contiguously), and the
+        union of the outputs they asked for."""
         wanted: dict[str, None] = {}
         for request in batch:
             wanted.update(dict.fromkeys(request.output_names))
-        if len(batch) == 1:
-            return dict(batch[0].inputs), tuple(wanted)
         names = batch[0].inputs.keys()
-        return {name: np.concatenate([r.inputs[name] for r in batch]) for name in names}, tuple(wanted)
+        return {name: [request.inputs[name] for request in batch] for name in names}, tuple(wanted)
 
     def _deliver(self, batch: list[PendingRequest], executed: Executed, dispatched_ns: int, done_ns: int) -> None:
         outputs = executed.outputs or {}

@@ -16,8 +16,10 @@ from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, available_versions, select_versions
-from geserve.workers.client import InProcessWorker, ProcessWorker, WorkerClient
+from geserve.workers.client import InProcessWorker, WorkerClient
 from geserve.workers.messages import InstanceSpec
+from geserve.workers.process import ProcessWorker
+from geserve.workers.shm import DEFAULT_ARENA_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,13 @@ class LoadSettings:
     process_workers: bool = True  # False runs backends in this process (tests, debugging)
     log_level: int = logging.INFO
     stop_timeout_s: float = 30.0
+    arena_bytes: int = DEFAULT_ARENA_BYTES  # per worker, each way
+    device_ids: tuple[int, ...] = ()  # accelerators (NPUs) instances may use
+
+    @property
+    def default_kind(self) -> int:
+        """KIND_AUTO resolves to the accelerators when there are any."""
+        return mc.ModelInstanceGroup.KIND_GPU if self.device_ids else mc.ModelInstanceGroup.KIND_CPU
 
 
 async def load_model(source: ModelSource, settings: LoadSettings) -> Model:
@@ -37,6 +46,7 @@ async def load_model(source: ModelSource, settings: LoadSettings) -> Model:
     model = Model(source.name)
     try:
         config, spec, versions = await asyncio.to_thread(_prepare, source)
+        config_io.fill_defaults(config, spec.name, spec.default_filename, settings.default_kind)
         loaded = await asyncio.gather(
             *(_load_version(source, config, spec, version, settings) for version in versions),
             return_exceptions=True,
@@ -67,22 +77,25 @@ def _prepare(source: ModelSource) -> tuple[mc.ModelConfig, registry.BackendSpec,
         )
     version_dirs = [source.path / str(version) for version in versions]
     spec = registry.resolve(config.backend, config.platform, version_dirs, config.default_model_filename)
-    config_io.fill_defaults(config, spec.name, spec.default_filename, mc.ModelInstanceGroup.KIND_CPU)
     return config, spec, versions
 
 
 def _instance_specs(
     source: ModelSource, config: mc.ModelConfig, backend: str, version: int, settings: LoadSettings
 ) -> list[InstanceSpec]:
+    """One spec per instance: `count` per group, times each listed device for KIND_GPU groups."""
     version_dir = source.path / str(version)
     model_path = version_dir / config.default_model_filename if config.default_model_filename else version_dir
     specs = []
     for group in config.instance_group:
-        # KIND_GPU groups name accelerator ids (NPUs on Ascend); others run on device 0.
-        devices = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU and group.gpus else [0]
-        for device in devices:
+        placements: list[tuple[int, tuple[tuple[str, str], ...]]] = [(0, ())]
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            placements = [
+                (device, _device_environment(device)) for device in _group_devices(config.name, group, settings)
+            ]
+        for device, environment in placements:
             for index in range(group.count):
-                suffix = f"_{index}" + (f"_device{device}" if len(devices) > 1 else "")
+                suffix = f"_{index}" + (f"_device{device}" if environment else "")
                 specs.append(
                     InstanceSpec(
                         model_name=config.name,
@@ -94,13 +107,38 @@ def _instance_specs(
                         device_id=device,
                         auto_complete=settings.auto_complete,
                         log_level=settings.log_level,
+                        environment=environment,
                     )
                 )
     return specs
 
 
+def _group_devices(model: str, group: mc.ModelInstanceGroup, settings: LoadSettings) -> list[int]:
+    available = settings.device_ids
+    wanted = list(group.gpus) or list(available)
+    if not wanted:
+        raise ModelLoadError(
+            f"instance group '{group.name}' of model '{model}' asks for accelerator devices (KIND_GPU), but none "
+            "are available; give --device-ids or use KIND_CPU"
+        )
+    missing = [device for device in wanted if device not in available]
+    if missing:
+        raise ModelLoadError(
+            f"instance group '{group.name}' of model '{model}' names devices {missing}, which are not available "
+            f"(available: {list(available)})"
+        )
+    return wanted
+
+
+def _device_environment(device: int) -> tuple[tuple[str, str], ...]:
+    # The worker sees only its own NPU, re-indexed as device 0 (pyACL's recommended setup).
+    return (("ASCEND_RT_VISIBLE_DEVICES", str(device)),)
+
+
 def _worker(spec: InstanceSpec, settings: LoadSettings) -> WorkerClient:
-    return ProcessWorker(spec) if settings.process_workers else InProcessWorker(spec)
+    if settings.process_workers:
+        return ProcessWorker(spec, settings.arena_bytes)
+    return InProcessWorker(spec)
 
 
 async def _load_version(
@@ -111,13 +149,13 @@ async def _load_version(
     settings: LoadSettings,
 ) -> ModelVersion:
     started_ns = time.monotonic_ns()
-    specs = _instance_specs(source, config, spec.name, version, settings)
+    specs = await asyncio.to_thread(_instance_specs, source, config, spec.name, version, settings)
     # The first instance completes the config from the model file; the others load that config as is.
     first = _worker(specs[0], settings)
     completed = await first.start()
     started: list[WorkerClient] = [first]
     try:
-        config_io.fill_defaults(completed, spec.name, spec.default_filename, mc.ModelInstanceGroup.KIND_CPU)
+        config_io.fill_defaults(completed, spec.name, spec.default_filename, settings.default_kind)
         config_io.validate_config(completed)
         payload = completed.SerializeToString()
         others = [_worker(replace(item, config=payload, auto_complete=False), settings) for item in specs[1:]]

@@ -16,7 +16,7 @@ from geserve.core import validation
 from geserve.core.loader import LoadSettings, load_model
 from geserve.core.models import Model, ModelVersion
 from geserve.core.stats import statistics_json
-from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError
+from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError
 from geserve.repository.scan import scan_repositories
 from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor
 
@@ -173,11 +173,6 @@ class InferenceService:
 
 def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:
     spec = model.outputs[name]
-    if spec.dtype.itemsize is not None and array.dtype != spec.dtype.numpy:
-        raise InternalError(
-            f"model '{model.name}' produced output '{name}' of type {array.dtype}, "
-            f"but its config declares {spec.dtype.config_name}"
-        )
     if spec.reshape is not None:
         batch = (array.shape[0],) if spec.batched and array.ndim else ()
         array = array.reshape(batch + spec.dims)

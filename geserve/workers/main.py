@@ -1,23 +1,80 @@
-"""Worker process entry point: one model instance, answering Execute messages over a pipe."""
+"""Worker process entry point: one model instance, batches in shared memory, control over a pipe."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 
-from geserve.errors import ModelLoadError
-from geserve.workers.messages import Execute, InstanceSpec, Loaded, LoadFailed, Shutdown
+from geserve.errors import GeserveError, ModelLoadError
+from geserve.workers.messages import BatchDone, InstanceSpec, Loaded, LoadFailed, RunBatch, Shutdown
 from geserve.workers.runner import InstanceRunner
+from geserve.workers.shm import (
+    TensorLayout,
+    TensorRef,
+    attach_segment,
+    buffer_of,
+    create_segment,
+    read_tensor,
+)
 
 logger = logging.getLogger(__name__)
+
+
+class _Segments:
+    """The worker's arenas, and the one-off segments of batches too large for them."""
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        self.input = attach_segment(spec.input_arena)
+        self.output = attach_segment(spec.output_arena)
+
+    def run(self, runner: InstanceRunner, message: RunBatch) -> BatchDone:
+        extra: dict[str, shared_memory.SharedMemory] = {}
+        try:
+            for ref in message.inputs:
+                if ref.segment and ref.segment not in extra:
+                    extra[ref.segment] = attach_segment(ref.segment)
+            inputs = {
+                ref.name: read_tensor(buffer_of(extra[ref.segment] if ref.segment else self.input), ref)
+                for ref in message.inputs
+            }
+            executed = runner.execute(inputs, message.output_names)
+            del inputs
+            if executed.error is not None or executed.outputs is None:
+                return BatchDone(message.request_id, (), executed.error, executed.infer_start_ns, executed.infer_end_ns)
+            layout = TensorLayout()
+            datatypes = runner.output_datatypes
+            for name in message.output_names:
+                layout.add(name, datatypes[name], [executed.outputs[name]])
+            try:
+                refs = self._write(layout, message.output_overflow)
+            except GeserveError as error:
+                return BatchDone(message.request_id, (), error, executed.infer_start_ns, executed.infer_end_ns)
+            return BatchDone(message.request_id, refs, None, executed.infer_start_ns, executed.infer_end_ns)
+        finally:
+            for segment in extra.values():
+                with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
+                    segment.close()
+
+    def _write(self, layout: TensorLayout, overflow_name: str) -> tuple[TensorRef, ...]:
+        if layout.size <= self.output.size:
+            return layout.write(buffer_of(self.output))
+        # Too large for the arena: a segment of its own, which the front-end unlinks after reading.
+        segment = create_segment(overflow_name, layout.size)
+        try:
+            return layout.write(buffer_of(segment), overflow_name)
+        finally:
+            segment.close()
 
 
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     """Serve one instance until Shutdown or until the front-end's end of the pipe closes."""
     # Ctrl-C reaches the whole process group; the front-end decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(dict(spec.environment))  # before the backend is imported
     logging.basicConfig(
         level=spec.log_level,
         format=(
@@ -27,9 +84,13 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     )
     runner = InstanceRunner(spec)
     try:
+        segments = _Segments(spec)
         config = runner.load()
     except ModelLoadError as error:
         connection.send(LoadFailed(error.message))
+        return
+    except OSError as error:
+        connection.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
     connection.send(Loaded(config.SerializeToString()))
     try:
@@ -40,8 +101,8 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                 break
             if isinstance(message, Shutdown):
                 break
-            if isinstance(message, Execute):
-                connection.send(runner.execute(message))
+            if isinstance(message, RunBatch):
+                connection.send(segments.run(runner, message))
             else:
                 logger.error("ignoring unknown message %r", type(message).__name__)
     finally:

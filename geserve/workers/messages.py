@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geserve.errors import GeserveError
+from geserve.workers.shm import TensorRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,11 @@ class InstanceSpec:
     device_id: int
     auto_complete: bool
     log_level: int
+    # Set in the worker before its backend is imported (e.g. ASCEND_RT_VISIBLE_DEVICES).
+    environment: tuple[tuple[str, str], ...] = ()
+    # Tensor arenas in shared memory (process workers only).
+    input_arena: str = ""
+    output_arena: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,20 +43,32 @@ class LoadFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class Execute:
-    """Run one batch; `request_id` matches the answer to the request."""
+class RunBatch:
+    """Run one batch whose inputs lie in shared memory; `request_id` matches the answer to it.
+    Outputs that do not fit the output arena go to a new segment named `output_overflow`."""
 
     request_id: int
-    inputs: dict[str, np.ndarray]
+    inputs: tuple[TensorRef, ...]
     output_names: tuple[str, ...]
+    output_overflow: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """Where a batch's outputs lie, or the error that failed it, and when the backend ran."""
+
+    request_id: int
+    outputs: tuple[TensorRef, ...]
+    error: GeserveError | None
+    infer_start_ns: int
+    infer_end_ns: int
 
 
 @dataclass(frozen=True, slots=True)
 class Executed:
-    """The answer to Execute: outputs, or the error that failed the whole batch, and when the
+    """A batch's outputs as the scheduler receives them, or the error that failed it, and when the
     backend started and finished (time.monotonic_ns, comparable across processes)."""
 
-    request_id: int
     outputs: dict[str, np.ndarray] | None
     error: GeserveError | None
     infer_start_ns: int

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.backends.base import Backend
+from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
-from geserve.workers.messages import Execute, Executed, InstanceSpec
+from geserve.workers.messages import Executed, InstanceSpec
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +25,7 @@ class InstanceRunner:
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
         self._backend: Backend | None = None
+        self.output_datatypes: dict[str, str] = {}
 
     def load(self) -> mc.ModelConfig:
         """Load the backend and return the config it serves; raises ModelLoadError."""
@@ -36,31 +41,43 @@ class InstanceRunner:
             logger.exception("instance %s failed to load", spec.instance_name)
             raise ModelLoadError(f"model '{spec.model_name}': {type(error).__name__}: {error}") from None
         self._backend = backend
+        self.output_datatypes = {output.name: dtypes.from_config(output.data_type).wire for output in config.output}
         return config
 
-    def execute(self, message: Execute) -> Executed:
+    def execute(self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...]) -> Executed:
         """Run one batch; any failure becomes the batch's error, never an exception."""
         backend = self._backend
         started = time.monotonic_ns()
         if backend is None:
             error: GeserveError = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
-            return Executed(message.request_id, None, error, started, started)
+            return Executed(None, error, started, started)
         try:
-            outputs = backend.execute(message.inputs, message.output_names)
-            missing = [name for name in message.output_names if name not in outputs]
+            outputs = backend.execute(inputs, output_names)
+            missing = [name for name in output_names if name not in outputs]
             if missing:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
+            for name in output_names:
+                self._check_output(name, np.asarray(outputs[name]))
         except GeserveError as error:
-            return Executed(message.request_id, None, error, started, time.monotonic_ns())
+            return Executed(None, error, started, time.monotonic_ns())
         except Exception as error:
             logger.exception("instance %s failed to execute", self.spec.instance_name)
             failure = InternalError(
                 f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}"
             )
-            return Executed(message.request_id, None, failure, started, time.monotonic_ns())
+            return Executed(None, failure, started, time.monotonic_ns())
         finished = time.monotonic_ns()
-        answer = {name: outputs[name] for name in message.output_names}
-        return Executed(message.request_id, answer, None, started, finished)
+        answer = {name: np.asarray(outputs[name]) for name in output_names}
+        return Executed(answer, None, started, finished)
+
+    def _check_output(self, name: str, array: np.ndarray) -> None:
+        declared = dtypes.from_wire(self.output_datatypes[name])
+        matches = array.dtype.kind == "O" if declared.itemsize is None else array.dtype == declared.numpy
+        if not matches:
+            raise InternalError(
+                f"model '{self.spec.model_name}' produced output '{name}' of type {array.dtype}, "
+                f"but its config declares {declared.config_name}"
+            )
 
     def unload(self) -> None:
         if self._backend is not None:

@@ -14,10 +14,12 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.batching.batcher import Scheduler
 from geserve.batching.policy import BatchingPolicy
 from geserve.core.stats import ModelStats
-from geserve.errors import InternalError, ModelLoadError, UnavailableError
+from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text
-from geserve.workers.client import InProcessWorker, ProcessWorker, WorkerClient
+from geserve.workers.client import InProcessWorker, InstanceState, WorkerClient
 from geserve.workers.messages import InstanceSpec
+from geserve.workers.process import ProcessWorker, RestartPolicy
+from geserve.workers.shm import SHM_PREFIX
 
 IDENTITY = """
 name: "echo"
@@ -51,7 +53,7 @@ async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorke
     assert isinstance(config, mc.ModelConfig) and config.name == "echo"
     assert worker.alive
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
-    results = await asyncio.gather(*(worker.execute({"INPUT0": data + i}, ("OUTPUT0",)) for i in range(5)))
+    results = await asyncio.gather(*(worker.execute({"INPUT0": [data + i]}, ("OUTPUT0",)) for i in range(5)))
     for i, executed in enumerate(results):
         assert executed.error is None and executed.outputs is not None
         np.testing.assert_array_equal(executed.outputs["OUTPUT0"], data + i)
@@ -69,24 +71,70 @@ async def test_load_failure_is_reported(tmp_path: Path, kind: type[ProcessWorker
         await worker.start()
 
 
-async def test_killed_worker_fails_in_flight_requests_at_once(tmp_path: Path) -> None:
-    worker = ProcessWorker(spec(tmp_path, delay_ms="30000"))
+def shm_segments() -> set[str]:
+    return {entry.name for entry in Path("/dev/shm").iterdir() if entry.name.startswith(SHM_PREFIX)}
+
+
+async def wait_for_state(worker: ProcessWorker, state: InstanceState, timeout_s: float = 15.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if worker.state is state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"instance stayed {worker.state}, expected {state}")
+
+
+async def test_killed_worker_fails_in_flight_requests_at_once_and_restarts(tmp_path: Path) -> None:
+    worker = ProcessWorker(spec(tmp_path, delay_ms="1500"), restart=RestartPolicy(first_delay_s=0.1))
     await worker.start()
     scheduler = Scheduler("echo", [worker], BatchingPolicy(max_batch_size=4), ModelStats())
-    data = np.zeros((1, 3), dtype=np.float32)
+    first_pid = worker.pid
+    assert first_pid is not None
+    data = np.ones((1, 3), dtype=np.float32)
     in_flight = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
-    queued = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
-    await asyncio.sleep(0.5)
-    assert worker.pid is not None
-    os.kill(worker.pid, signal.SIGKILL)
-    with pytest.raises(InternalError, match=r"instance 'echo_0' of model 'echo' version 1 exited unexpectedly"):
-        await asyncio.wait_for(in_flight, 10)
-    with pytest.raises(UnavailableError, match="model 'echo' has no running instance"):
-        await asyncio.wait_for(queued, 10)
-    assert not worker.alive and not scheduler.any_alive()
-    with pytest.raises(UnavailableError):
-        await scheduler.execute({"INPUT0": data}, ("OUTPUT0",))
+    queued = asyncio.ensure_future(scheduler.execute({"INPUT0": data * 2}, ("OUTPUT0",)))
+    await asyncio.sleep(0.3)
+    os.kill(first_pid, signal.SIGKILL)
+    with pytest.raises(UnavailableError, match=r"instance 'echo_0' of model 'echo' version 1 exited unexpectedly"):
+        await asyncio.wait_for(in_flight, 1.0)  # at once, not after the 1.5 s execution
+    # The queued request waits for the restarted instance instead of failing.
+    outputs = await asyncio.wait_for(queued, 20)
+    np.testing.assert_array_equal(outputs["OUTPUT0"], data * 2)
+    assert worker.alive and worker.pid not in (None, first_pid)
     await worker.stop(timeout_s=5)
+
+
+async def test_crash_loop_gives_up_with_the_reason(tmp_path: Path) -> None:
+    worker = ProcessWorker(spec(tmp_path), restart=RestartPolicy(first_delay_s=0.05, max_crashes=2))
+    await worker.start()
+    scheduler = Scheduler("echo", [worker], BatchingPolicy(max_batch_size=4), ModelStats())
+    for _ in range(2):
+        await wait_for_state(worker, InstanceState.READY)
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        await asyncio.sleep(0.3)
+    await wait_for_state(worker, InstanceState.FAILED)
+    assert "crashed 2 times" in worker.reason
+    with pytest.raises(UnavailableError, match="model 'echo' has no running instance"):
+        await scheduler.execute({"INPUT0": np.ones((1, 3), np.float32)}, ("OUTPUT0",))
+    await worker.stop(timeout_s=5)
+
+
+async def test_shared_memory_is_released(tmp_path: Path) -> None:
+    before = shm_segments()
+    worker = ProcessWorker(spec(tmp_path), arena_bytes=4096)
+    await worker.start()
+    assert len(shm_segments() - before) == 2 and all(name.startswith(SHM_PREFIX) for name in worker.segments)
+    big = np.arange(3 * 4000, dtype=np.float32).reshape(-1, 3)  # 48 kB: too large for the 4 kB arenas
+    executed = await worker.execute({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",))
+    assert executed.outputs is not None
+    np.testing.assert_array_equal(executed.outputs["OUTPUT0"], big)
+    assert len(shm_segments() - before) == 2  # the one-off segments are gone
+    await worker.stop(timeout_s=5)
+    assert shm_segments() == before
+    failing = ProcessWorker(spec(tmp_path, backend="nonexistent"))
+    with pytest.raises(ModelLoadError):
+        await failing.start()
+    assert shm_segments() == before
 
 
 async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,11 @@ class ScriptedInstance:
         self._waiting: list[asyncio.Future[None]] = []
         self.alive = True
         self.fail_with: Exception | None = None
+        self.on_ready: Callable[[Any], None] | None = None
+
+    @property
+    def recoverable(self) -> bool:
+        return self.alive
 
     async def start(self) -> mc.ModelConfig:
         return mc.ModelConfig()
@@ -71,7 +76,8 @@ class ScriptedInstance:
     async def stop(self, timeout_s: float) -> None:
         self.alive = False
 
-    async def execute(self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...]) -> Executed:
+    async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
+        inputs = {name: np.concatenate(parts) for name, parts in inputs.items()}
         self.batches.append(dict(inputs))
         self.output_names.append(output_names)
         started = self.clock.now
@@ -81,7 +87,7 @@ class ScriptedInstance:
         if self.fail_with is not None:
             raise self.fail_with
         outputs = {name: inputs[name.replace("OUT", "IN")] for name in output_names}
-        return Executed(0, outputs, None, started + MS, self.clock.now - MS)
+        return Executed(outputs, None, started + MS, self.clock.now - MS)
 
     @property
     def busy(self) -> int:

@@ -1,0 +1,365 @@
+"""ProcessWorker: an instance in a spawned process, fed through shared memory, restarted when it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.codecs import dtypes
+from geserve.errors import GeserveError, ModelLoadError, UnavailableError
+from geserve.workers import main as worker_main
+from geserve.workers.client import InstanceState, WorkerClient
+from geserve.workers.messages import BatchDone, Executed, InstanceSpec, Loaded, LoadFailed, RunBatch, Shutdown
+from geserve.workers.shm import (
+    DEFAULT_ARENA_BYTES,
+    TensorLayout,
+    TensorRef,
+    attach_segment,
+    buffer_of,
+    create_segment,
+    read_tensor,
+    segment_name,
+    unlink_quietly,
+)
+
+logger = logging.getLogger(__name__)
+
+# Above this many bytes, copies into and out of the arenas run on a thread, off the event loop.
+_OFFLOAD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """Backoff between restarts, and when a crash loop makes the instance give up."""
+
+    first_delay_s: float = 0.5
+    max_delay_s: float = 10.0
+    max_crashes: int = 5
+    crash_window_s: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.first_delay_s * 2.0**attempt, self.max_delay_s))
+
+
+@dataclass(slots=True)
+class _InFlight:
+    future: asyncio.Future[BatchDone]
+    input_overflow: shared_memory.SharedMemory | None
+    output_overflow: str
+
+
+class ProcessWorker:
+    """One spawned worker process. Requests are matched to answers by id; a worker that dies fails
+    its in-flight batch at once with UNAVAILABLE and is restarted with backoff, unless it keeps
+    crashing, which marks it FAILED with the reason."""
+
+    def __init__(
+        self, spec: InstanceSpec, arena_bytes: int = DEFAULT_ARENA_BYTES, restart: RestartPolicy | None = None
+    ) -> None:
+        self.spec = spec
+        self.on_ready: Callable[[WorkerClient], None] | None = None
+        self.reason = ""
+        self._arena_bytes = arena_bytes
+        self._restart_policy = restart or RestartPolicy()
+        self._context = multiprocessing.get_context("spawn")
+        self._state = InstanceState.STARTING
+        self._input_arena: shared_memory.SharedMemory | None = None
+        self._output_arena: shared_memory.SharedMemory | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._connection: Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Pipe writes block while the worker reads; one thread keeps them off the event loop, in order.
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-send-{spec.instance_name}")
+        self._ids = itertools.count()
+        self._in_flight: dict[int, _InFlight] = {}
+        self._started: asyncio.Future[Loaded | LoadFailed] | None = None
+        self._crashes: collections.deque[float] = collections.deque()
+        self._restarter: asyncio.Task[None] | None = None
+        # The arenas hold one batch at a time; the scheduler sends one batch per instance anyway.
+        self._arena_lock = asyncio.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._state is InstanceState.READY
+
+    @property
+    def recoverable(self) -> bool:
+        return self._state in (InstanceState.READY, InstanceState.RESTARTING)
+
+    @property
+    def state(self) -> InstanceState:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def segments(self) -> list[str]:
+        return [arena.name for arena in (self._input_arena, self._output_arena) if arena is not None]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> mc.ModelConfig:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._input_arena = create_segment(segment_name("in"), self._arena_bytes)
+            self._output_arena = create_segment(segment_name("out"), self._arena_bytes)
+            self.spec = replace(self.spec, input_arena=self._input_arena.name, output_arena=self._output_arena.name)
+            result = await self._spawn()
+        except (GeserveError, OSError) as error:
+            await self.stop(timeout_s=5.0)
+            message = error.message if isinstance(error, GeserveError) else str(error)
+            raise ModelLoadError(f"instance '{self.spec.instance_name}' could not start: {message}") from None
+        if isinstance(result, LoadFailed):
+            await self.stop(timeout_s=5.0)
+            raise ModelLoadError(result.message)
+        self._state = InstanceState.READY
+        return mc.ModelConfig.FromString(result.config)
+
+    async def _spawn(self) -> Loaded | LoadFailed:
+        loop = asyncio.get_running_loop()
+        parent, child = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=worker_main.run_worker,
+            args=(child, self.spec),
+            name=f"geserve-worker-{self.spec.instance_name}",
+            daemon=True,
+        )
+        self._started = loop.create_future()
+        # Starting a spawn process execs an interpreter; do it off the event loop.
+        await loop.run_in_executor(self._sender, process.start)
+        child.close()
+        self._process, self._connection = process, parent
+        threading.Thread(
+            target=self._read_loop, args=(parent, process), name=f"geserve-recv-{self.spec.instance_name}", daemon=True
+        ).start()
+        result = await self._started
+        if isinstance(result, Loaded):
+            logger.info(
+                "instance %s of model '%s' is up (pid %s)", self.spec.instance_name, self.spec.model_name, process.pid
+            )
+        return result
+
+    async def stop(self, timeout_s: float) -> None:
+        self._state = InstanceState.STOPPED
+        if self._restarter is not None:
+            self._restarter.cancel()
+        loop = asyncio.get_running_loop()
+        connection, process = self._connection, self._process
+        if connection is not None and process is not None and process.is_alive():
+            with contextlib.suppress(OSError, ValueError):  # the worker may be gone already
+                await loop.run_in_executor(self._sender, connection.send, Shutdown())
+        if process is not None:
+            await loop.run_in_executor(None, process.join, timeout_s)
+            if process.is_alive():
+                logger.warning("instance %s did not stop in %.0fs; killing it", self.spec.instance_name, timeout_s)
+                process.kill()
+                await loop.run_in_executor(None, process.join, 5.0)
+        if connection is not None:
+            connection.close()
+        self._sender.shutdown(wait=False)
+        self.release_segments()
+
+    def release_segments(self) -> None:
+        """Unlink every segment this instance owns (also usable from a signal handler's fast path)."""
+        for arena in (self._input_arena, self._output_arena):
+            if arena is not None:
+                with contextlib.suppress(BufferError):
+                    arena.close()
+                with contextlib.suppress(FileNotFoundError):
+                    arena.unlink()
+        self._input_arena = self._output_arena = None
+
+    def kill(self) -> None:
+        """Forced exit: no drain, no waiting."""
+        self._state = InstanceState.STOPPED
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        self.release_segments()
+
+    # -- batches -----------------------------------------------------------------------------
+
+    async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
+        async with self._arena_lock:
+            return await self._execute(inputs, output_names)
+
+    async def _execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
+        connection, loop, arena = self._connection, self._loop, self._input_arena
+        if not self.alive or connection is None or loop is None or arena is None:
+            raise UnavailableError(self._unavailable())
+        layout = TensorLayout()
+        for name, parts in inputs.items():
+            layout.add(name, dtypes.from_numpy(parts[0].dtype).wire, parts)
+        overflow = None
+        if layout.size > arena.size:
+            overflow = create_segment(segment_name("in"), layout.size)  # a batch too large for the arena
+        target = overflow if overflow is not None else arena
+        segment = overflow.name if overflow is not None else ""
+        if layout.size > _OFFLOAD_BYTES:
+            refs = await asyncio.to_thread(layout.write, buffer_of(target), segment)
+        else:
+            refs = layout.write(buffer_of(target), segment)
+        request_id = next(self._ids)
+        flight = _InFlight(loop.create_future(), overflow, segment_name("out"))
+        self._in_flight[request_id] = flight
+        try:
+            message = RunBatch(request_id, refs, output_names, flight.output_overflow)
+            await loop.run_in_executor(self._sender, connection.send, message)
+            done = await flight.future
+            return await self._collect(done)
+        except (OSError, ValueError) as error:
+            raise UnavailableError(f"{self._unavailable()}: {error}") from None
+        finally:
+            self._in_flight.pop(request_id, None)
+            self._release_flight(flight)
+
+    async def _collect(self, done: BatchDone) -> Executed:
+        if done.error is not None:
+            return Executed(None, done.error, done.infer_start_ns, done.infer_end_ns)
+        total = sum(ref.nbytes for ref in done.outputs)
+        if total > _OFFLOAD_BYTES:
+            outputs = await asyncio.to_thread(self._read_outputs, done.outputs)
+        else:
+            outputs = self._read_outputs(done.outputs)
+        return Executed(outputs, None, done.infer_start_ns, done.infer_end_ns)
+
+    def _read_outputs(self, refs: tuple[TensorRef, ...]) -> dict[str, np.ndarray]:
+        """Copy the outputs out of shared memory once; the arena is reused by the next batch."""
+        outputs: dict[str, np.ndarray] = {}
+        overflow: shared_memory.SharedMemory | None = None
+        try:
+            for ref in refs:
+                if ref.segment:
+                    overflow = overflow or attach_segment(ref.segment)
+                    buffer = buffer_of(overflow)
+                else:
+                    assert self._output_arena is not None
+                    buffer = buffer_of(self._output_arena)
+                view = read_tensor(buffer, ref)
+                outputs[ref.name] = view if ref.datatype == "BYTES" else view.copy()
+                del view
+            return outputs
+        finally:
+            if overflow is not None:
+                overflow.close()
+                overflow.unlink()
+
+    def _release_flight(self, flight: _InFlight) -> None:
+        if flight.input_overflow is not None:
+            with contextlib.suppress(BufferError):
+                flight.input_overflow.close()
+            with contextlib.suppress(FileNotFoundError):
+                flight.input_overflow.unlink()
+        unlink_quietly(flight.output_overflow)  # left behind when the worker died mid-write
+
+    def _unavailable(self) -> str:
+        reason = f" ({self.reason})" if self.reason else ""
+        return (
+            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version "
+            f"{self.spec.model_version} is {self._state.value}{reason}"
+        )
+
+    # -- the pipe, on a thread ---------------------------------------------------------------
+
+    def _read_loop(self, connection: Connection, process: multiprocessing.process.BaseProcess) -> None:
+        """Receives answers on a thread and hands each to the event loop."""
+        while True:
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):
+                break
+            if not self._call_in_loop(self._on_message, message):
+                return
+        process.join(1.0)  # let the exit code settle so the error can report it
+        self._call_in_loop(self._on_exit, process, process.exitcode)
+
+    def _call_in_loop(self, callback: Callable[..., None], *arguments: object) -> bool:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        try:
+            loop.call_soon_threadsafe(callback, *arguments)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        return True
+
+    def _on_message(self, message: object) -> None:
+        if isinstance(message, BatchDone):
+            flight = self._in_flight.get(message.request_id)
+            if flight is not None and not flight.future.done():
+                flight.future.set_result(message)
+        elif isinstance(message, Loaded | LoadFailed):
+            if self._started is not None and not self._started.done():
+                self._started.set_result(message)
+        else:
+            logger.error("instance %s sent an unknown message %r", self.spec.instance_name, type(message).__name__)
+
+    def _on_exit(self, process: multiprocessing.process.BaseProcess, exit_code: int | None) -> None:
+        if process is not self._process:
+            return  # an earlier process of this instance
+        reason = (
+            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version "
+            f"{self.spec.model_version} exited unexpectedly (exit code {exit_code})"
+        )
+        if self._started is not None and not self._started.done():
+            self._started.set_result(LoadFailed(reason))
+        error = UnavailableError(reason)
+        for flight in self._in_flight.values():
+            if not flight.future.done():
+                flight.future.set_exception(error)
+        if self._state is not InstanceState.READY:
+            return  # stopping, or a start that already reports the failure
+        logger.error("%s; failing its in-flight requests and restarting it", reason)
+        self.reason = reason
+        now = time.monotonic()
+        self._crashes.append(now)
+        while self._crashes and now - self._crashes[0] > self._restart_policy.crash_window_s:
+            self._crashes.popleft()
+        if len(self._crashes) >= self._restart_policy.max_crashes:
+            self._give_up(
+                f"{reason}; it crashed {len(self._crashes)} times within {self._restart_policy.crash_window_s:.0f}s"
+            )
+            return
+        self._state = InstanceState.RESTARTING
+        self._restarter = asyncio.get_running_loop().create_task(self._restart())
+
+    def _give_up(self, reason: str) -> None:
+        self._state = InstanceState.FAILED
+        self.reason = reason
+        logger.error("giving up on instance %s: %s", self.spec.instance_name, reason)
+
+    async def _restart(self) -> None:
+        attempt = len(self._crashes) - 1
+        while self._state is InstanceState.RESTARTING:
+            await asyncio.sleep(self._restart_policy.delay(attempt))
+            if self._state is not InstanceState.RESTARTING:
+                return
+            try:
+                result: Loaded | LoadFailed = await self._spawn()
+            except OSError as error:
+                result = LoadFailed(f"could not start a worker process: {error}")
+            if isinstance(result, Loaded):
+                self._state = InstanceState.READY
+                self.reason = ""
+                if self.on_ready is not None:
+                    self.on_ready(self)
+                return
+            attempt += 1
+            if attempt >= self._restart_policy.max_crashes:
+                self._give_up(f"restart failed: {result.message}")
+                return

@@ -1,0 +1,143 @@
+"""Tensor arenas in shared memory: segments with unguessable names, and tensors laid out in them."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from geserve.codecs import bytes as bytes_codec
+from geserve.codecs import dtypes
+from geserve.errors import UnavailableError
+
+logger = logging.getLogger(__name__)
+
+# Every segment geserve creates starts with this; the client shared-memory API refuses it.
+SHM_PREFIX = "geserve_"
+DEFAULT_ARENA_BYTES = 16 << 20
+_ALIGNMENT = 64
+
+
+def segment_name(role: str) -> str:
+    """A fresh name: the reserved prefix, 128 random bits, and the segment's role."""
+    return f"{SHM_PREFIX}{secrets.token_hex(16)}_{role}"
+
+
+def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
+    """Create a segment with all its pages reserved up front, so that running out of /dev/shm is a
+    clear error here rather than a SIGBUS in whichever process writes first."""
+    segment = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
+    try:
+        os.posix_fallocate(segment._fd, 0, max(size, 1))  # type: ignore[attr-defined]
+    except OSError as error:
+        segment.close()
+        segment.unlink()
+        if error.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise UnavailableError(
+                f"not enough shared memory for {size} bytes of tensors (/dev/shm is full or too small)"
+            ) from None
+        raise
+    return segment
+
+
+def attach_segment(name: str) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=name, create=False)
+
+
+def buffer_of(segment: shared_memory.SharedMemory) -> memoryview:
+    buffer = segment.buf
+    if buffer is None:
+        raise UnavailableError(f"shared memory segment {segment.name} is closed")
+    return buffer
+
+
+def unlink_quietly(name: str) -> None:
+    """Remove a segment that may already be gone (after a crash, or twice on shutdown)."""
+    try:
+        segment = shared_memory.SharedMemory(name=name, create=False)
+    except FileNotFoundError:
+        return
+    segment.close()
+    segment.unlink()
+
+
+def align(size: int) -> int:
+    return (size + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """Where a tensor lies: in `segment` ("" for the arena) at `offset`; BYTES tensors are framed."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    segment: str = ""
+
+
+def read_tensor(buffer: memoryview, ref: TensorRef) -> np.ndarray:
+    """A zero-copy view of a numeric tensor, or the decoded elements of a BYTES tensor."""
+    if ref.datatype == "BYTES":
+        return bytes_codec.deserialize(buffer[ref.offset : ref.offset + ref.nbytes]).reshape(ref.shape)
+    dtype = dtypes.from_wire(ref.datatype).numpy
+    return np.ndarray(ref.shape, dtype=dtype, buffer=buffer, offset=ref.offset)
+
+
+@dataclass(slots=True)
+class _Planned:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parts: Sequence[np.ndarray] | bytes
+    nbytes: int
+
+
+class TensorLayout:
+    """Tensors to write (each possibly in several row blocks), their offsets, and the total size."""
+
+    def __init__(self) -> None:
+        self._planned: list[_Planned] = []
+        self.size = 0
+
+    def add(self, name: str, datatype: str, parts: Sequence[np.ndarray]) -> None:
+        """Plan one tensor made of `parts` concatenated along the first dim (or a single part)."""
+        shape = tuple(parts[0].shape)
+        if len(parts) > 1:
+            shape = (sum(int(p.shape[0]) for p in parts), *shape[1:])
+        if datatype == "BYTES":
+            framed = b"".join(bytes_codec.serialize(part) for part in parts)
+            planned = _Planned(name, datatype, shape, framed, len(framed))
+        else:
+            planned = _Planned(name, datatype, shape, parts, sum(int(p.nbytes) for p in parts))
+        self._planned.append(planned)
+        self.size += align(planned.nbytes)
+
+    def write(self, buffer: memoryview, segment: str = "") -> tuple[TensorRef, ...]:
+        """Copy every planned tensor into `buffer`: the one copy that is also the batch's concatenation."""
+        refs = []
+        offset = 0
+        for planned in self._planned:
+            if isinstance(planned.parts, bytes):
+                buffer[offset : offset + planned.nbytes] = planned.parts
+            else:
+                dtype = planned.parts[0].dtype.newbyteorder("=")
+                target = np.ndarray(planned.shape, dtype=dtype, buffer=buffer, offset=offset)
+                if len(planned.parts) == 1:
+                    np.copyto(target, planned.parts[0], casting="equiv")
+                else:
+                    row = 0
+                    for part in planned.parts:
+                        np.copyto(target[row : row + part.shape[0]], part, casting="equiv")
+                        row += int(part.shape[0])
+                del target  # views must not outlive the write, or the segment cannot be closed
+            refs.append(TensorRef(planned.name, planned.datatype, planned.shape, offset, planned.nbytes, segment))
+            offset += align(planned.nbytes)
+        return tuple(refs)
