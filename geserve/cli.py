@@ -14,6 +14,8 @@ from geserve.grpc.server import GrpcOptions
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
 from geserve.metrics.config import MetricsConfig
 from geserve.server import Server, ServerOptions
+from geserve.workers.devices import discover_devices, parse_device_ids
+from geserve.workers.shm import DEFAULT_ARENA_BYTES
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -33,6 +35,13 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be in [0, 65535], got {port}")
     return port
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    try:
+        return parse_device_ids(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive(text: str) -> int:
@@ -93,6 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=30,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests and workers (default: 30)",
+    )
+    group.add_argument(
+        "--worker-arena-size",
+        type=_positive,
+        default=DEFAULT_ARENA_BYTES,
+        metavar="BYTES",
+        help="shared memory per worker process for a batch's inputs, and as much for its outputs; larger "
+        f"batches use a one-off segment (default: {DEFAULT_ARENA_BYTES})",
+    )
+    group.add_argument(
+        "--device-ids",
+        type=_device_ids,
+        default=None,
+        metavar="IDS",
+        help="accelerator (NPU) ids instances may use, e.g. 0,1 (default: those in ASCEND_RT_VISIBLE_DEVICES "
+        "or /dev/davinciN)",
     )
     group.add_argument(
         "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"
@@ -209,6 +234,8 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         metrics_port=args.metrics_port,
         metrics=metrics,
         log_verbose=args.log_verbose,
+        worker_arena_bytes=args.worker_arena_size,
+        device_ids=args.device_ids if args.device_ids is not None else discover_devices(),
         log_level=level,
     )
 

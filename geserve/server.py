@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from geserve.http.app import DEFAULT_MAX_INPUT_SIZE, create_app
 from geserve.metrics.config import MetricsConfig
 from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
+from geserve.workers.shm import DEFAULT_ARENA_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class ServerOptions:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log_verbose: int = 0
     log_level: int = logging.INFO
+    worker_arena_bytes: int = DEFAULT_ARENA_BYTES
+    device_ids: tuple[int, ...] = ()
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -94,6 +98,8 @@ class Server:
             auto_complete=options.auto_complete,
             log_level=options.log_level,
             stop_timeout_s=float(options.exit_timeout_secs),
+            arena_bytes=options.worker_arena_bytes,
+            device_ids=options.device_ids,
         )
         self.service = InferenceService(
             options.model_repositories, settings, options.server_id, options.strict_readiness
@@ -103,6 +109,11 @@ class Server:
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
+        """First signal: graceful shutdown. Second signal: stop now."""
+        if self._stop.is_set():
+            logger.warning("second signal: exiting without draining")
+            self.service.kill()
+            os._exit(1)
         self._stop.set()
 
     async def serve(self) -> int:

@@ -9,6 +9,21 @@ import pytest
 
 from tests.support import MODEL_REPOSITORY, GeserveProcess
 
+SHM = Path("/dev/shm")
+
+
+def geserve_segments() -> set[str]:
+    return {entry.name for entry in SHM.iterdir() if entry.name.startswith("geserve_")} if SHM.is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind() -> Iterator[None]:
+    """Every shared-memory segment geserve creates during the run is gone at its end, crash tests included."""
+    before = geserve_segments()
+    yield
+    left = geserve_segments() - before
+    assert not left, f"shared memory left behind: {sorted(left)}"
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]:

@@ -16,7 +16,7 @@ from geserve.core import validation
 from geserve.core.loader import LoadSettings, load_model
 from geserve.core.models import Model, ModelVersion
 from geserve.core.stats import statistics_json
-from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError
+from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.repository.scan import scan_repositories
 from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor
 
@@ -67,6 +67,13 @@ class InferenceService:
     def stop_accepting(self) -> None:
         """Report not ready from now on (the first step of shutdown)."""
         self._accepting = False
+
+    def kill(self) -> None:
+        """Forced exit: kill every worker and release its shared memory, without waiting."""
+        for model in self._models.values():
+            for version in model.versions.values():
+                for instance in version.instances:
+                    instance.kill()
 
     async def shutdown(self) -> None:
         """Stop answering as ready and stop every worker."""
@@ -148,6 +155,8 @@ class InferenceService:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; errors carry Triton's request-id prefix."""
+        if not self._accepting:
+            raise UnavailableError("the server is shutting down").with_request_id(request.id)
         try:
             validation.check_parameters(request.parameters)
             model = self.model_version(request.model_name, request.model_version)

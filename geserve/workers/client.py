@@ -53,6 +53,10 @@ class WorkerClient(Protocol):
 
     async def stop(self, timeout_s: float) -> None: ...
 
+    def kill(self) -> None:
+        """Stop at once (a second shutdown signal): no drain, no waiting."""
+        ...
+
 
 def concatenate(parts: Sequence[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -91,3 +95,6 @@ class InProcessWorker:
         self._state = InstanceState.STOPPED
         await asyncio.get_running_loop().run_in_executor(self._thread, self._runner.unload)
         self._thread.shutdown(wait=False)
+
+    def kill(self) -> None:
+        self._state = InstanceState.STOPPED
