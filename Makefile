@@ -38,5 +38,9 @@ protos: $(STAMP_TEST)
 models: $(STAMP_TEST)
 	$(BIN)/python scripts/make_models.py
 
+# Benchmarks print ratios measured in one run; they are never part of `make test`.
+bench: $(STAMP_TEST)
+	$(BIN)/python -m tests.perf.bench_worker
+
 clean:
 	rm -rf $(VENV) build *.egg-info

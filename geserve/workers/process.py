@@ -8,7 +8,6 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,8 +81,8 @@ class ProcessWorker:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._connection: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Pipe writes block while the worker reads; one thread keeps them off the event loop, in order.
-        self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-send-{spec.instance_name}")
+        # Starting a spawned interpreter blocks; it happens on this thread, off the event loop.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-spawn-{spec.instance_name}")
         self._ids = itertools.count()
         self._in_flight: dict[int, _InFlight] = {}
         self._started: asyncio.Future[Loaded | LoadFailed] | None = None
@@ -141,13 +140,11 @@ class ProcessWorker:
             daemon=True,
         )
         self._started = loop.create_future()
-        # Starting a spawn process execs an interpreter; do it off the event loop.
-        await loop.run_in_executor(self._sender, process.start)
+        await loop.run_in_executor(self._spawner, process.start)
         child.close()
         self._process, self._connection = process, parent
-        threading.Thread(
-            target=self._read_loop, args=(parent, process), name=f"geserve-recv-{self.spec.instance_name}", daemon=True
-        ).start()
+        # Answers are small control messages: read them on the loop when the pipe is readable.
+        loop.add_reader(parent.fileno(), self._on_readable, parent, process)
         result = await self._started
         if isinstance(result, Loaded):
             logger.info(
@@ -163,7 +160,7 @@ class ProcessWorker:
         connection, process = self._connection, self._process
         if connection is not None and process is not None and process.is_alive():
             with contextlib.suppress(OSError, ValueError):  # the worker may be gone already
-                await loop.run_in_executor(self._sender, connection.send, Shutdown())
+                connection.send(Shutdown())
         if process is not None:
             await loop.run_in_executor(None, process.join, timeout_s)
             if process.is_alive():
@@ -171,8 +168,8 @@ class ProcessWorker:
                 process.kill()
                 await loop.run_in_executor(None, process.join, 5.0)
         if connection is not None:
-            connection.close()
-        self._sender.shutdown(wait=False)
+            self._forget(connection)
+        self._spawner.shutdown(wait=False)
         self.release_segments()
 
     def release_segments(self) -> None:
@@ -218,8 +215,8 @@ class ProcessWorker:
         flight = _InFlight(loop.create_future(), overflow, segment_name("out"))
         self._in_flight[request_id] = flight
         try:
-            message = RunBatch(request_id, refs, output_names, flight.output_overflow)
-            await loop.run_in_executor(self._sender, connection.send, message)
+            # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
+            connection.send(RunBatch(request_id, refs, output_names, flight.output_overflow))
             done = await flight.future
             return await self._collect(done)
         except (OSError, ValueError) as error:
@@ -274,29 +271,25 @@ class ProcessWorker:
             f"{self.spec.model_version} is {self._state.value}{reason}"
         )
 
-    # -- the pipe, on a thread ---------------------------------------------------------------
+    # -- the pipe ----------------------------------------------------------------------------
 
-    def _read_loop(self, connection: Connection, process: multiprocessing.process.BaseProcess) -> None:
-        """Receives answers on a thread and hands each to the event loop."""
-        while True:
-            try:
-                message = connection.recv()
-            except (EOFError, OSError):
-                break
-            if not self._call_in_loop(self._on_message, message):
-                return
-        process.join(1.0)  # let the exit code settle so the error can report it
-        self._call_in_loop(self._on_exit, process, process.exitcode)
-
-    def _call_in_loop(self, callback: Callable[..., None], *arguments: object) -> bool:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return False
+    def _on_readable(self, connection: Connection, process: multiprocessing.process.BaseProcess) -> None:
         try:
-            loop.call_soon_threadsafe(callback, *arguments)
-        except RuntimeError:  # the loop closed meanwhile
-            return False
-        return True
+            while connection.poll():
+                self._on_message(connection.recv())
+        except (EOFError, OSError):
+            self._forget(connection)
+            asyncio.get_running_loop().create_task(self._reap(process))
+
+    def _forget(self, connection: Connection) -> None:
+        with contextlib.suppress(ValueError, OSError):  # already closed
+            asyncio.get_running_loop().remove_reader(connection.fileno())
+        connection.close()
+
+    async def _reap(self, process: multiprocessing.process.BaseProcess) -> None:
+        # Let the exit code settle so the error can report it.
+        await asyncio.get_running_loop().run_in_executor(None, process.join, 1.0)
+        self._on_exit(process, process.exitcode)
 
     def _on_message(self, message: object) -> None:
         if isinstance(message, BatchDone):
