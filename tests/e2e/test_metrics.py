@@ -254,6 +254,7 @@ def test_cancelled_grpc_request_leaves_the_queue(launch: Launch, repository: Pat
     tensor.set_data_from_numpy(np.zeros((4, 4), dtype=np.int32))
     answers: list[object] = []
     client.async_infer("slow", [tensor], callback=lambda result, error: answers.append(error or result))
+    time.sleep(0.3)  # the first request is running by now
     # The next request queues behind the running one, and its client gives up.
     with pytest.raises(InferenceServerException) as error:
         client.infer("slow", [tensor], client_timeout=0.4)
