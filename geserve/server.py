@@ -201,5 +201,6 @@ class Server:
             access_log=self.options.log_verbose > 0,
             timeout_graceful_shutdown=self.options.exit_timeout_secs,
             server_header=False,
+            proxy_headers=False,  # one middleware layer less per request; deployments terminate proxies upstream
         )
         return _EmbeddedUvicorn(config)

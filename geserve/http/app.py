@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
@@ -12,6 +13,7 @@ import geserve
 from geserve.core.service import InferenceService
 from geserve.errors import GeserveError
 from geserve.http.errors import error_response, from_error
+from geserve.http.infer import INFER_PATH, InferEndpoint
 from geserve.http.routes import build_router
 
 logger = logging.getLogger(__name__)
@@ -19,9 +21,30 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
 
 
-def create_app(service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastAPI:
+class HttpApp:
+    """The ASGI app uvicorn serves: infer requests go straight to InferEndpoint, the rest to FastAPI."""
+
+    def __init__(self, api: FastAPI, infer: InferEndpoint) -> None:
+        self.api = api
+        self._infer = infer
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            match = INFER_PATH.match(scope["path"])
+            if match is not None:
+                await self._infer(scope, receive, send, match)
+                return
+        await self.api(scope, receive, send)
+
+
+def create_app(service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> HttpApp:
+    return HttpApp(create_api(service), InferEndpoint(service, max_input_size))
+
+
+def create_api(service: InferenceService) -> FastAPI:
+    """Every route but infer: health, metadata, config, statistics."""
     app = FastAPI(title="geserve", version=geserve.__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(build_router(service, max_input_size))
+    app.include_router(build_router(service))
 
     async def on_geserve_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, GeserveError)

@@ -1,0 +1,81 @@
+"""Request bodies read from ASGI with a size cap, and gzip/deflate both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any
+
+from geserve.errors import InvalidArgumentError
+
+# Above this size, (de)compression runs on a thread so the event loop keeps serving.
+OFFLOAD_BYTES = 1 << 16
+
+
+class ClientDisconnectedError(Exception):
+    """The client went away before its body arrived: nothing to answer."""
+
+
+def too_large(size: int, limit: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"Request JSON size of {size} bytes exceeds the maximum allowed value of {limit} bytes. "
+        "Use --http-max-input-size to increase the limit."
+    )
+
+
+async def read_body(receive: Any, declared_length: str | None, encoding: str, limit: int) -> bytes:
+    """The whole request body, decompressed; bodies over `limit` bytes (either way) are refused early."""
+    if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
+        raise too_large(int(declared_length), limit)
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnectedError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(size, limit)
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise InvalidArgumentError(f"unsupported Content-Encoding '{encoding}'; gzip and deflate are supported")
+    if len(body) > OFFLOAD_BYTES:
+        return await asyncio.to_thread(_decompress, body, encoding, limit)
+    return _decompress(body, encoding, limit)
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        data = decompressor.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise InvalidArgumentError(f"failed to decompress the {encoding} request body: {error}") from None
+    if len(data) > limit or decompressor.unconsumed_tail:
+        raise too_large(len(data), limit)
+    return data
+
+
+def accepted_encoding(accept_encoding: str) -> str:
+    accepted = accept_encoding.lower()
+    for encoding in ("gzip", "deflate"):
+        if encoding in accepted:
+            return encoding
+    return ""
+
+
+async def compress(data: bytes, encoding: str) -> bytes:
+    if len(data) > OFFLOAD_BYTES:
+        return await asyncio.to_thread(_compress, data, encoding)
+    return _compress(data, encoding)
+
+
+def _compress(data: bytes, encoding: str) -> bytes:
+    compressor = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+    return compressor.compress(data) + compressor.flush()

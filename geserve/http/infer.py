@@ -1,0 +1,107 @@
+"""The infer endpoint as a bare ASGI handler: no routing layers, no pydantic, one decode per tensor."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import orjson
+
+from geserve.core.service import InferenceService
+from geserve.errors import GeserveError, InvalidArgumentError
+from geserve.http import binary
+from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, read_body
+from geserve.http.errors import HTTP_STATUS
+
+logger = logging.getLogger(__name__)
+
+# Triton's model route, infer action; the version is checked to be numeric in the handler.
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+_JSON = [(b"content-type", b"application/json")]
+
+
+class InferEndpoint:
+    """POST /v2/models/<m>[/versions/<v>]/infer, answered straight over ASGI."""
+
+    def __init__(self, service: InferenceService, max_input_size: int) -> None:
+        self._service = service
+        self._limit = max_input_size
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, match: re.Match[str]) -> None:
+        if scope["method"] != "POST":
+            await _send(send, 405, _JSON, orjson.dumps({"error": "Method Not Allowed"}))
+            return
+        model_name, version = match.group(1), match.group(2) or ""
+        if version and not version.isdigit():
+            await _send(send, 404, _JSON, orjson.dumps({"error": "Not Found"}))
+            return
+        headers = {key: value for key, value in scope["headers"]}
+        try:
+            status, response_headers, content = await self._infer(model_name, version, headers, receive)
+        except ClientDisconnectedError:
+            return
+        except GeserveError as error:
+            status, response_headers = HTTP_STATUS.get(error.code, 400), _JSON
+            content = orjson.dumps({"error": error.message})
+        except Exception as error:
+            logger.exception("unexpected error serving infer for model '%s'", model_name)
+            status, response_headers = 500, _JSON
+            content = orjson.dumps({"error": f"internal error: {type(error).__name__}: {error}"})
+        await _send(send, status, response_headers, content)
+
+    async def _infer(
+        self, model_name: str, version: str, headers: dict[bytes, bytes], receive: Any
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        declared = headers.get(b"content-length")
+        body = await read_body(
+            receive,
+            declared.decode("latin-1") if declared is not None else None,
+            headers.get(b"content-encoding", b"").decode("latin-1"),
+            self._limit,
+        )
+        raw_length = headers.get(b"inference-header-content-length")
+        header_length = raw_length.decode("latin-1") if raw_length is not None else None
+        view = memoryview(body)
+        if header_length is None:
+            header_size = len(body)
+        elif not header_length.isdigit() or int(header_length) > len(body):
+            raise InvalidArgumentError(
+                f"inference header size should be in range (0, {len(body)}), got: {header_length}"
+            )
+        else:
+            header_size = int(header_length)
+        if header_size == 0 and header_length is not None:
+            model = self._service.model_version(model_name, version)
+            request = binary.decode_raw_request(view, model, version)
+            encoding = binary.ALL_BINARY
+        else:
+            request, encoding = binary.decode_request(
+                binary.loads(view[:header_size]), view[header_size:], model_name, version
+            )
+        response = await self._service.infer(request)
+        json_header, blobs = binary.encode_response(response, encoding)
+        if blobs:
+            content = b"".join((json_header, *blobs))
+            response_headers = [
+                (b"content-type", b"application/octet-stream"),
+                (binary.HEADER_LENGTH.lower().encode(), str(len(json_header)).encode()),
+            ]
+        else:
+            content, response_headers = json_header, list(_JSON)
+        compression = accepted_encoding(headers.get(b"accept-encoding", b"").decode("latin-1"))
+        if compression:
+            content = await compress(content, compression)
+            response_headers.append((b"content-encoding", compression.encode()))
+        return 200, response_headers, content
+
+
+async def _send(send: Any, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(content)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": content})
