@@ -41,6 +41,7 @@ models: $(STAMP_TEST)
 # Benchmarks print ratios measured in one run; they are never part of `make test`.
 bench: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_worker
+	$(BIN)/python -m tests.perf.bench_server
 
 clean:
 	rm -rf $(VENV) build *.egg-info

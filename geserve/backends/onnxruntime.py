@@ -53,6 +53,10 @@ class OnnxRuntimeBackend:
         threads = _int_parameter(config, "inter_op_thread_count")
         if threads:
             options.inter_op_num_threads = threads
+        # Spinning pool threads would compete for the cores the front-end needs between batches.
+        spinning = "1" if _int_parameter(config, "allow_spinning") else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
         providers: list[Any] = ["CPUExecutionProvider"]
         uses_gpu = any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)
         if uses_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
