@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench clean
+.PHONY: run test lint typecheck unit protos models bench bench-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ models: $(STAMP_TEST)
 bench: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_worker
 	$(BIN)/python -m tests.perf.bench_server
+
+# The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
+bench-peers: $(STAMP_TEST)
+	$(BIN)/python -m tests.perf.bench_peers
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -50,6 +50,7 @@ class ServerOptions:
     log_verbose: int = 0
     log_level: int = logging.INFO
     worker_arena_bytes: int = DEFAULT_ARENA_BYTES
+    worker_pipeline_depth: int = 1
     device_ids: tuple[int, ...] = ()
 
 
@@ -99,6 +100,7 @@ class Server:
             log_level=options.log_level,
             stop_timeout_s=float(options.exit_timeout_secs),
             arena_bytes=options.worker_arena_bytes,
+            pipeline_depth=options.worker_pipeline_depth,
             device_ids=options.device_ids,
         )
         self.service = InferenceService(

@@ -58,7 +58,12 @@ class Scheduler:
     ) -> None:
         self._model_name = model_name
         self._instances = list(instances)
-        self._idle: deque[WorkerClient] = deque(self._instances)
+        # One entry per batch an instance can take at once, interleaved so batches spread first.
+        depth = max((instance.capacity for instance in self._instances), default=1)
+        self._idle: deque[WorkerClient] = deque(
+            instance for slot in range(depth) for instance in self._instances if slot < instance.capacity
+        )
+        self._busy: dict[int, int] = {}  # id(instance) -> batches it holds now
         for instance in self._instances:
             instance.on_ready = self._instance_ready
         self._policy = policy
@@ -88,9 +93,9 @@ class Scheduler:
         return any(instance.recoverable for instance in self._instances)
 
     def _instance_ready(self, instance: WorkerClient) -> None:
-        """A restarted instance is back: it joins the idle pool (once) and takes queued work."""
-        if instance not in self._idle:
-            self._idle.append(instance)
+        """A restarted instance is back: its free slots rejoin the idle pool and take queued work."""
+        held = sum(1 for entry in self._idle if entry is instance) + self._busy.get(id(instance), 0)
+        self._idle.extend([instance] * max(instance.capacity - held, 0))
         self._schedule()
 
     async def execute(
@@ -161,6 +166,7 @@ class Scheduler:
             if not instance.alive:
                 continue  # a dead instance leaves the pool; the others keep serving
             batch = self._queue.pop_front(count)
+            self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
             task = asyncio.get_running_loop().create_task(self._run(instance, batch, now))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -235,6 +241,7 @@ class Scheduler:
             logger.exception("model '%s': batch failed", self._model_name)
             executed, error, reason = None, InternalError(f"{type(failure).__name__}: {failure}"), "OTHER"
         finally:
+            self._busy[id(instance)] -= 1
             self._idle.append(instance)
         done_ns = self._clock.now_ns()
         if executed is not None and error is None:

@@ -33,6 +33,7 @@ class LoadSettings:
     log_level: int = logging.INFO
     stop_timeout_s: float = 30.0
     arena_bytes: int = DEFAULT_ARENA_BYTES  # per worker, each way
+    pipeline_depth: int = 1  # batches a worker holds at once
     device_ids: tuple[int, ...] = ()  # accelerators (NPUs) instances may use
 
     @property
@@ -137,7 +138,7 @@ def _device_environment(device: int) -> tuple[tuple[str, str], ...]:
 
 def _worker(spec: InstanceSpec, settings: LoadSettings) -> WorkerClient:
     if settings.process_workers:
-        return ProcessWorker(spec, settings.arena_bytes)
+        return ProcessWorker(spec, settings.arena_bytes, pipeline_depth=settings.pipeline_depth)
     return InProcessWorker(spec)
 
 

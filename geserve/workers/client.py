@@ -30,6 +30,8 @@ class WorkerClient(Protocol):
     """A model instance as the scheduler sees it."""
 
     spec: InstanceSpec
+    # How many batches the instance takes at once (one running, the others queued behind it).
+    capacity: int
     # Called on the event loop when the instance (re)becomes ready after a restart.
     on_ready: Callable[[WorkerClient], None] | None
 
@@ -67,6 +69,7 @@ class InProcessWorker:
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
+        self.capacity = 1
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self._runner = InstanceRunner(spec)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-{spec.instance_name}")

@@ -25,20 +25,19 @@ logger = logging.getLogger(__name__)
 
 
 class _Segments:
-    """The worker's arenas, and the one-off segments of batches too large for them."""
+    """The worker's arenas (attached once), and the one-off segments of batches too large for them."""
 
     def __init__(self, spec: InstanceSpec) -> None:
-        self.input = attach_segment(spec.input_arena)
-        self.output = attach_segment(spec.output_arena)
+        self.arenas = {name: attach_segment(name) for name in spec.arenas}
 
     def run(self, runner: InstanceRunner, message: RunBatch) -> BatchDone:
         extra: dict[str, shared_memory.SharedMemory] = {}
         try:
             for ref in message.inputs:
-                if ref.segment and ref.segment not in extra:
+                if ref.segment not in self.arenas and ref.segment not in extra:
                     extra[ref.segment] = attach_segment(ref.segment)
             inputs = {
-                ref.name: read_tensor(buffer_of(extra[ref.segment] if ref.segment else self.input), ref)
+                ref.name: read_tensor(buffer_of(self.arenas.get(ref.segment) or extra[ref.segment]), ref)
                 for ref in message.inputs
             }
             executed = runner.execute(inputs, message.output_names)
@@ -50,7 +49,7 @@ class _Segments:
             for name in message.output_names:
                 layout.add(name, datatypes[name], [executed.outputs[name]])
             try:
-                refs = self._write(layout, message.output_overflow)
+                refs = self._write(layout, message.output_arena, message.output_overflow)
             except GeserveError as error:
                 return BatchDone(message.request_id, (), error, executed.infer_start_ns, executed.infer_end_ns)
             return BatchDone(message.request_id, refs, None, executed.infer_start_ns, executed.infer_end_ns)
@@ -59,9 +58,10 @@ class _Segments:
                 with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
                     segment.close()
 
-    def _write(self, layout: TensorLayout, overflow_name: str) -> tuple[TensorRef, ...]:
-        if layout.size <= self.output.size:
-            return layout.write(buffer_of(self.output))
+    def _write(self, layout: TensorLayout, arena_name: str, overflow_name: str) -> tuple[TensorRef, ...]:
+        arena = self.arenas[arena_name]
+        if layout.size <= arena.size:
+            return layout.write(buffer_of(arena), arena_name)
         # Too large for the arena: a segment of its own, which the front-end unlinks after reading.
         segment = create_segment(overflow_name, layout.size)
         try:

@@ -25,9 +25,8 @@ class InstanceSpec:
     log_level: int
     # Set in the worker before its backend is imported (e.g. ASCEND_RT_VISIBLE_DEVICES).
     environment: tuple[tuple[str, str], ...] = ()
-    # Tensor arenas in shared memory (process workers only).
-    input_arena: str = ""
-    output_arena: str = ""
+    # Tensor arenas in shared memory (process workers only): an input and an output arena per slot.
+    arenas: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +44,12 @@ class LoadFailed:
 @dataclass(frozen=True, slots=True)
 class RunBatch:
     """Run one batch whose inputs lie in shared memory; `request_id` matches the answer to it.
-    Outputs that do not fit the output arena go to a new segment named `output_overflow`."""
+    Outputs go to `output_arena`, or, when they do not fit, to a new segment named `output_overflow`."""
 
     request_id: int
     inputs: tuple[TensorRef, ...]
     output_names: tuple[str, ...]
+    output_arena: str
     output_overflow: str
 
 

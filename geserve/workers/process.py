@@ -67,17 +67,25 @@ class ProcessWorker:
     crashing, which marks it FAILED with the reason."""
 
     def __init__(
-        self, spec: InstanceSpec, arena_bytes: int = DEFAULT_ARENA_BYTES, restart: RestartPolicy | None = None
+        self,
+        spec: InstanceSpec,
+        arena_bytes: int = DEFAULT_ARENA_BYTES,
+        restart: RestartPolicy | None = None,
+        pipeline_depth: int = 1,
     ) -> None:
         self.spec = spec
+        # Batches the worker may hold at once: one running, the rest waiting in its pipe, each in its
+        # own pair of arenas, so the next batch is already there when the running one finishes.
+        self.capacity = max(pipeline_depth, 1)
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self.reason = ""
         self._arena_bytes = arena_bytes
         self._restart_policy = restart or RestartPolicy()
         self._context = multiprocessing.get_context("spawn")
         self._state = InstanceState.STARTING
-        self._input_arena: shared_memory.SharedMemory | None = None
-        self._output_arena: shared_memory.SharedMemory | None = None
+        self._arenas: dict[str, shared_memory.SharedMemory] = {}
+        self._slots: list[tuple[str, str]] = []  # (input arena, output arena) per slot
+        self._free_slots: asyncio.Queue[int] = asyncio.Queue()
         self._process: multiprocessing.process.BaseProcess | None = None
         self._connection: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -88,8 +96,6 @@ class ProcessWorker:
         self._started: asyncio.Future[Loaded | LoadFailed] | None = None
         self._crashes: collections.deque[float] = collections.deque()
         self._restarter: asyncio.Task[None] | None = None
-        # The arenas hold one batch at a time; the scheduler sends one batch per instance anyway.
-        self._arena_lock = asyncio.Lock()
 
     @property
     def alive(self) -> bool:
@@ -109,16 +115,20 @@ class ProcessWorker:
 
     @property
     def segments(self) -> list[str]:
-        return [arena.name for arena in (self._input_arena, self._output_arena) if arena is not None]
+        return list(self._arenas)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> mc.ModelConfig:
         self._loop = asyncio.get_running_loop()
         try:
-            self._input_arena = create_segment(segment_name("in"), self._arena_bytes)
-            self._output_arena = create_segment(segment_name("out"), self._arena_bytes)
-            self.spec = replace(self.spec, input_arena=self._input_arena.name, output_arena=self._output_arena.name)
+            for slot in range(self.capacity):
+                pair = (segment_name("in"), segment_name("out"))
+                for name in pair:
+                    self._arenas[name] = create_segment(name, self._arena_bytes)
+                self._slots.append(pair)
+                self._free_slots.put_nowait(slot)
+            self.spec = replace(self.spec, arenas=tuple(self._arenas))
             result = await self._spawn()
         except (GeserveError, OSError) as error:
             await self.stop(timeout_s=5.0)
@@ -174,13 +184,12 @@ class ProcessWorker:
 
     def release_segments(self) -> None:
         """Unlink every segment this instance owns (also usable from a signal handler's fast path)."""
-        for arena in (self._input_arena, self._output_arena):
-            if arena is not None:
-                with contextlib.suppress(BufferError):
-                    arena.close()
-                with contextlib.suppress(FileNotFoundError):
-                    arena.unlink()
-        self._input_arena = self._output_arena = None
+        for arena in self._arenas.values():
+            with contextlib.suppress(BufferError):
+                arena.close()
+            with contextlib.suppress(FileNotFoundError):
+                arena.unlink()
+        self._arenas.clear()
 
     def kill(self) -> None:
         """Forced exit: no drain, no waiting."""
@@ -192,13 +201,20 @@ class ProcessWorker:
     # -- batches -----------------------------------------------------------------------------
 
     async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
-        async with self._arena_lock:
-            return await self._execute(inputs, output_names)
+        slot = await self._free_slots.get()
+        try:
+            return await self._execute(slot, inputs, output_names)
+        finally:
+            self._free_slots.put_nowait(slot)
 
-    async def _execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
-        connection, loop, arena = self._connection, self._loop, self._input_arena
-        if not self.alive or connection is None or loop is None or arena is None:
+    async def _execute(
+        self, slot: int, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]
+    ) -> Executed:
+        connection, loop = self._connection, self._loop
+        if not self.alive or connection is None or loop is None or not self._arenas:
             raise UnavailableError(self._unavailable())
+        input_name, output_name = self._slots[slot]
+        arena = self._arenas[input_name]
         layout = TensorLayout()
         for name, parts in inputs.items():
             layout.add(name, dtypes.from_numpy(parts[0].dtype).wire, parts)
@@ -206,7 +222,7 @@ class ProcessWorker:
         if layout.size > arena.size:
             overflow = create_segment(segment_name("in"), layout.size)  # a batch too large for the arena
         target = overflow if overflow is not None else arena
-        segment = overflow.name if overflow is not None else ""
+        segment = overflow.name if overflow is not None else input_name
         if layout.size > _OFFLOAD_BYTES:
             refs = await asyncio.to_thread(layout.write, buffer_of(target), segment)
         else:
@@ -216,7 +232,7 @@ class ProcessWorker:
         self._in_flight[request_id] = flight
         try:
             # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
-            connection.send(RunBatch(request_id, refs, output_names, flight.output_overflow))
+            connection.send(RunBatch(request_id, refs, output_names, output_name, flight.output_overflow))
             done = await flight.future
             return await self._collect(done)
         except (OSError, ValueError) as error:
@@ -241,12 +257,11 @@ class ProcessWorker:
         overflow: shared_memory.SharedMemory | None = None
         try:
             for ref in refs:
-                if ref.segment:
+                segment = self._arenas.get(ref.segment)
+                if segment is None:
                     overflow = overflow or attach_segment(ref.segment)
-                    buffer = buffer_of(overflow)
-                else:
-                    assert self._output_arena is not None
-                    buffer = buffer_of(self._output_arena)
+                    segment = overflow
+                buffer = buffer_of(segment)
                 view = read_tensor(buffer, ref)
                 outputs[ref.name] = view if ref.datatype == "BYTES" else view.copy()
                 del view

@@ -73,14 +73,14 @@ def align(size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TensorRef:
-    """Where a tensor lies: in `segment` ("" for the arena) at `offset`; BYTES tensors are framed."""
+    """Where a tensor lies: in shared-memory `segment` at `offset`; BYTES tensors are framed."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     offset: int
     nbytes: int
-    segment: str = ""
+    segment: str
 
 
 def read_tensor(buffer: memoryview, ref: TensorRef) -> np.ndarray:
@@ -120,7 +120,7 @@ class TensorLayout:
         self._planned.append(planned)
         self.size += align(planned.nbytes)
 
-    def write(self, buffer: memoryview, segment: str = "") -> tuple[TensorRef, ...]:
+    def write(self, buffer: memoryview, segment: str) -> tuple[TensorRef, ...]:
         """Copy every planned tensor into `buffer`: the one copy that is also the batch's concatenation."""
         refs = []
         offset = 0

@@ -84,18 +84,20 @@ async def wait_for_state(worker: ProcessWorker, state: InstanceState, timeout_s:
 
 
 async def test_killed_worker_fails_in_flight_requests_at_once_and_restarts(tmp_path: Path) -> None:
-    worker = ProcessWorker(spec(tmp_path, delay_ms="1500"), restart=RestartPolicy(first_delay_s=0.1))
+    worker = ProcessWorker(spec(tmp_path, delay_ms="1500"), restart=RestartPolicy(first_delay_s=0.1), pipeline_depth=2)
     await worker.start()
     scheduler = Scheduler("echo", [worker], BatchingPolicy(max_batch_size=4), ModelStats())
     first_pid = worker.pid
     assert first_pid is not None
     data = np.ones((1, 3), dtype=np.float32)
-    in_flight = asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",)))
+    # The worker holds two batches (one running, one behind it); the third waits in the scheduler.
+    in_flight = [asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",))) for _ in range(2)]
     queued = asyncio.ensure_future(scheduler.execute({"INPUT0": data * 2}, ("OUTPUT0",)))
     await asyncio.sleep(0.3)
     os.kill(first_pid, signal.SIGKILL)
-    with pytest.raises(UnavailableError, match=r"instance 'echo_0' of model 'echo' version 1 exited unexpectedly"):
-        await asyncio.wait_for(in_flight, 1.0)  # at once, not after the 1.5 s execution
+    for task in in_flight:
+        with pytest.raises(UnavailableError, match=r"instance 'echo_0' of model 'echo' version 1 exited unexpectedly"):
+            await asyncio.wait_for(task, 1.0)  # at once, not after the 1.5 s execution
     # The queued request waits for the restarted instance instead of failing.
     outputs = await asyncio.wait_for(queued, 20)
     np.testing.assert_array_equal(outputs["OUTPUT0"], data * 2)
@@ -121,14 +123,15 @@ async def test_crash_loop_gives_up_with_the_reason(tmp_path: Path) -> None:
 
 async def test_shared_memory_is_released(tmp_path: Path) -> None:
     before = shm_segments()
-    worker = ProcessWorker(spec(tmp_path), arena_bytes=4096)
+    worker = ProcessWorker(spec(tmp_path), arena_bytes=4096, pipeline_depth=2)
     await worker.start()
-    assert len(shm_segments() - before) == 2 and all(name.startswith(SHM_PREFIX) for name in worker.segments)
+    # An input and an output arena for each of the two batches it may hold.
+    assert len(shm_segments() - before) == 4 and all(name.startswith(SHM_PREFIX) for name in worker.segments)
     big = np.arange(3 * 4000, dtype=np.float32).reshape(-1, 3)  # 48 kB: too large for the 4 kB arenas
     executed = await worker.execute({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",))
     assert executed.outputs is not None
     np.testing.assert_array_equal(executed.outputs["OUTPUT0"], big)
-    assert len(shm_segments() - before) == 2  # the one-off segments are gone
+    assert len(shm_segments() - before) == 4  # the one-off segments are gone
     await worker.stop(timeout_s=5)
     assert shm_segments() == before
     failing = ProcessWorker(spec(tmp_path, backend="nonexistent"))

@@ -83,13 +83,20 @@ def _children(pid: int) -> list[int]:
 
 
 def run_perf_analyzer(
-    tool: str, model: str, protocol: str, port: int, concurrency: int, input_file: Path, interval_ms: int
+    tool: str,
+    model: str,
+    protocol: str,
+    port: int,
+    concurrency: int,
+    input_file: Path,
+    interval_ms: int,
+    extra: list[str] | None = None,
 ) -> dict[str, float]:
     with tempfile.NamedTemporaryFile(suffix=".csv") as report:
         command = [
             tool, "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "--input-data", str(input_file),
             "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms),
-            "--max-trials", "10", "--stability-percentage", "25", "-f", report.name,
+            "--max-trials", "10", "--stability-percentage", "25", "-f", report.name, *(extra or []),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         if result.returncode != 0:
@@ -99,11 +106,13 @@ def run_perf_analyzer(
         "infer_per_s": float(row["Inferences/Second"]),
         "p50_us": float(row["p50 latency"]),
         "p99_us": float(row["p99 latency"]),
-        "queue_us": float(row["Server Queue"]),
-        "compute_us": float(row["Server Compute Input"])
-        + float(row["Server Compute Infer"])
-        + float(row["Server Compute Output"]),
+        # Servers without the statistics extension (MLServer) have no server-side columns.
+        "queue_us": float(row.get("Server Queue") or 0),
+        "compute_us": sum(float(row.get(key) or 0) for key in _COMPUTE_COLUMNS),
     }
+
+
+_COMPUTE_COLUMNS = ("Server Compute Input", "Server Compute Infer", "Server Compute Output")
 
 
 def input_data(folder: Path, inputs: dict[str, tuple[str, list[int]]]) -> Path:

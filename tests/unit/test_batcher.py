@@ -65,6 +65,7 @@ class ScriptedInstance:
         self.alive = True
         self.fail_with: Exception | None = None
         self.on_ready: Callable[[Any], None] | None = None
+        self.capacity = 1
 
     @property
     def recoverable(self) -> bool:
