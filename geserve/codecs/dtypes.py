@@ -84,3 +84,11 @@ def from_numpy(dtype: np.dtype[np.generic]) -> DataType:
         return _BY_NUMPY[key]
     except KeyError:
         raise InvalidArgumentError(f"unsupported numpy dtype '{dtype}'") from None
+
+
+def fits(datatype: DataType, smallest: float, largest: float) -> bool:
+    """Whether integers from `smallest` to `largest` fit `datatype` (always true for other kinds)."""
+    if datatype.numpy.kind not in "iu":
+        return True
+    limits = np.iinfo(datatype.numpy.name)
+    return bool(limits.min <= smallest and largest <= limits.max)

@@ -89,11 +89,9 @@ def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor, datatype: dty
         array = np.empty(count, dtype=np.object_)
         array[:] = list(values)
     else:
-        if count and datatype.numpy.kind in "iu":
-            # int_contents / uint_contents are 32-bit on the wire; narrower types must still fit.
-            limits = np.iinfo(datatype.numpy.name)
-            if min(values) < limits.min or max(values) > limits.max:
-                raise InvalidArgumentError(f"input '{tensor.name}': value out of range for {datatype.wire}")
+        # int_contents / uint_contents are 32-bit on the wire; narrower types must still fit.
+        if count and not dtypes.fits(datatype, min(values), max(values)):
+            raise InvalidArgumentError(f"input '{tensor.name}': value out of range for {datatype.wire}")
         array = np.array(values, dtype=datatype.numpy)
     return array.reshape(tuple(tensor.shape))
 

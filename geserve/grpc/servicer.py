@@ -41,8 +41,15 @@ async def _answer(context: Context, produce: Callable[[], Awaitable[Response]]) 
     raise AssertionError("unreachable: abort raises")
 
 
-async def _unimplemented(context: Context, feature: str) -> None:
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"the {feature} extension is not supported by this server yet")
+def _unimplemented_rpc(feature: str) -> Callable[..., Awaitable[Any]]:
+    """An RPC handler that answers UNIMPLEMENTED naming `feature`."""
+
+    async def handler(self: object, request: object, context: Context) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"the {feature} extension is not supported by this server yet"
+        )
+
+    return handler
 
 
 class _StreamEnd:
@@ -157,65 +164,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _answer(context, produce)
 
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> pb.RepositoryIndexResponse:
-        await _unimplemented(context, "model repository")
-        return pb.RepositoryIndexResponse()
-
-    async def RepositoryModelLoad(
-        self, request: pb.RepositoryModelLoadRequest, context: Context
-    ) -> pb.RepositoryModelLoadResponse:
-        await _unimplemented(context, "model repository")
-        return pb.RepositoryModelLoadResponse()
-
-    async def RepositoryModelUnload(
-        self, request: pb.RepositoryModelUnloadRequest, context: Context
-    ) -> pb.RepositoryModelUnloadResponse:
-        await _unimplemented(context, "model repository")
-        return pb.RepositoryModelUnloadResponse()
-
-    async def SystemSharedMemoryStatus(
-        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
-    ) -> pb.SystemSharedMemoryStatusResponse:
-        await _unimplemented(context, "system shared memory")
-        return pb.SystemSharedMemoryStatusResponse()
-
-    async def SystemSharedMemoryRegister(
-        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
-    ) -> pb.SystemSharedMemoryRegisterResponse:
-        await _unimplemented(context, "system shared memory")
-        return pb.SystemSharedMemoryRegisterResponse()
-
-    async def SystemSharedMemoryUnregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
-    ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await _unimplemented(context, "system shared memory")
-        return pb.SystemSharedMemoryUnregisterResponse()
-
-    async def CudaSharedMemoryStatus(
-        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
-    ) -> pb.CudaSharedMemoryStatusResponse:
-        await _unimplemented(context, "CUDA shared memory")
-        return pb.CudaSharedMemoryStatusResponse()
-
-    async def CudaSharedMemoryRegister(
-        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
-    ) -> pb.CudaSharedMemoryRegisterResponse:
-        await _unimplemented(context, "CUDA shared memory")
-        return pb.CudaSharedMemoryRegisterResponse()
-
-    async def CudaSharedMemoryUnregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        await _unimplemented(context, "CUDA shared memory")
-        return pb.CudaSharedMemoryUnregisterResponse()
-
-    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
-        await _unimplemented(context, "trace")
-        return pb.TraceSettingResponse()
-
-    async def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
-        await _unimplemented(context, "logging")
-        return pb.LogSettingsResponse()
+    # Extensions still to come answer UNIMPLEMENTED, naming the extension.
+    RepositoryIndex = _unimplemented_rpc("model repository")
+    RepositoryModelLoad = _unimplemented_rpc("model repository")
+    RepositoryModelUnload = _unimplemented_rpc("model repository")
+    SystemSharedMemoryStatus = _unimplemented_rpc("system shared memory")
+    SystemSharedMemoryRegister = _unimplemented_rpc("system shared memory")
+    SystemSharedMemoryUnregister = _unimplemented_rpc("system shared memory")
+    CudaSharedMemoryStatus = _unimplemented_rpc("CUDA shared memory")
+    CudaSharedMemoryRegister = _unimplemented_rpc("CUDA shared memory")
+    CudaSharedMemoryUnregister = _unimplemented_rpc("CUDA shared memory")
+    TraceSetting = _unimplemented_rpc("trace")
+    LogSettings = _unimplemented_rpc("logging")
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

@@ -115,12 +115,10 @@ def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], n
                 f"unable to parse 'data' of input '{name}': expected {datatype.wire} values, got {parsed.dtype.kind!r} "
                 "elements"
             )
-        if parsed.size and datatype.numpy.kind in "iu":
-            limits = np.iinfo(datatype.numpy.name)
-            if parsed.min() < limits.min or parsed.max() > limits.max:
-                raise InvalidArgumentError(
-                    f"unable to parse 'data' of input '{name}': value out of range for {datatype.wire}"
-                )
+        if parsed.size and not dtypes.fits(datatype, parsed.min(), parsed.max()):
+            raise InvalidArgumentError(
+                f"unable to parse 'data' of input '{name}': value out of range for {datatype.wire}"
+            )
         array = parsed.astype(datatype.numpy, copy=False).reshape(-1)
     if array.size != count:
         raise InvalidArgumentError(

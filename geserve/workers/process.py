@@ -220,7 +220,8 @@ class ProcessWorker:
             layout.add(name, dtypes.from_numpy(parts[0].dtype).wire, parts)
         overflow = None
         if layout.size > arena.size:
-            overflow = create_segment(segment_name("in"), layout.size)  # a batch too large for the arena
+            # A batch too large for the arena; reserving its pages takes a while, so off the loop.
+            overflow = await asyncio.to_thread(create_segment, segment_name("in"), layout.size)
         target = overflow if overflow is not None else arena
         segment = overflow.name if overflow is not None else input_name
         if layout.size > _OFFLOAD_BYTES:
