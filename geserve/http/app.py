@@ -12,7 +12,7 @@ from starlette.responses import Response
 import geserve
 from geserve.core.service import InferenceService
 from geserve.errors import GeserveError
-from geserve.http.errors import error_response, from_error
+from geserve.http.errors import error_response, from_error, unexpected_message
 from geserve.http.infer import INFER_PATH, InferEndpoint
 from geserve.http.routes import build_router
 
@@ -56,7 +56,7 @@ def create_api(service: InferenceService) -> FastAPI:
 
     async def on_unexpected_error(request: Request, error: Exception) -> Response:
         logger.exception("unexpected error serving %s %s", request.method, request.url.path)
-        return error_response(f"internal error: {type(error).__name__}: {error}", 500)
+        return error_response(unexpected_message(error), 500)
 
     app.add_exception_handler(GeserveError, on_geserve_error)
     app.add_exception_handler(HTTPException, on_http_error)

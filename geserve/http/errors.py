@@ -19,9 +19,23 @@ HTTP_STATUS = {
 }
 
 
+def error_body(message: str) -> bytes:
+    """Triton's error body: `{"error": "<message>"}`."""
+    return orjson.dumps({"error": message})
+
+
+def status_of(error: GeserveError) -> int:
+    return HTTP_STATUS.get(error.code, 400)
+
+
+def unexpected_message(error: Exception) -> str:
+    """The text of a 500 for an exception no layer anticipated."""
+    return f"internal error: {type(error).__name__}: {error}"
+
+
 def error_response(message: str, status: int) -> Response:
-    return Response(orjson.dumps({"error": message}), status_code=status, media_type="application/json")
+    return Response(error_body(message), status_code=status, media_type="application/json")
 
 
 def from_error(error: GeserveError) -> Response:
-    return error_response(error.message, HTTP_STATUS.get(error.code, 400))
+    return error_response(error.message, status_of(error))

@@ -6,18 +6,17 @@ import logging
 import re
 from typing import Any
 
-import orjson
-
 from geserve.core.service import InferenceService
 from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.http import binary
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, read_body
-from geserve.http.errors import HTTP_STATUS
+from geserve.http.errors import error_body, status_of, unexpected_message
 
 logger = logging.getLogger(__name__)
 
-# Triton's model route, infer action; the version is checked to be numeric in the handler.
-INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+# Triton's model route, infer action. Like Triton's, it matches numeric versions only: anything
+# else falls through to the other routes, which answer 404.
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -30,24 +29,19 @@ class InferEndpoint:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, match: re.Match[str]) -> None:
         if scope["method"] != "POST":
-            await _send(send, 405, _JSON, orjson.dumps({"error": "Method Not Allowed"}))
+            await _send(send, 405, _JSON, error_body("Method Not Allowed"))
             return
         model_name, version = match.group(1), match.group(2) or ""
-        if version and not version.isdigit():
-            await _send(send, 404, _JSON, orjson.dumps({"error": "Not Found"}))
-            return
         headers = {key: value for key, value in scope["headers"]}
         try:
             status, response_headers, content = await self._infer(model_name, version, headers, receive)
         except ClientDisconnectedError:
             return
         except GeserveError as error:
-            status, response_headers = HTTP_STATUS.get(error.code, 400), _JSON
-            content = orjson.dumps({"error": error.message})
+            status, response_headers, content = status_of(error), _JSON, error_body(error.message)
         except Exception as error:
             logger.exception("unexpected error serving infer for model '%s'", model_name)
-            status, response_headers = 500, _JSON
-            content = orjson.dumps({"error": f"internal error: {type(error).__name__}: {error}"})
+            status, response_headers, content = 500, _JSON, error_body(unexpected_message(error))
         await _send(send, status, response_headers, content)
 
     async def _infer(
