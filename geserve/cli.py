@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often CPU utilization is refreshed (default: 2000)",
     )
     _boolean(group, "--allow-cpu-metrics", True, "publish nv_cpu_* metrics")
-    _boolean(group, "--allow-gpu-metrics", True, "accepted for compatibility; there are no GPU metrics")
+    _boolean(group, "--allow-gpu-metrics", True, 'NPU memory and utilization as nv_gpu_* (gpu_uuid="NPU-<id>")')
 
     group = parser.add_argument_group("logging")
     group.add_argument(
@@ -201,7 +201,9 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        metrics = MetricsConfig.parse(args.metrics_config, args.metrics_interval_ms, args.allow_cpu_metrics)
+        metrics = MetricsConfig.parse(
+            args.metrics_config, args.metrics_interval_ms, args.allow_cpu_metrics, args.allow_gpu_metrics
+        )
     except GeserveError as error:
         parser.error(error.message)
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import uvicorn
 
+from geserve.core.device_monitor import DeviceMonitor
 from geserve.core.loader import LoadSettings
 from geserve.core.service import InferenceService
 from geserve.grpc.server import GrpcOptions, create_server
@@ -107,7 +108,12 @@ class Server:
             options.model_repositories, settings, options.server_id, options.strict_readiness
         )
         # The collector subscribes to versions as they load, so it exists before the models do.
-        self.registry = create_registry(self.service, options.metrics) if options.allow_metrics else None
+        self.devices: DeviceMonitor | None = None
+        if options.allow_metrics and options.metrics.gpu_metrics:
+            self.devices = DeviceMonitor(self.service, options.metrics.interval_ms / 1000)
+        monitor = self.devices
+        readings = (lambda: monitor.usage) if monitor is not None else None
+        self.registry = create_registry(self.service, options.metrics, readings) if options.allow_metrics else None
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -135,6 +141,8 @@ class Server:
             return 1
         listeners: list[_Listener] = []
         grpc_server: grpc.aio.Server | None = None
+        if self.devices is not None:
+            self.devices.start()
         try:
             if self.options.allow_grpc:
                 grpc_server = await self._start_grpc()
@@ -152,6 +160,8 @@ class Server:
         finally:
             # Not ready first, then stop accepting and drain, then stop the workers.
             self.service.stop_accepting()
+            if self.devices is not None:
+                await self.devices.stop()
             await self._stop_front_ends(listeners, grpc_server)
             await self.service.shutdown()
         return 0

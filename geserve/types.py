@@ -102,3 +102,13 @@ class RequestTiming:
     compute_input_ns: int
     compute_infer_ns: int
     compute_output_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """One accelerator's memory and load, as its backend reads them (for the nv_gpu_* gauges)."""
+
+    device_id: int
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization: float | None  # 0..1; None where the runtime cannot tell

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.errors import InternalError
+from geserve.types import DeviceUsage
+
+# (output name, KServe datatype, shape) -> an array to write that output into, possibly in the
+# worker's shared-memory output arena, so the result needs no further copy.
+OutputAllocator = Callable[[str, str, tuple[int, ...]], np.ndarray]
+
+
+class DeviceFaultError(InternalError):
+    """The device or runtime under an instance failed (e.g. an NPU's 5xxxxx errors): the batch fails
+    with this message, and the worker process exits so that a fresh one takes its place."""
 
 
 class Backend(Protocol):
@@ -26,8 +37,17 @@ class Backend(Protocol):
         outputs, dtypes, dims, max_batch_size); then check the config against the model file and
         raise ModelLoadError naming both where they disagree."""
 
-    def execute(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
-        """Run one batch; inputs and outputs carry the batch dimension when the model batches."""
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one batch; inputs and outputs carry the batch dimension when the model batches. A backend
+        that produces outputs by copying may copy them into arrays from `allocate`, when given."""
 
     def unload(self) -> None:
         """Release everything `load` acquired."""
+
+
+class DeviceReporter(Protocol):
+    """A backend on an accelerator that can say how busy and how full it is."""
+
+    def device_usage(self) -> DeviceUsage | None: ...

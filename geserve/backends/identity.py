@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.backends.base import OutputAllocator
 from geserve.codecs import dtypes
 from geserve.errors import ModelLoadError
 
@@ -40,7 +41,9 @@ class IdentityBackend:
         for source, output in zip(config.input, config.output, strict=False):
             self._output_source[output.name] = (source.name, dtypes.from_config(output.data_type).numpy)
 
-    def execute(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
         if self._delay_s:
             time.sleep(self._delay_s)
         outputs = {}

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.backends.base import OutputAllocator
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import ModelLoadError
@@ -106,7 +107,9 @@ class OnnxRuntimeBackend:
         if missing:
             raise ModelLoadError(f"model '{config.name}': model file inputs {missing} are missing from the config")
 
-    def execute(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
         feeds = {
             name: (_as_str_array(array) if name in self._string_inputs else array) for name, array in inputs.items()
         }

@@ -22,6 +22,8 @@ class BackendSpec:
     default_filename: str
     platforms: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    # A config parameter that names the model file relative to the model's folder.
+    path_parameter: str = ""
 
     def create(self) -> Backend:
         factory = importlib.import_module(self.module).create_backend
@@ -31,6 +33,14 @@ class BackendSpec:
 
 BACKENDS = (
     BackendSpec("onnxruntime", "geserve.backends.onnxruntime", "model.onnx", platforms=("onnxruntime_onnx",)),
+    BackendSpec(
+        "ge",
+        "geserve.backends.acl",
+        "model.om",
+        platforms=("ge",),
+        aliases=("acl",),
+        path_parameter="model_path",
+    ),
     BackendSpec("identity", "geserve.backends.identity", ""),
 )
 

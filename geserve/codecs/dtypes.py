@@ -1,4 +1,4 @@
-"""The one dtype table: wire name <-> config enum <-> numpy dtype <-> ONNX type name."""
+"""The one dtype table: wire name <-> config enum <-> numpy dtype <-> ONNX type name <-> ACL enum."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class DataType:
     config: int  # inference.DataType enum value (TYPE_INT32, TYPE_STRING, ...)
     numpy: np.dtype[np.generic]  # object for BYTES; BF16 travels as its raw 16 bits
     onnx: str  # ONNX Runtime's element type name, as in "tensor(<onnx>)"
+    acl: int  # aclDataType (acl_base_rt.h); ACL_STRING for BYTES
 
     @property
     def itemsize(self) -> int | None:
@@ -30,25 +31,26 @@ class DataType:
 
 
 _TABLE = (
-    DataType("BOOL", mc.TYPE_BOOL, np.dtype(np.bool_), "bool"),
-    DataType("UINT8", mc.TYPE_UINT8, np.dtype(np.uint8), "uint8"),
-    DataType("UINT16", mc.TYPE_UINT16, np.dtype(np.uint16), "uint16"),
-    DataType("UINT32", mc.TYPE_UINT32, np.dtype(np.uint32), "uint32"),
-    DataType("UINT64", mc.TYPE_UINT64, np.dtype(np.uint64), "uint64"),
-    DataType("INT8", mc.TYPE_INT8, np.dtype(np.int8), "int8"),
-    DataType("INT16", mc.TYPE_INT16, np.dtype(np.int16), "int16"),
-    DataType("INT32", mc.TYPE_INT32, np.dtype(np.int32), "int32"),
-    DataType("INT64", mc.TYPE_INT64, np.dtype(np.int64), "int64"),
-    DataType("FP16", mc.TYPE_FP16, np.dtype(np.float16), "float16"),
-    DataType("FP32", mc.TYPE_FP32, np.dtype(np.float32), "float"),
-    DataType("FP64", mc.TYPE_FP64, np.dtype(np.float64), "double"),
-    DataType("BYTES", mc.TYPE_STRING, np.dtype(np.object_), "string"),
-    DataType("BF16", mc.TYPE_BF16, np.dtype(np.uint16), "bfloat16"),
+    DataType("BOOL", mc.TYPE_BOOL, np.dtype(np.bool_), "bool", 12),
+    DataType("UINT8", mc.TYPE_UINT8, np.dtype(np.uint8), "uint8", 4),
+    DataType("UINT16", mc.TYPE_UINT16, np.dtype(np.uint16), "uint16", 7),
+    DataType("UINT32", mc.TYPE_UINT32, np.dtype(np.uint32), "uint32", 8),
+    DataType("UINT64", mc.TYPE_UINT64, np.dtype(np.uint64), "uint64", 10),
+    DataType("INT8", mc.TYPE_INT8, np.dtype(np.int8), "int8", 2),
+    DataType("INT16", mc.TYPE_INT16, np.dtype(np.int16), "int16", 6),
+    DataType("INT32", mc.TYPE_INT32, np.dtype(np.int32), "int32", 3),
+    DataType("INT64", mc.TYPE_INT64, np.dtype(np.int64), "int64", 9),
+    DataType("FP16", mc.TYPE_FP16, np.dtype(np.float16), "float16", 1),
+    DataType("FP32", mc.TYPE_FP32, np.dtype(np.float32), "float", 0),
+    DataType("FP64", mc.TYPE_FP64, np.dtype(np.float64), "double", 11),
+    DataType("BYTES", mc.TYPE_STRING, np.dtype(np.object_), "string", 13),
+    DataType("BF16", mc.TYPE_BF16, np.dtype(np.uint16), "bfloat16", 27),
 )
 
 _BY_WIRE = {d.wire: d for d in _TABLE}
 _BY_CONFIG = {d.config: d for d in _TABLE}
 _BY_ONNX = {d.onnx: d for d in _TABLE}
+_BY_ACL = {d.acl: d for d in _TABLE}
 # BF16 shares uint16 storage; numpy lookups must find UINT16.
 _BY_NUMPY = {d.numpy: d for d in reversed(_TABLE)}
 for _kind in ("S", "U"):
@@ -75,6 +77,11 @@ def from_onnx(name: str) -> DataType | None:
     """Look up ONNX Runtime's "tensor(<type>)" string; None for types Triton cannot serve."""
     inner = name.removeprefix("tensor(").removesuffix(")")
     return _BY_ONNX.get(inner)
+
+
+def from_acl(value: int) -> DataType | None:
+    """Look up an aclDataType enum value; None for types Triton cannot serve (e.g. INT4, complex)."""
+    return _BY_ACL.get(value)
 
 
 def from_numpy(dtype: np.dtype[np.generic]) -> DataType:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
@@ -81,12 +82,27 @@ def _prepare(source: ModelSource) -> tuple[mc.ModelConfig, registry.BackendSpec,
     return config, spec, versions
 
 
+def _model_path(source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int) -> Path:
+    """The version's model file, or the file the backend's path parameter names inside the model's folder."""
+    parameter = config.parameters.get(backend.path_parameter) if backend.path_parameter else None
+    if parameter is not None and parameter.string_value:
+        root = source.path.resolve()
+        path = (root / parameter.string_value).resolve()
+        if not path.is_relative_to(root):
+            raise ModelLoadError(
+                f"model '{config.name}': parameter '{backend.path_parameter}' ('{parameter.string_value}') "
+                "must name a file inside the model's folder"
+            )
+        return path
+    version_dir = source.path / str(version)
+    return version_dir / config.default_model_filename if config.default_model_filename else version_dir
+
+
 def _instance_specs(
-    source: ModelSource, config: mc.ModelConfig, backend: str, version: int, settings: LoadSettings
+    source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int, settings: LoadSettings
 ) -> list[InstanceSpec]:
     """One spec per instance: `count` per group, times each listed device for KIND_GPU groups."""
-    version_dir = source.path / str(version)
-    model_path = version_dir / config.default_model_filename if config.default_model_filename else version_dir
+    model_path = _model_path(source, config, backend, version)
     specs = []
     for group in config.instance_group:
         placements: list[tuple[int, tuple[tuple[str, str], ...]]] = [(0, ())]
@@ -102,13 +118,14 @@ def _instance_specs(
                         model_name=config.name,
                         model_version=version,
                         instance_name=f"{group.name}{suffix}",
-                        backend=backend,
+                        backend=backend.name,
                         config=config.SerializeToString(),
                         model_path=str(model_path),
                         device_id=device,
                         auto_complete=settings.auto_complete,
                         log_level=settings.log_level,
                         environment=environment,
+                        on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
                     )
                 )
     return specs
@@ -150,7 +167,7 @@ async def _load_version(
     settings: LoadSettings,
 ) -> ModelVersion:
     started_ns = time.monotonic_ns()
-    specs = await asyncio.to_thread(_instance_specs, source, config, spec.name, version, settings)
+    specs = await asyncio.to_thread(_instance_specs, source, config, spec, version, settings)
     # The first instance completes the config from the model file; the others load that config as is.
     first = _worker(specs[0], settings)
     completed = await first.start()

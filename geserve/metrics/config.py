@@ -29,11 +29,14 @@ class MetricsConfig:
     histogram_latencies: bool = False
     interval_ms: int = 2000
     cpu_metrics: bool = True
+    gpu_metrics: bool = True  # accelerators (NPUs) under Triton's nv_gpu_* names
 
     @classmethod
-    def parse(cls, entries: Sequence[str], interval_ms: int = 2000, cpu_metrics: bool = True) -> MetricsConfig:
+    def parse(
+        cls, entries: Sequence[str], interval_ms: int = 2000, cpu_metrics: bool = True, gpu_metrics: bool = True
+    ) -> MetricsConfig:
         """`key=value` entries as given to --metrics-config."""
-        values: dict[str, object] = {"interval_ms": interval_ms, "cpu_metrics": cpu_metrics}
+        values: dict[str, object] = {"interval_ms": interval_ms, "cpu_metrics": cpu_metrics, "gpu_metrics": gpu_metrics}
         for entry in entries:
             key, separator, value = entry.partition("=")
             if not separator:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -13,6 +13,7 @@ from geserve.core.stats import FAILURE_REASONS, ModelStats
 from geserve.metrics.config import MetricsConfig
 from geserve.metrics.latency import DEFAULT_BUCKETS_MS, SUMMARY_FAMILIES, LatencyTracker
 from geserve.metrics.system import CpuUtilization, memory_bytes
+from geserve.types import DeviceUsage
 
 HISTOGRAM = "nv_inference_first_response_histogram_ms"
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -72,8 +73,14 @@ class TritonCollector(Collector):
     """Reads every loaded version's ModelStats at scrape time: the numbers the statistics
     extension reports, under Triton's metric names."""
 
-    def __init__(self, service: InferenceService, config: MetricsConfig) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        config: MetricsConfig,
+        devices: Callable[[], Mapping[int, DeviceUsage]] | None = None,
+    ) -> None:
         self._service = service
+        self._devices = devices
         self._config = config
         self._trackers: dict[tuple[str, int], LatencyTracker] = {}
         self._cpu = CpuUtilization(config.interval_ms) if config.cpu_metrics else None
@@ -124,6 +131,7 @@ class TritonCollector(Collector):
         yield load
         yield from self._latency_metrics(versions)
         yield from self._cpu_metrics()
+        yield from self._device_metrics()
 
     def _latency_metrics(self, versions: list[tuple[ModelVersion, dict[str, str]]]) -> Iterator[Metric]:
         tracked = [
@@ -169,6 +177,26 @@ class TritonCollector(Collector):
             metric.add_sample(name, {}, value)
             yield metric
 
+    def _device_metrics(self) -> Iterator[Metric]:
+        """NPUs under the names Triton uses for GPUs, with the single gpu_uuid label that dashboards
+        and perf_analyzer --collect-metrics expect."""
+        usage = self._devices() if self._devices is not None else {}
+        if not usage:
+            return
+        readings = [({"gpu_uuid": f"NPU-{device}"}, usage[device]) for device in sorted(usage)]
+        utilization = Metric("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "gauge")
+        total = Metric("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "gauge")
+        used = Metric("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "gauge")
+        for labels, reading in readings:
+            if reading.utilization is not None:
+                utilization.add_sample("nv_gpu_utilization", labels, reading.utilization)
+            total.add_sample("nv_gpu_memory_total_bytes", labels, float(reading.memory_total_bytes))
+            used.add_sample("nv_gpu_memory_used_bytes", labels, float(reading.memory_used_bytes))
+        if utilization.samples:
+            yield utilization
+        yield total
+        yield used
+
 
 def _count(stats: ModelStats, field: str) -> int:
     value = getattr(stats, field)
@@ -179,8 +207,10 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def create_registry(service: InferenceService, config: MetricsConfig) -> CollectorRegistry:
+def create_registry(
+    service: InferenceService, config: MetricsConfig, devices: Callable[[], Mapping[int, DeviceUsage]] | None = None
+) -> CollectorRegistry:
     """A fresh registry (never prometheus_client's global one) holding Triton's families."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(service, config))
+    registry.register(TritonCollector(service, config, devices))
     return registry

@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.types import DeviceUsage
 from geserve.workers.messages import Executed, InstanceSpec
 from geserve.workers.runner import InstanceRunner
 
@@ -51,6 +52,10 @@ class WorkerClient(Protocol):
 
     async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
         """Run one batch; each input is given as the row blocks of the requests, in order."""
+        ...
+
+    async def read_device(self) -> DeviceUsage | None:
+        """The memory and load of the accelerator the instance runs on; None when it has none."""
         ...
 
     async def stop(self, timeout_s: float) -> None: ...
@@ -93,6 +98,11 @@ class InProcessWorker:
         return await asyncio.get_running_loop().run_in_executor(
             self._thread, self._runner.execute, arrays, output_names
         )
+
+    async def read_device(self) -> DeviceUsage | None:
+        if not self.alive:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._runner.device_usage)
 
     async def stop(self, timeout_s: float) -> None:
         self._state = InstanceState.STOPPED

@@ -9,10 +9,23 @@ import signal
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 
+import numpy as np
+
 from geserve.errors import GeserveError, ModelLoadError
-from geserve.workers.messages import BatchDone, InstanceSpec, Loaded, LoadFailed, RunBatch, Shutdown
+from geserve.workers.messages import (
+    BatchDone,
+    DeviceReport,
+    InstanceSpec,
+    Loaded,
+    LoadFailed,
+    ReadDevice,
+    Retiring,
+    RunBatch,
+    Shutdown,
+)
 from geserve.workers.runner import InstanceRunner
 from geserve.workers.shm import (
+    OutputPlacement,
     TensorLayout,
     TensorRef,
     attach_segment,
@@ -40,16 +53,13 @@ class _Segments:
                 ref.name: read_tensor(buffer_of(self.arenas.get(ref.segment) or extra[ref.segment]), ref)
                 for ref in message.inputs
             }
-            executed = runner.execute(inputs, message.output_names)
+            placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
+            executed = runner.execute(inputs, message.output_names, placement.allocate)
             del inputs
             if executed.error is not None or executed.outputs is None:
                 return BatchDone(message.request_id, (), executed.error, executed.infer_start_ns, executed.infer_end_ns)
-            layout = TensorLayout()
-            datatypes = runner.output_datatypes
-            for name in message.output_names:
-                layout.add(name, datatypes[name], [executed.outputs[name]])
             try:
-                refs = self._write(layout, message.output_arena, message.output_overflow)
+                refs = self._place(executed.outputs, message, runner.output_datatypes, placement)
             except GeserveError as error:
                 return BatchDone(message.request_id, (), error, executed.infer_start_ns, executed.infer_end_ns)
             return BatchDone(message.request_id, refs, None, executed.infer_start_ns, executed.infer_end_ns)
@@ -58,10 +68,33 @@ class _Segments:
                 with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
                     segment.close()
 
-    def _write(self, layout: TensorLayout, arena_name: str, overflow_name: str) -> tuple[TensorRef, ...]:
+    def _place(
+        self,
+        outputs: dict[str, np.ndarray],
+        message: RunBatch,
+        datatypes: dict[str, str],
+        placement: OutputPlacement,
+    ) -> tuple[TensorRef, ...]:
+        """Refs to every output: those the backend wrote in place as they are, the rest copied in after."""
+        refs: dict[str, TensorRef] = {}
+        layout = TensorLayout()
+        rest = []
+        for name in message.output_names:
+            ref = placement.ref_of(name, outputs[name])
+            if ref is not None:
+                refs[name] = ref
+            else:
+                layout.add(name, datatypes[name], [outputs[name]])
+                rest.append(name)
+        if rest:
+            for ref in self._write(layout, message.output_arena, message.output_overflow, placement.end):
+                refs[ref.name] = ref
+        return tuple(refs[name] for name in message.output_names)
+
+    def _write(self, layout: TensorLayout, arena_name: str, overflow_name: str, start: int) -> tuple[TensorRef, ...]:
         arena = self.arenas[arena_name]
-        if layout.size <= arena.size:
-            return layout.write(buffer_of(arena), arena_name)
+        if start + layout.size <= arena.size:
+            return layout.write(buffer_of(arena), arena_name, start)
         # Too large for the arena: a segment of its own, which the front-end unlinks after reading.
         segment = create_segment(overflow_name, layout.size)
         try:
@@ -103,6 +136,12 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                 break
             if isinstance(message, RunBatch):
                 connection.send(segments.run(runner, message))
+                if runner.fault:
+                    # A failed device taints everything this process holds on it: a fresh worker takes over.
+                    connection.send(Retiring(runner.fault))
+                    break
+            elif isinstance(message, ReadDevice):
+                connection.send(DeviceReport(runner.device_usage()))
             else:
                 logger.error("ignoring unknown message %r", type(message).__name__)
     finally:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geserve.errors import GeserveError
+from geserve.types import DeviceUsage
 from geserve.workers.shm import TensorRef
 
 
@@ -27,6 +28,8 @@ class InstanceSpec:
     environment: tuple[tuple[str, str], ...] = ()
     # Tensor arenas in shared memory (process workers only): an input and an output arena per slot.
     arenas: tuple[str, ...] = ()
+    # Placed on an accelerator (KIND_GPU): the instance reports that device's usage for metrics.
+    on_device: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,23 @@ class Executed:
     error: GeserveError | None
     infer_start_ns: int
     infer_end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDevice:
+    """Ask for the instance's device usage; answered with a DeviceReport between batches."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReport:
+    usage: DeviceUsage | None
+
+
+@dataclass(frozen=True, slots=True)
+class Retiring:
+    """The worker is about to exit on purpose (its device failed) and should be replaced."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,21 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
+from geserve.types import DeviceUsage
 from geserve.workers import main as worker_main
 from geserve.workers.client import InstanceState, WorkerClient
-from geserve.workers.messages import BatchDone, Executed, InstanceSpec, Loaded, LoadFailed, RunBatch, Shutdown
+from geserve.workers.messages import (
+    BatchDone,
+    DeviceReport,
+    Executed,
+    InstanceSpec,
+    Loaded,
+    LoadFailed,
+    ReadDevice,
+    Retiring,
+    RunBatch,
+    Shutdown,
+)
 from geserve.workers.shm import (
     DEFAULT_ARENA_BYTES,
     TensorLayout,
@@ -96,6 +108,8 @@ class ProcessWorker:
         self._started: asyncio.Future[Loaded | LoadFailed] | None = None
         self._crashes: collections.deque[float] = collections.deque()
         self._restarter: asyncio.Task[None] | None = None
+        self._retiring = ""  # why the worker said it is exiting on purpose
+        self._device_report: asyncio.Future[DeviceUsage | None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -242,6 +256,22 @@ class ProcessWorker:
             self._in_flight.pop(request_id, None)
             self._release_flight(flight)
 
+    async def read_device(self) -> DeviceUsage | None:
+        """The usage of the device this instance runs on, read by the worker between batches."""
+        connection = self._connection
+        if not self.alive or connection is None or self._loop is None:
+            return None
+        if self._device_report is None or self._device_report.done():
+            self._device_report = self._loop.create_future()
+            try:
+                connection.send(ReadDevice())
+            except (OSError, ValueError):
+                return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._device_report), timeout=10.0)
+        except TimeoutError:
+            return None
+
     async def _collect(self, done: BatchDone) -> Executed:
         if done.error is not None:
             return Executed(None, done.error, done.infer_start_ns, done.infer_end_ns)
@@ -315,23 +345,37 @@ class ProcessWorker:
         elif isinstance(message, Loaded | LoadFailed):
             if self._started is not None and not self._started.done():
                 self._started.set_result(message)
+        elif isinstance(message, DeviceReport):
+            if self._device_report is not None and not self._device_report.done():
+                self._device_report.set_result(message.usage)
+        elif isinstance(message, Retiring):
+            # Out of the idle pool before the scheduler can hand it another batch; restarted on exit.
+            self._retiring = message.reason
+            if self._state is InstanceState.READY:
+                self._state = InstanceState.RESTARTING
         else:
             logger.error("instance %s sent an unknown message %r", self.spec.instance_name, type(message).__name__)
 
     def _on_exit(self, process: multiprocessing.process.BaseProcess, exit_code: int | None) -> None:
         if process is not self._process:
             return  # an earlier process of this instance
-        reason = (
-            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version "
-            f"{self.spec.model_version} exited unexpectedly (exit code {exit_code})"
+        retiring, self._retiring = self._retiring, ""
+        instance = (
+            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version {self.spec.model_version}"
         )
+        if retiring:
+            reason = f"{instance} exited after a device failure ({retiring})"
+        else:
+            reason = f"{instance} exited unexpectedly (exit code {exit_code})"
+        if self._device_report is not None and not self._device_report.done():
+            self._device_report.set_result(None)
         if self._started is not None and not self._started.done():
             self._started.set_result(LoadFailed(reason))
         error = UnavailableError(reason)
         for flight in self._in_flight.values():
             if not flight.future.done():
                 flight.future.set_exception(error)
-        if self._state is not InstanceState.READY:
+        if self._state is not InstanceState.READY and not (retiring and self._state is InstanceState.RESTARTING):
             return  # stopping, or a start that already reports the failure
         logger.error("%s; failing its in-flight requests and restarting it", reason)
         self.reason = reason

@@ -11,9 +11,10 @@ import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
-from geserve.backends.base import Backend
+from geserve.backends.base import Backend, DeviceFaultError, DeviceReporter, OutputAllocator
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
+from geserve.types import DeviceUsage
 from geserve.workers.messages import Executed, InstanceSpec
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ class InstanceRunner:
         self.spec = spec
         self._backend: Backend | None = None
         self.output_datatypes: dict[str, str] = {}
+        # Set when the device failed under a batch: the worker must be replaced, not reused.
+        self.fault = ""
 
     def load(self) -> mc.ModelConfig:
         """Load the backend and return the config it serves; raises ModelLoadError."""
@@ -44,7 +47,9 @@ class InstanceRunner:
         self.output_datatypes = {output.name: dtypes.from_config(output.data_type).wire for output in config.output}
         return config
 
-    def execute(self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...]) -> Executed:
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], allocate: OutputAllocator | None = None
+    ) -> Executed:
         """Run one batch; any failure becomes the batch's error, never an exception."""
         backend = self._backend
         started = time.monotonic_ns()
@@ -52,13 +57,16 @@ class InstanceRunner:
             error: GeserveError = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
             return Executed(None, error, started, started)
         try:
-            outputs = backend.execute(inputs, output_names)
+            outputs = backend.execute(inputs, output_names, allocate)
             missing = [name for name in output_names if name not in outputs]
             if missing:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
             for name in output_names:
                 self._check_output(name, np.asarray(outputs[name]))
         except GeserveError as error:
+            if isinstance(error, DeviceFaultError):
+                logger.error("instance %s: %s", self.spec.instance_name, error.message)
+                self.fault = error.message
             return Executed(None, error, started, time.monotonic_ns())
         except Exception as error:
             logger.exception("instance %s failed to execute", self.spec.instance_name)
@@ -78,6 +86,18 @@ class InstanceRunner:
                 f"model '{self.spec.model_name}' produced output '{name}' of type {array.dtype}, "
                 f"but its config declares {declared.config_name}"
             )
+
+    def device_usage(self) -> DeviceUsage | None:
+        """The device's memory and load, from backends that run on one; None otherwise."""
+        backend = self._backend
+        if backend is None or not hasattr(backend, "device_usage"):
+            return None
+        reporter: DeviceReporter = backend  # type: ignore[assignment]
+        try:
+            return reporter.device_usage()
+        except Exception:
+            logger.exception("instance %s could not read its device usage", self.spec.instance_name)
+            return None
 
     def unload(self) -> None:
         if self._backend is not None:

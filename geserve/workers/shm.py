@@ -120,10 +120,11 @@ class TensorLayout:
         self._planned.append(planned)
         self.size += align(planned.nbytes)
 
-    def write(self, buffer: memoryview, segment: str) -> tuple[TensorRef, ...]:
-        """Copy every planned tensor into `buffer`: the one copy that is also the batch's concatenation."""
+    def write(self, buffer: memoryview, segment: str, start: int = 0) -> tuple[TensorRef, ...]:
+        """Copy every planned tensor into `buffer` from offset `start`: the one copy that is also the
+        batch's concatenation."""
         refs = []
-        offset = 0
+        offset = start
         for planned in self._planned:
             if isinstance(planned.parts, bytes):
                 buffer[offset : offset + planned.nbytes] = planned.parts
@@ -141,3 +142,29 @@ class TensorLayout:
             refs.append(TensorRef(planned.name, planned.datatype, planned.shape, offset, planned.nbytes, segment))
             offset += align(planned.nbytes)
         return tuple(refs)
+
+
+class OutputPlacement:
+    """Outputs a backend writes in place, bump-allocated in the output arena while they fit there;
+    an output that does not fit gets ordinary memory and is laid out afterwards."""
+
+    def __init__(self, buffer: memoryview, segment: str) -> None:
+        self._buffer = buffer
+        self._segment = segment
+        self.end = 0
+        self.placed: dict[str, tuple[np.ndarray, TensorRef]] = {}
+
+    def allocate(self, name: str, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+        dtype = dtypes.from_wire(datatype).numpy
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if datatype == "BYTES" or self.end + align(nbytes) > len(self._buffer):
+            return np.empty(shape, dtype)
+        array: np.ndarray = np.ndarray(shape, dtype=dtype, buffer=self._buffer, offset=self.end)
+        self.placed[name] = (array, TensorRef(name, datatype, tuple(shape), self.end, nbytes, self._segment))
+        self.end += align(nbytes)
+        return array
+
+    def ref_of(self, name: str, array: np.ndarray) -> TensorRef | None:
+        """The output's place in the arena, if the backend returned the very array it was given."""
+        placed = self.placed.get(name)
+        return placed[1] if placed is not None and placed[0] is array else None

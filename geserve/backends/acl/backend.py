@@ -1,0 +1,329 @@
+"""AclBackend: one `.om` model on one NPU, with device buffers sized once for the largest gear."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends.acl import completion
+from geserve.backends.acl.description import OmDescription, OmTensor, describe
+from geserve.backends.acl.runtime import (
+    MALLOC_HUGE_FIRST,
+    MEM_DDR,
+    MEM_HBM,
+    MEMCPY_DEVICE_TO_DEVICE,
+    MEMCPY_DEVICE_TO_HOST,
+    MEMCPY_HOST_TO_DEVICE,
+    REPEAT_INITIALIZE,
+    RUN_MODE_DEVICE,
+    Acl,
+    import_acl,
+)
+from geserve.backends.base import OutputAllocator
+from geserve.errors import GeserveError, InternalError, ModelLoadError
+from geserve.types import DeviceUsage
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FILENAME = "model.om"
+
+
+@dataclass(slots=True)
+class _DeviceBuffer:
+    """Device memory for one model input or output, and the data buffer that presents it."""
+
+    tensor: OmTensor | None  # None for the runtime-filled dynamic-batch input
+    address: int
+    size: int
+    data_buffer: int
+    presented: int  # bytes the data buffer currently presents to the model
+
+
+class AclBackend:
+    """init -> set_device -> context -> stream -> load -> describe -> buffers and datasets, once;
+    per batch: copy in, pad to a gear, execute, copy out; on unload, all of it in reverse."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._acl: Acl | None = None
+        self._owns_init = False
+        self._device = -1
+        self._visible_device = -1
+        self._context = 0
+        self._stream = 0
+        self._model_id: int | None = None
+        self._desc = 0
+        self._om: OmDescription | None = None
+        self._model_file = ""
+        self._batched = False
+        self._copy_in = MEMCPY_HOST_TO_DEVICE
+        self._copy_out = MEMCPY_DEVICE_TO_HOST
+        self._memory_attribute = MEM_DDR
+        self._input_dataset = 0
+        self._output_dataset = 0
+        self._input_buffers: list[_DeviceBuffer] = []
+        self._output_buffers: list[_DeviceBuffer] = []
+        self._inputs: dict[str, _DeviceBuffer] = {}
+        self._outputs: dict[str, _DeviceBuffer] = {}
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self, config: mc.ModelConfig, model_path: Path, device_id: int) -> None:
+        if model_path.is_dir():
+            model_path = model_path / DEFAULT_FILENAME
+        if not model_path.is_file():
+            raise ModelLoadError(f"model '{config.name}': model file '{model_path}' does not exist")
+        self._model_file = str(model_path)
+        # finalize otherwise waits up to 2 s to flush device logs, on every unload and restart
+        os.environ.setdefault("ASCEND_LOG_DEVICE_FLUSH_TIMEOUT", "0")
+        acl = self._acl = Acl(import_acl(config.name), config.name)
+        self._device = device_id
+        try:
+            self._open(acl, device_id)
+        except GeserveError as error:
+            self.unload()
+            raise ModelLoadError(error.message) from None
+
+    def _open(self, acl: Acl, device_id: int) -> None:
+        module = acl.module
+        ret = module.init()
+        if ret != REPEAT_INITIALIZE:  # another user of pyACL in this process initialised it already
+            acl.check("acl.init", ret)
+            self._owns_init = True
+        self._visible_device = visible_index(device_id)
+        acl.check("acl.rt.set_device", module.rt.set_device(self._visible_device))
+        self._context = acl.out("acl.rt.create_context", module.rt.create_context(self._visible_device))
+        self._stream = acl.out("acl.rt.create_stream", module.rt.create_stream())
+        if acl.out("acl.rt.get_run_mode", module.rt.get_run_mode()) == RUN_MODE_DEVICE:
+            # On the device's own CPU "host" memory is device memory (RC mode).
+            self._copy_in = self._copy_out = MEMCPY_DEVICE_TO_DEVICE
+        soc = str(module.get_soc_name() or "")
+        self._memory_attribute = MEM_HBM if soc.startswith("Ascend910") else MEM_DDR
+        self._model_id = acl.out("acl.mdl.load_from_file", module.mdl.load_from_file(self._model_file))
+        self._desc = acl.handle("acl.mdl.create_desc", module.mdl.create_desc())
+        acl.check("acl.mdl.get_desc", module.mdl.get_desc(self._desc, self._model_id))
+        om = self._om = describe(acl, self._desc, acl.model_name)
+        logger.info(
+            "loaded '%s' on NPU %d (soc %s): inputs %s, outputs %s, gears %s",
+            self._model_file, self._device, soc or "unknown",
+            [(t.name, list(t.dims)) for t in om.inputs], [(t.name, list(t.dims)) for t in om.outputs], list(om.gears),
+        )  # fmt: skip
+        self._input_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
+        by_index = {tensor.index: tensor for tensor in om.inputs}
+        for index in range(om.input_count):
+            tensor = by_index.get(index)
+            size = tensor.size if tensor is not None else om.dynamic_input_size
+            buffer = self._device_buffer(tensor, size, self._input_dataset, self._input_buffers)
+            if tensor is not None:
+                self._inputs[tensor.name] = buffer
+        self._output_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
+        for tensor in om.outputs:
+            buffer = self._device_buffer(tensor, tensor.size, self._output_dataset, self._output_buffers)
+            self._outputs[tensor.name] = buffer
+
+    def _device_buffer(
+        self, tensor: OmTensor | None, size: int, dataset: int, owned: list[_DeviceBuffer]
+    ) -> _DeviceBuffer:
+        """Device memory wrapped in a data buffer, appended to `dataset` and to `owned` (which unload frees)."""
+        acl = self._require()
+        module = acl.module
+        address = acl.out("acl.rt.malloc", module.rt.malloc(max(size, 1), MALLOC_HUGE_FIRST))
+        data_buffer = module.create_data_buffer(address, size)
+        if not data_buffer:
+            module.rt.free(address)
+            raise acl.error("acl.create_data_buffer", 500000)
+        buffer = _DeviceBuffer(tensor, address, size, data_buffer, size)
+        owned.append(buffer)
+        acl.out("acl.mdl.add_dataset_buffer", module.mdl.add_dataset_buffer(dataset, data_buffer))
+        return buffer
+
+    def complete_config(self, config: mc.ModelConfig, auto_complete: bool) -> None:
+        om = self._require_model()
+        completion.complete(config, om, auto_complete, self._model_file)
+        self._batched = config.max_batch_size > 0
+
+    # -- execution -----------------------------------------------------------------------------
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
+        acl = self._require()
+        om = self._require_model()
+        module = acl.module
+        rows, gear = self._rows_and_gear(inputs, om)
+        for name, buffer in self._inputs.items():
+            self._copy_input(acl, name, np.asarray(inputs[name]), buffer, gear)
+        if om.gears and om.dynamic_input is not None:
+            acl.check(
+                "acl.mdl.set_dynamic_batch_size",
+                module.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, om.dynamic_input, gear),
+            )
+        acl.check("acl.mdl.execute", module.mdl.execute(self._model_id, self._input_dataset, self._output_dataset))
+        return {name: self._copy_output(acl, name, rows, gear, allocate) for name in output_names}
+
+    def _rows_and_gear(self, inputs: Mapping[str, np.ndarray], om: OmDescription) -> tuple[int | None, int | None]:
+        """Rows in this batch and the gear they run at; (None, None) for a model without a batch dim."""
+        if not (om.gears or (self._batched and om.rows)):
+            return None, None
+        first = np.asarray(inputs[om.inputs[0].name])
+        rows = int(first.shape[0]) if first.ndim else 1
+        if rows > om.rows:
+            raise InternalError(
+                f"model '{self._require().model_name}': a batch of {rows} exceeds the largest gear {om.rows}"
+            )
+        return rows, om.gear_for(rows)
+
+    def _copy_input(self, acl: Acl, name: str, array: np.ndarray, buffer: _DeviceBuffer, gear: int | None) -> None:
+        tensor = buffer.tensor
+        assert tensor is not None and tensor.datatype is not None
+        if array.dtype != tensor.datatype.numpy:
+            raise InternalError(
+                f"model '{acl.model_name}': input '{name}' is {array.dtype}, expected {tensor.datatype.numpy}"
+            )
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)  # arena views are contiguous; this is for other callers
+        needed = gear * tensor.row_bytes if gear is not None else buffer.size
+        if array.nbytes > needed or (gear is None and array.nbytes != needed):
+            raise InternalError(
+                f"model '{acl.model_name}': input '{name}' holds {array.nbytes} bytes; the model takes {needed}"
+            )
+        rt = acl.module.rt
+        if array.nbytes:
+            # Straight from the caller's memory (the shared-memory arena) to the device.
+            acl.check(
+                "acl.rt.memcpy", rt.memcpy(buffer.address, buffer.size, array.ctypes.data, array.nbytes, self._copy_in)
+            )
+        if needed > array.nbytes:
+            # Rows that only fill the gear: zeros, so padding never computes on stale data.
+            acl.check(
+                "acl.rt.memset",
+                rt.memset(buffer.address + array.nbytes, buffer.size - array.nbytes, 0, needed - array.nbytes),
+            )
+        if buffer.presented != needed:
+            acl.check(
+                "acl.update_data_buffer", acl.module.update_data_buffer(buffer.data_buffer, buffer.address, needed)
+            )
+            buffer.presented = needed
+
+    def _copy_output(
+        self, acl: Acl, name: str, rows: int | None, gear: int | None, allocate: OutputAllocator | None
+    ) -> np.ndarray:
+        buffer = self._outputs[name]
+        tensor = buffer.tensor
+        assert tensor is not None and tensor.datatype is not None
+        dims_info = acl.out("acl.mdl.get_cur_output_dims", acl.module.mdl.get_cur_output_dims(self._desc, tensor.index))
+        shape = tuple(
+            int(d) for d in dims_info.get("dims", [])[: int(dims_info.get("dimCount", len(dims_info.get("dims", []))))]
+        )
+        if rows is not None:
+            if not shape or shape[0] != gear:
+                raise InternalError(
+                    f"model '{acl.model_name}': output '{name}' has dims {list(shape)} after running at batch {gear}"
+                )
+            shape = (rows, *shape[1:])  # the padded rows' outputs are dropped
+        datatype = tensor.datatype
+        host = allocate(name, datatype.wire, shape) if allocate is not None else np.empty(shape, datatype.numpy)
+        if host.nbytes > buffer.size:
+            raise InternalError(f"model '{acl.model_name}': output '{name}' of dims {list(shape)} overruns its buffer")
+        if host.nbytes:
+            rt = acl.module.rt
+            acl.check(
+                "acl.rt.memcpy", rt.memcpy(host.ctypes.data, host.nbytes, buffer.address, host.nbytes, self._copy_out)
+            )
+        return host
+
+    # -- device metrics ------------------------------------------------------------------------
+
+    def device_usage(self) -> DeviceUsage | None:
+        acl = self._acl
+        if acl is None or self._model_id is None:
+            return None
+        rt = acl.module.rt
+        free, total, ret = rt.get_mem_info(self._memory_attribute)
+        if ret == 0 and total == 0:  # the other kind of memory on this chip
+            other = MEM_DDR if self._memory_attribute == MEM_HBM else MEM_HBM
+            free, total, ret = rt.get_mem_info(other)
+            if ret == 0 and total:
+                self._memory_attribute = other
+        if ret != 0:
+            logger.warning("%s", acl.error("acl.rt.get_mem_info", ret))
+            return None
+        utilization: float | None = None
+        reader = getattr(rt, "get_device_utilization_rate", None)  # newer CANN only
+        if reader is not None:
+            rates, ret = reader(self._visible_device)
+            if ret == 0 and isinstance(rates, dict):
+                busiest = max(int(rates.get("cube_utilization", 0)), int(rates.get("vector_utilization", 0)))
+                utilization = min(max(busiest, 0), 100) / 100
+        return DeviceUsage(self._device, int(total), int(total - free), utilization)
+
+    # -- unloading -----------------------------------------------------------------------------
+
+    def unload(self) -> None:
+        """Release in reverse order; keep going past failures so everything that can be freed is."""
+        acl = self._acl
+        if acl is None:
+            return
+        module = acl.module
+        steps: list[tuple[str, Any]] = []
+        for buffer in (*self._output_buffers, *self._input_buffers):
+            steps.append(("acl.destroy_data_buffer", lambda b=buffer: module.destroy_data_buffer(b.data_buffer)))
+            steps.append(("acl.rt.free", lambda b=buffer: module.rt.free(b.address)))
+        for dataset in (self._output_dataset, self._input_dataset):
+            if dataset:
+                steps.append(("acl.mdl.destroy_dataset", lambda d=dataset: module.mdl.destroy_dataset(d)))
+        if self._model_id is not None:
+            steps.append(("acl.mdl.unload", lambda m=self._model_id: module.mdl.unload(m)))
+        if self._desc:
+            steps.append(("acl.mdl.destroy_desc", lambda d=self._desc: module.mdl.destroy_desc(d)))
+        if self._stream:
+            steps.append(("acl.rt.destroy_stream", lambda s=self._stream: module.rt.destroy_stream(s)))
+        if self._context:
+            steps.append(("acl.rt.destroy_context", lambda c=self._context: module.rt.destroy_context(c)))
+        if self._visible_device >= 0:
+            steps.append(("acl.rt.reset_device", lambda d=self._visible_device: module.rt.reset_device(d)))
+        if self._owns_init:
+            steps.append(("acl.finalize", module.finalize))
+        for call, step in steps:
+            try:
+                ret = step()
+            except Exception:
+                logger.exception("%s raised while unloading '%s'", call, self._model_file)
+                continue
+            if ret != 0:
+                logger.error("%s", acl.error(call, ret))
+        self._reset()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _require(self) -> Acl:
+        if self._acl is None:
+            raise InternalError("the ACL backend is not loaded")
+        return self._acl
+
+    def _require_model(self) -> OmDescription:
+        if self._om is None:
+            raise InternalError("the ACL backend has no model loaded")
+        return self._om
+
+
+def visible_index(device_id: int) -> int:
+    """The id pyACL knows `device_id` by: its position in ASCEND_RT_VISIBLE_DEVICES when set."""
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    if not visible:
+        return device_id
+    ids = [int(item) for item in visible.split(",") if item.strip().isdigit()]
+    return ids.index(device_id) if device_id in ids else device_id
+
+
+def create_backend() -> AclBackend:
+    return AclBackend()

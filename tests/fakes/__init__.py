@@ -1,0 +1,1 @@
+"""Stand-ins for components that cannot run on these machines: the pyACL simulator (`acl/`)."""

@@ -1,0 +1,337 @@
+"""State of the simulated Ascend runtime in this process: devices, memory, contexts, models, leaks.
+
+Everything a real pyACL process holds lives here, so that misuse returns the codes the real
+runtime returns and `acl.finalize` can report whatever was never released. Configuration comes
+from the environment, since the simulator runs inside geserve's worker processes:
+
+- ACL_SIM_DEVICE_COUNT   physical NPUs (default 2); ASCEND_RT_VISIBLE_DEVICES restricts and re-indexes
+- ACL_SIM_RUN_MODE       1 = ACL_HOST (default, PCIe card), 0 = ACL_DEVICE (app on the device's CPU)
+- ACL_SIM_MEMORY_BYTES   device memory per NPU (default 8 GiB)
+- ACL_SIM_EXECUTE_US     simulated device time per execute, spent holding the GIL (default 0)
+- ACL_SIM_FAULT_FILE     a file holding an error code: the next execute in any process takes it
+                         (renames it away) and fails with that code; the device then stays faulty
+- ACL_SIM_REPORT_DIR     where each process writes `acl-sim-<pid>.json` (calls, executions, leaks)
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import itertools
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUCCESS = 0
+INVALID_PARAM = 100000
+UNINITIALIZE = 100001
+REPEAT_INITIALIZE = 100002
+INVALID_MODEL_ID = 100011
+DESERIALIZE_MODEL = 100012
+READ_MODEL_FAILURE = 100014
+MODEL_NOT_DYNAMIC = 100019
+REPEAT_FINALIZE = 100037
+INVALID_RESOURCE_HANDLE = 200005
+RT_PARAM_INVALID = 107000
+RT_INVALID_DEVICEID = 107001
+RT_CONTEXT_NULL = 107002
+RT_STREAM_CONTEXT = 107003
+RT_MODEL_CONTEXT = 107004
+RT_FEATURE_NOT_SUPPORT = 207000
+RT_MEMORY_ALLOCATION = 207001
+GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+
+HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 0, 1, 2, 3
+ACL_DEVICE, ACL_HOST = 0, 1
+DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+MBATCH_BYTES = 8
+
+# Device addresses live in the kernel half of the address space: dereferencing one on the host
+# faults, as it does on hardware. Their bytes are kept in host buffers the simulator maps to.
+_DEVICE_BASE = 0xFFFF_A000_0000_0000
+_LIBC = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL, as the real binding's execute does
+
+
+class SimError(Exception):
+    """A call failed with `code`; the public functions turn it into their return convention."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Allocation:
+    address: int
+    size: int
+    space: str  # "device" or "host" (pinned host memory from malloc_host)
+    device: int | None
+    backing: Any  # ctypes buffer holding the bytes
+
+    @property
+    def real(self) -> int:
+        return ctypes.addressof(self.backing)
+
+
+@dataclass
+class Context:
+    handle: int
+    device: int
+    default: bool
+    streams: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Model:
+    model_id: int
+    context: int
+    description: dict[str, Any]
+    session: Any
+    weight_bytes: int
+    batch: int | None = None  # the gear set by set_dynamic_batch_size
+
+    @property
+    def gears(self) -> list[int]:
+        return list(self.description["dynamic_batch"])
+
+
+class Runtime:
+    """One process's simulated pyACL runtime."""
+
+    def __init__(self) -> None:
+        self.reset()
+        atexit.register(self._report_at_exit)
+
+    def reset(self) -> None:
+        self.initialized = False
+        self.finalized = False
+        self.handles = itertools.count(0x1000)
+        self.device_memory = itertools.count(0)
+        self.allocations: dict[int, Allocation] = {}
+        self.contexts: dict[int, Context] = {}
+        self.default_contexts: dict[int, int] = {}
+        self.streams: dict[int, int] = {}  # stream -> context
+        self.models: dict[int, Model] = {}
+        self.model_ids = itertools.count(1)
+        self.descs: dict[int, int | None] = {}  # desc -> model id it describes
+        self.datasets: dict[int, list[int]] = {}
+        self.data_buffers: dict[int, tuple[int, int]] = {}  # buffer -> (address, size)
+        self.faulty: dict[int, int] = {}  # device -> the 5xxxxx code it keeps failing with
+        self.busy_ns: dict[int, int] = collections.defaultdict(int)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.executions = 0
+        self.rows_executed: list[int] = []
+        self.local = threading.local()
+        self.lock = threading.RLock()
+        self.report_written = False
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def run_mode(self) -> int:
+        return int(os.environ.get("ACL_SIM_RUN_MODE", str(ACL_HOST)))
+
+    def visible_devices(self) -> list[int]:
+        physical = int(os.environ.get("ACL_SIM_DEVICE_COUNT", "2"))
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+        if visible is None:
+            return list(range(physical))
+        devices: list[int] = []
+        for item in visible.split(","):
+            if not item.strip().isdigit() or int(item) >= physical or (devices and int(item) <= devices[-1]):
+                break  # parsing stops at the first bad or unordered id
+            devices.append(int(item))
+        return devices
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(os.environ.get("ACL_SIM_MEMORY_BYTES", str(8 << 30)))
+
+    # -- checks shared by the API functions ----------------------------------------------------
+
+    def record(self, name: str) -> None:
+        self.calls[name] += 1
+
+    def fail(self, code: int, message: str) -> SimError:
+        self.local.message = f"EE{code % 10000:04d}: {message}"
+        return SimError(code, message)
+
+    def recent_error(self) -> str:
+        message: str = getattr(self.local, "message", "")
+        self.local.message = ""
+        return message
+
+    def require_init(self) -> None:
+        if not self.initialized:
+            raise self.fail(UNINITIALIZE, "acl.init has not been called")
+
+    def current_context(self) -> Context:
+        self.require_init()
+        handle = getattr(self.local, "context", None)
+        if handle is None or handle not in self.contexts:
+            raise self.fail(RT_CONTEXT_NULL, "no current context: call acl.rt.set_device or set_context first")
+        return self.contexts[handle]
+
+    def check_device(self, device: int) -> None:
+        if not 0 <= device < len(self.visible_devices()):
+            raise self.fail(RT_INVALID_DEVICEID, f"invalid device id {device}")
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def allocate(self, size: int, space: str) -> int:
+        if size <= 0:
+            raise self.fail(INVALID_PARAM, f"size must be positive, got {size}")
+        device: int | None = None
+        if space == "device":
+            device = self.current_context().device
+            # malloc rounds up to a multiple of 32 plus 32 bytes
+            size = (size + 31) // 32 * 32 + 32
+            if self.device_used(device) + size > self.memory_bytes:
+                raise self.fail(RT_MEMORY_ALLOCATION, "device out of memory")
+            address = _DEVICE_BASE + (next(self.device_memory) << 32)
+        else:
+            self.require_init()
+        backing = (ctypes.c_char * size)()
+        if space != "device":
+            address = ctypes.addressof(backing)
+        self.allocations[address] = Allocation(address, size, space, device, backing)
+        return address
+
+    def release(self, address: int, space: str) -> None:
+        allocation = self.allocations.get(address)
+        if allocation is None or allocation.space != space:
+            raise self.fail(
+                RT_PARAM_INVALID, f"address {address:#x} was not allocated as {space} memory (double free?)"
+            )
+        del self.allocations[address]
+
+    def device_used(self, device: int) -> int:
+        used = sum(a.size for a in self.allocations.values() if a.device == device)
+        return used + sum(m.weight_bytes for m in self.models.values() if self.contexts[m.context].device == device)
+
+    def find(self, address: int) -> Allocation | None:
+        for allocation in self.allocations.values():
+            if allocation.address <= address < allocation.address + allocation.size:
+                return allocation
+        return None
+
+    def space_of(self, address: int) -> str:
+        """Device allocations are device memory; in ACL_DEVICE mode all of this process's memory is."""
+        allocation = self.find(address)
+        if self.run_mode == ACL_DEVICE:
+            return "device"
+        return allocation.space if allocation is not None and allocation.space == "device" else "host"
+
+    def resolve(self, address: int, count: int) -> int:
+        """A real address for `count` bytes at `address`, checking device ranges."""
+        allocation = self.find(address)
+        if allocation is None:
+            if address >= _DEVICE_BASE:
+                raise self.fail(RT_PARAM_INVALID, f"device address {address:#x} is not allocated")
+            return address  # pageable host memory (a numpy array): trusted like the real runtime does
+        if address + count > allocation.address + allocation.size:
+            raise self.fail(
+                RT_PARAM_INVALID,
+                f"{count} bytes at {address:#x} overrun the {allocation.size}-byte allocation at {allocation.address:#x}",
+            )
+        return allocation.real + (address - allocation.address)
+
+    def read(self, address: int, count: int) -> bytes:
+        return ctypes.string_at(self.resolve(address, count), count)
+
+    def write(self, address: int, data: bytes) -> None:
+        ctypes.memmove(self.resolve(address, len(data)), data, len(data))
+
+    # -- leaks and the report ------------------------------------------------------------------
+
+    def leaks(self) -> list[str]:
+        found = [f"{a.space} memory {a.address:#x} ({a.size} bytes) not freed" for a in self.allocations.values()]
+        found += [f"model {model_id} not unloaded" for model_id in self.models]
+        found += [f"model description {desc:#x} not destroyed" for desc in self.descs]
+        found += [f"dataset {ds:#x} not destroyed" for ds in self.datasets]
+        found += [f"data buffer {buf:#x} not destroyed" for buf in self.data_buffers]
+        found += [f"stream {stream:#x} not destroyed" for stream in self.streams]
+        found += [f"context {c.handle:#x} not destroyed" for c in self.contexts.values() if not c.default]
+        found += [f"device {device} not reset" for device in self.default_contexts]
+        return found
+
+    def write_report(self) -> None:
+        directory = os.environ.get("ACL_SIM_REPORT_DIR")
+        if not directory:
+            return
+        report = {
+            "pid": os.getpid(),
+            "visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+            "run_mode": self.run_mode,
+            "finalized": self.finalized,
+            "leaks": self.leaks(),
+            "calls": dict(self.calls),
+            "executions": self.executions,
+            "rows_executed": self.rows_executed,
+        }
+        path = Path(directory) / f"acl-sim-{os.getpid()}.json"
+        path.write_text(json.dumps(report, indent=1))
+        self.report_written = True
+
+    def _report_at_exit(self) -> None:
+        if self.calls and not self.report_written:
+            self.write_report()  # the process ended without acl.finalize: the report says so
+
+    # -- device time and faults ----------------------------------------------------------------
+
+    def spend_device_time(self) -> None:
+        microseconds = int(os.environ.get("ACL_SIM_EXECUTE_US", "0"))
+        if microseconds > 0:
+            _LIBC.usleep(microseconds)
+
+    def injected_fault(self, device: int) -> int | None:
+        if device in self.faulty:
+            return self.faulty[device]
+        path = os.environ.get("ACL_SIM_FAULT_FILE")
+        if not path:
+            return None
+        taken = f"{path}.taken-{os.getpid()}"
+        try:
+            os.rename(path, taken)  # atomic: exactly one execute in one process takes the fault
+        except FileNotFoundError:
+            return None
+        code = int(Path(taken).read_text().strip() or "507011")
+        os.unlink(taken)
+        self.faulty[device] = code
+        return code
+
+
+RUNTIME = Runtime()
+
+
+_NO_VALUE = object()
+
+
+def api(name: str, out: tuple[Any, ...] | None = None, value: Any = _NO_VALUE) -> Any:
+    """Give a simulated call the binding's return convention on failure: `ret`; or the out-values
+    (zero/empty) and `ret` last when the C call has out-params; or just `value` when the C call
+    returns a value instead of an error code. Every call is counted for the report."""
+
+    def wrap(function: Any) -> Any:
+        def call(*args: Any) -> Any:
+            RUNTIME.record(name)
+            with RUNTIME.lock:
+                try:
+                    return function(*args)
+                except SimError as error:
+                    if out is not None:
+                        return (*out, error.code)
+                    if value is not _NO_VALUE:
+                        return value
+                    return error.code
+
+        call.__name__ = function.__name__
+        call.__doc__ = function.__doc__
+        return call
+
+    return wrap

@@ -1,0 +1,388 @@
+"""Simulated `acl.mdl`: loading `.om` stand-ins, describing them, datasets, gears and execution."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._state import (
+    DESERIALIZE_MODEL,
+    DYNAMIC_TENSOR_NAME,
+    GE_DYNAMIC_BATCH_SIZE_INVALID,
+    INVALID_MODEL_ID,
+    INVALID_PARAM,
+    MBATCH_BYTES,
+    MODEL_NOT_DYNAMIC,
+    READ_MODEL_FAILURE,
+    RT_MODEL_CONTEXT,
+    RT_PARAM_INVALID,
+    RUNTIME,
+    SUCCESS,
+    Model,
+    api,
+)
+from .om import read_om
+
+NUMPY_TYPES = {
+    0: np.float32,
+    1: np.float16,
+    2: np.int8,
+    3: np.int32,
+    4: np.uint8,
+    6: np.int16,
+    7: np.uint16,
+    8: np.uint32,
+    9: np.int64,
+    10: np.uint64,
+    11: np.float64,
+    12: np.bool_,
+}
+_MBATCH_TENSOR = {"name": DYNAMIC_TENSOR_NAME, "dtype": 9, "format": 2, "dims": [1]}
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+@api("mdl.load_from_file", out=(0,))
+def load_from_file(path: str) -> tuple[int, int]:
+    context = RUNTIME.current_context()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise RUNTIME.fail(READ_MODEL_FAILURE, f"cannot read model file {path}: {error.strerror}") from None
+    try:
+        description, onnx_model = read_om(data)
+    except ValueError as error:
+        raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: {error}") from None
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(onnx_model, sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as error:
+        raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: the graph does not load: {error}") from None
+    model_id = next(RUNTIME.model_ids)
+    RUNTIME.models[model_id] = Model(model_id, context.handle, description, session, len(onnx_model))
+    return model_id, SUCCESS
+
+
+def _model(model_id: int) -> Model:
+    RUNTIME.require_init()
+    model = RUNTIME.models.get(model_id)
+    if model is None:
+        raise RUNTIME.fail(INVALID_MODEL_ID, f"model id {model_id} is not loaded")
+    if model.context != RUNTIME.current_context().handle:
+        raise RUNTIME.fail(RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
+    return model
+
+
+@api("mdl.unload")
+def unload(model_id: int) -> int:
+    _model(model_id)
+    del RUNTIME.models[model_id]
+    for desc, described in RUNTIME.descs.items():
+        if described == model_id:
+            RUNTIME.descs[desc] = None
+    return SUCCESS
+
+
+# -- descriptions ----------------------------------------------------------------------------
+
+
+@api("mdl.create_desc", value=0)
+def create_desc() -> int:
+    RUNTIME.require_init()
+    handle = next(RUNTIME.handles)
+    RUNTIME.descs[handle] = None
+    return handle
+
+
+@api("mdl.get_desc")
+def get_desc(desc: int, model_id: int) -> int:
+    if desc not in RUNTIME.descs:
+        raise RUNTIME.fail(INVALID_PARAM, f"unknown model description {desc:#x}")
+    _model(model_id)
+    RUNTIME.descs[desc] = model_id
+    return SUCCESS
+
+
+@api("mdl.destroy_desc")
+def destroy_desc(desc: int) -> int:
+    if desc not in RUNTIME.descs:
+        raise RUNTIME.fail(INVALID_PARAM, f"unknown model description {desc:#x}")
+    del RUNTIME.descs[desc]
+    return SUCCESS
+
+
+def _described(desc: int) -> Model:
+    model_id = RUNTIME.descs.get(desc)
+    if model_id is None or model_id not in RUNTIME.models:
+        raise RUNTIME.fail(INVALID_PARAM, f"model description {desc:#x} describes no loaded model")
+    return RUNTIME.models[model_id]
+
+
+def _inputs(model: Model) -> list[dict[str, Any]]:
+    tensors: list[dict[str, Any]] = list(model.description["inputs"])
+    return [*tensors, _MBATCH_TENSOR] if model.gears else tensors
+
+
+def _outputs(model: Model) -> list[dict[str, Any]]:
+    return list(model.description["outputs"])
+
+
+def _tensor(desc: int, index: int, inputs: bool) -> dict[str, Any]:
+    model = _described(desc)
+    tensors = _inputs(model) if inputs else _outputs(model)
+    if not 0 <= index < len(tensors):
+        raise RUNTIME.fail(INVALID_PARAM, f"index {index} is out of range ({len(tensors)} tensors)")
+    return tensors[index]
+
+
+def _shape(model: Model, tensor: dict[str, Any], batch: int | None) -> list[int]:
+    gear = batch if batch is not None else max(model.gears, default=1)
+    return [gear if dim == -1 else dim for dim in tensor["dims"]]
+
+
+def _nbytes(model: Model, tensor: dict[str, Any], batch: int | None = None) -> int:
+    if tensor["name"] == DYNAMIC_TENSOR_NAME:
+        return MBATCH_BYTES
+    return math.prod(_shape(model, tensor, batch)) * np.dtype(NUMPY_TYPES[tensor["dtype"]]).itemsize
+
+
+def _dims(tensor: dict[str, Any], dims: list[int]) -> dict[str, Any]:
+    return {"name": tensor["name"], "dimCount": len(dims), "dims": dims}
+
+
+@api("mdl.get_num_inputs", value=0)
+def get_num_inputs(desc: int) -> int:
+    return len(_inputs(_described(desc)))
+
+
+@api("mdl.get_num_outputs", value=0)
+def get_num_outputs(desc: int) -> int:
+    return len(_outputs(_described(desc)))
+
+
+@api("mdl.get_input_size_by_index", value=0)
+def get_input_size_by_index(desc: int, index: int) -> int:
+    return _nbytes(_described(desc), _tensor(desc, index, True))
+
+
+@api("mdl.get_output_size_by_index", value=0)
+def get_output_size_by_index(desc: int, index: int) -> int:
+    return _nbytes(_described(desc), _tensor(desc, index, False))
+
+
+@api("mdl.get_input_dims", out=({},))
+def get_input_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
+    tensor = _tensor(desc, index, True)
+    return _dims(tensor, list(tensor["dims"])), SUCCESS
+
+
+@api("mdl.get_output_dims", out=({},))
+def get_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
+    tensor = _tensor(desc, index, False)
+    return _dims(tensor, list(tensor["dims"])), SUCCESS
+
+
+@api("mdl.get_cur_output_dims", out=({},))
+def get_cur_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
+    """The dims for the gear set last (the largest gear when none was set)."""
+    model = _described(desc)
+    tensor = _tensor(desc, index, False)
+    return _dims(tensor, _shape(model, tensor, model.batch)), SUCCESS
+
+
+@api("mdl.get_input_name_by_index", value="")
+def get_input_name_by_index(desc: int, index: int) -> str:
+    return str(_tensor(desc, index, True)["name"])
+
+
+@api("mdl.get_output_name_by_index", value="")
+def get_output_name_by_index(desc: int, index: int) -> str:
+    return str(_tensor(desc, index, False)["name"])
+
+
+def _index_by_name(desc: int, name: str, inputs: bool) -> tuple[int, int]:
+    model = _described(desc)
+    tensors = _inputs(model) if inputs else _outputs(model)
+    for index, tensor in enumerate(tensors):
+        if tensor["name"] == name:
+            return index, SUCCESS
+    raise RUNTIME.fail(INVALID_PARAM, f"the model has no {'input' if inputs else 'output'} named '{name}'")
+
+
+@api("mdl.get_input_index_by_name", out=(0,))
+def get_input_index_by_name(desc: int, name: str) -> tuple[int, int]:
+    return _index_by_name(desc, name, True)
+
+
+@api("mdl.get_output_index_by_name", out=(0,))
+def get_output_index_by_name(desc: int, name: str) -> tuple[int, int]:
+    return _index_by_name(desc, name, False)
+
+
+@api("mdl.get_input_data_type", value=-1)
+def get_input_data_type(desc: int, index: int) -> int:
+    return int(_tensor(desc, index, True)["dtype"])
+
+
+@api("mdl.get_output_data_type", value=-1)
+def get_output_data_type(desc: int, index: int) -> int:
+    return int(_tensor(desc, index, False)["dtype"])
+
+
+@api("mdl.get_input_format", value=-1)
+def get_input_format(desc: int, index: int) -> int:
+    return int(_tensor(desc, index, True)["format"])
+
+
+@api("mdl.get_output_format", value=-1)
+def get_output_format(desc: int, index: int) -> int:
+    return int(_tensor(desc, index, False)["format"])
+
+
+@api("mdl.get_dynamic_batch", out=({},))
+def get_dynamic_batch(desc: int) -> tuple[dict[str, Any], int]:
+    gears = _described(desc).gears
+    return {"batchCount": len(gears), "batch": gears}, SUCCESS
+
+
+# -- datasets --------------------------------------------------------------------------------
+
+
+@api("mdl.create_dataset", value=0)
+def create_dataset() -> int:
+    RUNTIME.require_init()
+    handle = next(RUNTIME.handles)
+    RUNTIME.datasets[handle] = []
+    return handle
+
+
+def _dataset(dataset: int) -> list[int]:
+    if dataset not in RUNTIME.datasets:
+        raise RUNTIME.fail(INVALID_PARAM, f"unknown dataset {dataset:#x}")
+    return RUNTIME.datasets[dataset]
+
+
+@api("mdl.add_dataset_buffer", out=(0,))
+def add_dataset_buffer(dataset: int, buffer: int) -> tuple[int, int]:
+    if buffer not in RUNTIME.data_buffers:
+        raise RUNTIME.fail(INVALID_PARAM, f"unknown data buffer {buffer:#x}")
+    _dataset(dataset).append(buffer)
+    return dataset, SUCCESS
+
+
+@api("mdl.get_dataset_num_buffers", value=0)
+def get_dataset_num_buffers(dataset: int) -> int:
+    return len(_dataset(dataset))
+
+
+@api("mdl.get_dataset_buffer", value=0)
+def get_dataset_buffer(dataset: int, index: int) -> int:
+    buffers = _dataset(dataset)
+    return buffers[index] if 0 <= index < len(buffers) else 0
+
+
+@api("mdl.destroy_dataset")
+def destroy_dataset(dataset: int) -> int:
+    _dataset(dataset)
+    del RUNTIME.datasets[dataset]  # the container only: its data buffers are the caller's
+    return SUCCESS
+
+
+def _buffer_at(dataset: int, index: int) -> tuple[int, int]:
+    buffers = _dataset(dataset)
+    if not 0 <= index < len(buffers) or buffers[index] not in RUNTIME.data_buffers:
+        raise RUNTIME.fail(INVALID_PARAM, f"dataset {dataset:#x} has no live data buffer at index {index}")
+    return RUNTIME.data_buffers[buffers[index]]
+
+
+# -- gears and execution ---------------------------------------------------------------------
+
+
+@api("mdl.set_dynamic_batch_size")
+def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) -> int:
+    model = _model(model_id)
+    if not model.gears:
+        raise RUNTIME.fail(MODEL_NOT_DYNAMIC, f"model {model_id} was not compiled with dynamic batch sizes")
+    if index != len(_inputs(model)) - 1:
+        raise RUNTIME.fail(INVALID_PARAM, f"input {index} is not '{DYNAMIC_TENSOR_NAME}'")
+    if batch not in model.gears:
+        raise RUNTIME.fail(
+            GE_DYNAMIC_BATCH_SIZE_INVALID, f"batch size {batch} is not one of the model's gears {model.gears}"
+        )
+    address, size = _buffer_at(dataset, index)
+    if size < MBATCH_BYTES:
+        raise RUNTIME.fail(INVALID_PARAM, f"the '{DYNAMIC_TENSOR_NAME}' buffer holds {size} bytes")
+    RUNTIME.write(address, int(batch).to_bytes(MBATCH_BYTES, "little"))  # the runtime fills it, not the caller
+    model.batch = batch
+    return SUCCESS
+
+
+@api("mdl.execute")
+def execute(model_id: int, input_dataset: int, output_dataset: int) -> int:
+    _run(model_id, input_dataset, output_dataset)
+    return SUCCESS
+
+
+@api("mdl.execute_async")
+def execute_async(model_id: int, input_dataset: int, output_dataset: int, stream: int) -> int:
+    if RUNTIME.streams.get(stream) != RUNTIME.current_context().handle:
+        raise RUNTIME.fail(RT_PARAM_INVALID, f"stream {stream:#x} is not a stream of the current context")
+    _run(model_id, input_dataset, output_dataset)
+    return SUCCESS
+
+
+def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
+    model = _model(model_id)
+    device = RUNTIME.contexts[model.context].device
+    started = time.monotonic_ns()
+    inputs, outputs = _inputs(model), _outputs(model)
+    if len(_dataset(input_dataset)) != len(inputs) or len(_dataset(output_dataset)) != len(outputs):
+        raise RUNTIME.fail(
+            INVALID_PARAM,
+            f"model {model_id} takes {len(inputs)} inputs and {len(outputs)} outputs; the datasets hold "
+            f"{len(_dataset(input_dataset))} and {len(_dataset(output_dataset))}",
+        )
+    fault = RUNTIME.injected_fault(device)
+    if fault is not None:
+        raise RUNTIME.fail(fault, f"model execution failed on device {device} (injected fault {fault})")
+    batch = model.batch if model.gears else None
+    feeds: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(inputs):
+        address, size = _buffer_at(input_dataset, index)
+        if tensor["name"] == DYNAMIC_TENSOR_NAME:
+            written = int.from_bytes(RUNTIME.read(address, MBATCH_BYTES), "little")
+            if batch is not None and written != batch:
+                raise RUNTIME.fail(INVALID_PARAM, f"'{DYNAMIC_TENSOR_NAME}' was overwritten by the application")
+            continue
+        _device_only(address, f"input {index}")
+        need = _nbytes(model, tensor, batch)
+        if size < need:
+            raise RUNTIME.fail(INVALID_PARAM, f"input {index} holds {size} bytes; the gear needs {need}")
+        array = np.frombuffer(RUNTIME.read(address, need), dtype=NUMPY_TYPES[tensor["dtype"]])
+        feeds[tensor["name"]] = array.reshape(_shape(model, tensor, batch))
+    results = model.session.run([t["name"] for t in outputs], feeds)
+    for index, (tensor, result) in enumerate(zip(outputs, results, strict=True)):
+        address, size = _buffer_at(output_dataset, index)
+        _device_only(address, f"output {index}")
+        data = np.ascontiguousarray(result, dtype=NUMPY_TYPES[tensor["dtype"]]).tobytes()
+        if len(data) != _nbytes(model, tensor, batch) or size < len(data):
+            raise RUNTIME.fail(INVALID_PARAM, f"output {index} needs {len(data)} bytes; its buffer holds {size}")
+        RUNTIME.write(address, data)
+    RUNTIME.spend_device_time()
+    RUNTIME.busy_ns[device] += time.monotonic_ns() - started
+    RUNTIME.executions += 1
+    RUNTIME.rows_executed.append(batch if batch is not None else _shape(model, inputs[0], None)[0])
+
+
+def _device_only(address: int, what: str) -> None:
+    if RUNTIME.space_of(address) != "device":
+        raise RUNTIME.fail(RT_PARAM_INVALID, f"{what} is in host memory; models read device memory only")

@@ -1,0 +1,238 @@
+"""Simulated `acl.rt`: devices, contexts, streams, memory and copies."""
+
+from __future__ import annotations
+
+import time
+
+from ._state import (
+    DEVICE_TO_DEVICE,
+    DEVICE_TO_HOST,
+    HOST_TO_DEVICE,
+    HOST_TO_HOST,
+    INVALID_PARAM,
+    RT_CONTEXT_NULL,
+    RT_PARAM_INVALID,
+    RT_STREAM_CONTEXT,
+    RUNTIME,
+    SUCCESS,
+    Context,
+    api,
+)
+
+_last_utilization: dict[int, tuple[float, int]] = {}
+
+
+@api("rt.get_run_mode", out=(0,))
+def get_run_mode() -> tuple[int, int]:
+    RUNTIME.require_init()
+    return RUNTIME.run_mode, SUCCESS
+
+
+@api("rt.get_device_count", out=(0,))
+def get_device_count() -> tuple[int, int]:
+    RUNTIME.require_init()
+    return len(RUNTIME.visible_devices()), SUCCESS
+
+
+@api("rt.set_device")
+def set_device(device: int) -> int:
+    RUNTIME.require_init()
+    RUNTIME.check_device(device)
+    if device not in RUNTIME.default_contexts:
+        handle = next(RUNTIME.handles)
+        RUNTIME.contexts[handle] = Context(handle, device, default=True)
+        RUNTIME.default_contexts[device] = handle
+    RUNTIME.local.context = RUNTIME.default_contexts[device]
+    return SUCCESS
+
+
+@api("rt.get_device", out=(0,))
+def get_device() -> tuple[int, int]:
+    return RUNTIME.current_context().device, SUCCESS
+
+
+@api("rt.reset_device")
+def reset_device(device: int) -> int:
+    RUNTIME.require_init()
+    RUNTIME.check_device(device)
+    handle = RUNTIME.default_contexts.pop(device, None)
+    if handle is not None:
+        for stream in RUNTIME.contexts.pop(handle).streams:
+            RUNTIME.streams.pop(stream, None)
+        if getattr(RUNTIME.local, "context", None) == handle:
+            RUNTIME.local.context = None
+    RUNTIME.faulty.pop(device, None)
+    return SUCCESS
+
+
+@api("rt.create_context", out=(0,))
+def create_context(device: int) -> tuple[int, int]:
+    RUNTIME.require_init()
+    RUNTIME.check_device(device)
+    handle = next(RUNTIME.handles)
+    RUNTIME.contexts[handle] = Context(handle, device, default=False)
+    RUNTIME.local.context = handle
+    return handle, SUCCESS
+
+
+@api("rt.set_context")
+def set_context(context: int) -> int:
+    RUNTIME.require_init()
+    if context not in RUNTIME.contexts:
+        raise RUNTIME.fail(RT_PARAM_INVALID, f"unknown context {context:#x}")
+    RUNTIME.local.context = context
+    return SUCCESS
+
+
+@api("rt.get_context", out=(0,))
+def get_context() -> tuple[int, int]:
+    return RUNTIME.current_context().handle, SUCCESS
+
+
+@api("rt.destroy_context")
+def destroy_context(context: int) -> int:
+    RUNTIME.require_init()
+    found = RUNTIME.contexts.get(context)
+    if found is None or found.default:
+        raise RUNTIME.fail(RT_PARAM_INVALID, f"{context:#x} is not a context created by create_context")
+    if any(model.context == context for model in RUNTIME.models.values()):
+        raise RUNTIME.fail(RT_PARAM_INVALID, "unload the context's models before destroying it")
+    for stream in found.streams:
+        RUNTIME.streams.pop(stream, None)
+    del RUNTIME.contexts[context]
+    if getattr(RUNTIME.local, "context", None) == context:
+        RUNTIME.local.context = None
+    return SUCCESS
+
+
+@api("rt.create_stream", out=(0,))
+def create_stream() -> tuple[int, int]:
+    context = RUNTIME.current_context()
+    handle = next(RUNTIME.handles)
+    context.streams.add(handle)
+    RUNTIME.streams[handle] = context.handle
+    return handle, SUCCESS
+
+
+def _stream_context(stream: int) -> Context:
+    context = RUNTIME.current_context()
+    if stream not in RUNTIME.streams:
+        raise RUNTIME.fail(RT_PARAM_INVALID, f"unknown stream {stream:#x}")
+    if RUNTIME.streams[stream] != context.handle:
+        raise RUNTIME.fail(RT_STREAM_CONTEXT, "the stream does not belong to the current context")
+    return context
+
+
+@api("rt.destroy_stream")
+def destroy_stream(stream: int) -> int:
+    context = _stream_context(stream)
+    context.streams.discard(stream)
+    del RUNTIME.streams[stream]
+    return SUCCESS
+
+
+@api("rt.synchronize_stream")
+def synchronize_stream(stream: int) -> int:
+    _stream_context(stream)
+    return SUCCESS
+
+
+@api("rt.malloc", out=(0,))
+def malloc(size: int, policy: int) -> tuple[int, int]:
+    if policy not in (0, 1, 2, 3, 4, 5, 6, 7):
+        raise RUNTIME.fail(INVALID_PARAM, f"invalid memory policy {policy}")
+    return RUNTIME.allocate(size, "device"), SUCCESS
+
+
+@api("rt.free")
+def free(address: int) -> int:
+    RUNTIME.require_init()
+    RUNTIME.release(address, "device")
+    return SUCCESS
+
+
+@api("rt.malloc_host", out=(0,))
+def malloc_host(size: int) -> tuple[int, int]:
+    if RUNTIME.run_mode == 0:
+        return RUNTIME.allocate(size, "device"), SUCCESS  # on the device's own CPU, "host" memory is device memory
+    return RUNTIME.allocate(size, "host"), SUCCESS
+
+
+@api("rt.free_host")
+def free_host(address: int) -> int:
+    RUNTIME.require_init()
+    RUNTIME.release(address, "device" if RUNTIME.run_mode == 0 else "host")
+    return SUCCESS
+
+
+_KINDS = {
+    HOST_TO_HOST: ("host", "host"),
+    HOST_TO_DEVICE: ("device", "host"),
+    DEVICE_TO_HOST: ("host", "device"),
+    DEVICE_TO_DEVICE: ("device", "device"),
+}
+
+
+@api("rt.memcpy")
+def memcpy(dst: int, dest_max: int, src: int, count: int, kind: int) -> int:
+    RUNTIME.current_context()
+    if kind not in _KINDS:
+        raise RUNTIME.fail(INVALID_PARAM, f"invalid memcpy kind {kind}")
+    if count > dest_max:
+        raise RUNTIME.fail(INVALID_PARAM, f"count {count} exceeds the destination's {dest_max} bytes")
+    # Stricter than the runtime (which infers the direction): the kind must match both pointers.
+    want_dst, want_src = _KINDS[kind]
+    if RUNTIME.space_of(dst) != want_dst or RUNTIME.space_of(src) != want_src:
+        raise RUNTIME.fail(
+            RT_PARAM_INVALID,
+            f"memcpy kind {kind} copies {want_src} to {want_dst} memory, but the source is "
+            f"{RUNTIME.space_of(src)} and the destination {RUNTIME.space_of(dst)} memory",
+        )
+    if count:
+        RUNTIME.write(dst, RUNTIME.read(src, count))
+    return SUCCESS
+
+
+@api("rt.memset")
+def memset(address: int, max_count: int, value: int, count: int) -> int:
+    RUNTIME.current_context()
+    if count > max_count:
+        raise RUNTIME.fail(INVALID_PARAM, f"count {count} exceeds max_count {max_count}")
+    if RUNTIME.space_of(address) != "device":
+        raise RUNTIME.fail(RT_PARAM_INVALID, f"{address:#x} is not device memory")
+    if count:
+        RUNTIME.write(address, bytes([value & 0xFF]) * count)
+    return SUCCESS
+
+
+@api("rt.get_mem_info", out=(0, 0))
+def get_mem_info(attribute: int) -> tuple[int, int, int]:
+    context = RUNTIME.current_context()
+    if attribute not in range(18):
+        raise RUNTIME.fail(INVALID_PARAM, f"invalid memory attribute {attribute}")
+    if attribute not in (0, 1, 12):  # the simulated 310P has one kind of device memory
+        return 0, 0, SUCCESS
+    total = RUNTIME.memory_bytes
+    return total - RUNTIME.device_used(context.device), total, SUCCESS
+
+
+@api("rt.get_device_utilization_rate", out=({},))
+def get_device_utilization_rate(device: int) -> tuple[dict[str, int], int]:
+    """AI Core busy share since the previous query, in percent."""
+    RUNTIME.require_init()
+    if getattr(RUNTIME.local, "context", None) is None:
+        raise RUNTIME.fail(RT_CONTEXT_NULL, "set the device first")
+    RUNTIME.check_device(device)
+    now = time.monotonic_ns()
+    busy = RUNTIME.busy_ns[device]
+    previous_at, previous_busy = _last_utilization.get(device, (now, busy))
+    _last_utilization[device] = (now, busy)
+    share = 0 if now <= previous_at else min(100, round(100 * (busy - previous_busy) / (now - previous_at)))
+    rates = {
+        "cube_utilization": share,
+        "vector_utilization": share,
+        "aicpu_utilization": 0,
+        "memory_utilization": 0,
+        "utilization_extend": 0,
+    }
+    return rates, SUCCESS
