@@ -47,8 +47,8 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., GeserveProcess]]:
     """Start `python -m geserve` with the given flags; every process is stopped at teardown."""
     started: list[GeserveProcess] = []
 
-    def start(*args: str) -> GeserveProcess:
-        process = GeserveProcess(tmp_path / f"geserve-{len(started)}.log", *args)
+    def start(*args: str, env: dict[str, str] | None = None) -> GeserveProcess:
+        process = GeserveProcess(tmp_path / f"geserve-{len(started)}.log", *args, env=env)
         started.append(process)
         return process
 

@@ -34,7 +34,7 @@ def http_status(url: str) -> int:
 class GeserveProcess:
     """`python -m geserve` on free loopback ports, its output kept in a log file."""
 
-    def __init__(self, log_path: Path, *args: str) -> None:
+    def __init__(self, log_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
@@ -50,8 +50,8 @@ class GeserveProcess:
             *args,
         ]
         self._log = log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=environment)
 
     @property
     def url(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -34,13 +35,17 @@ class InstanceRunner:
         """Load the backend and return the config it serves; raises ModelLoadError."""
         spec = self.spec
         config = mc.ModelConfig.FromString(spec.config)
+        backend: Backend | None = None
         try:
             backend = registry.by_name(spec.backend).create()
             backend.load(config, Path(spec.model_path), spec.device_id)
             backend.complete_config(config, spec.auto_complete)
-        except GeserveError as error:
-            raise ModelLoadError(error.message) from None
         except Exception as error:
+            if backend is not None:
+                with contextlib.suppress(Exception):
+                    backend.unload()  # whatever `load` acquired before the failure
+            if isinstance(error, GeserveError):
+                raise ModelLoadError(error.message) from None
             logger.exception("instance %s failed to load", spec.instance_name)
             raise ModelLoadError(f"model '{spec.model_name}': {type(error).__name__}: {error}") from None
         self._backend = backend

@@ -126,6 +126,7 @@ class Runtime:
         self.calls: collections.Counter[str] = collections.Counter()
         self.executions = 0
         self.rows_executed: list[int] = []
+        self.last_inputs: dict[str, Any] = {}  # what the device read at the last execute
         self.local = threading.local()
         self.lock = threading.RLock()
         self.report_written = False

@@ -369,6 +369,7 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
             raise RUNTIME.fail(INVALID_PARAM, f"input {index} holds {size} bytes; the gear needs {need}")
         array = np.frombuffer(RUNTIME.read(address, need), dtype=NUMPY_TYPES[tensor["dtype"]])
         feeds[tensor["name"]] = array.reshape(_shape(model, tensor, batch))
+    RUNTIME.last_inputs = feeds
     results = model.session.run([t["name"] for t in outputs], feeds)
     for index, (tensor, result) in enumerate(zip(outputs, results, strict=True)):
         address, size = _buffer_at(output_dataset, index)

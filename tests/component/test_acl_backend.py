@@ -1,0 +1,276 @@
+"""The Ascend backend in this process against the pyACL simulator, and the simulator's own rules."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends.acl import AclBackend
+from geserve.backends.base import DeviceFaultError
+from geserve.errors import ModelLoadError
+from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+GEARS = [1, 2, 4, 8]
+
+
+@pytest.fixture
+def acl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The simulator, importable as `acl` for this test only, in a fresh state."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    for name in ("ACL_SIM_RUN_MODE", "ACL_SIM_FAULT_FILE", "ACL_SIM_REPORT_DIR", "ASCEND_RT_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    import acl as simulator
+    from acl._state import RUNTIME
+
+    RUNTIME.reset()
+    yield simulator
+    RUNTIME.reset()
+
+
+def _runtime() -> Any:
+    from acl._state import RUNTIME
+
+    return RUNTIME
+
+
+def _loaded(path: Path, config: mc.ModelConfig | None = None, device: int = 0) -> tuple[AclBackend, mc.ModelConfig]:
+    backend = AclBackend()
+    config = config or mc.ModelConfig(name="affine")
+    backend.load(config, path, device)
+    backend.complete_config(config, auto_complete=True)
+    return backend, config
+
+
+def _rows(count: int) -> np.ndarray:
+    return (np.arange(count * FEATURES, dtype=np.float32).reshape(count, FEATURES) - 7.5) / 3
+
+
+@pytest.mark.usefixtures("acl")
+@pytest.mark.parametrize("run_mode", ["1", "0"])
+def test_every_gear_and_sizes_between_run_padded_to_the_next_gear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_mode: str
+) -> None:
+    monkeypatch.setenv("ACL_SIM_RUN_MODE", run_mode)  # 0: the app runs on the device's CPU (RC mode)
+    backend, config = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    assert config.max_batch_size == 8
+    assert list(config.dynamic_batching.preferred_batch_size) == GEARS
+    for rows in range(1, 9):
+        x = _rows(rows)
+        outputs = backend.execute({"x": x}, ["y", "s"])
+        reference = affine_reference(x)
+        np.testing.assert_array_equal(outputs["y"], reference["y"])
+        np.testing.assert_array_equal(outputs["s"], reference["s"])
+    assert _runtime().rows_executed == [1, 2, 4, 4, 8, 8, 8, 8]
+    backend.execute({"x": _rows(3)}, ["y"])  # after a full batch: the padding row must not be stale data
+    np.testing.assert_array_equal(_runtime().last_inputs["x"][3:], np.zeros((1, FEATURES), dtype=np.float32))
+    backend.unload()
+    assert _runtime().leaks() == []
+    assert _runtime().finalized
+
+
+@pytest.mark.usefixtures("acl")
+def test_static_batch_model_is_padded_to_its_batch(tmp_path: Path) -> None:
+    backend, config = _loaded(write_affine_om(tmp_path / "model.om", static_batch=4))
+    assert config.max_batch_size == 4
+    assert list(config.dynamic_batching.preferred_batch_size) == [4]
+    for rows in (1, 3, 4):
+        x = _rows(rows)
+        np.testing.assert_array_equal(backend.execute({"x": x}, ["y"])["y"], affine_reference(x)["y"])
+    assert _runtime().rows_executed == [4, 4, 4]
+    backend.unload()
+    assert _runtime().leaks() == []
+
+
+@pytest.mark.usefixtures("acl")
+def test_outputs_are_copied_straight_into_the_callers_memory(tmp_path: Path) -> None:
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    given: dict[str, np.ndarray] = {}
+
+    def allocate(name: str, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+        assert datatype == "FP32"
+        given[name] = np.full(shape, np.nan, dtype=np.float32)
+        return given[name]
+
+    x = _rows(3)
+    outputs = backend.execute({"x": x}, ["s"], allocate)
+    assert outputs["s"] is given["s"] and outputs["s"].shape == (3, 1)
+    np.testing.assert_array_equal(outputs["s"], affine_reference(x)["s"])
+    backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
+def test_config_that_contradicts_the_om_names_both(tmp_path: Path) -> None:
+    path = write_affine_om(tmp_path / "model.om", gears=GEARS)
+    cases = {
+        "max_batch_size: 16": "config max_batch_size 16 exceeds what",
+        'max_batch_size: 8 input { name: "x" data_type: TYPE_INT32 dims: [4] }': (
+            "config input 'x' has data type TYPE_INT32, but"
+        ),
+        'max_batch_size: 8 input { name: "x" data_type: TYPE_FP32 dims: [5] }': "config input 'x' has dims [5], but",
+        'max_batch_size: 8 input { name: "image" data_type: TYPE_FP32 dims: [4] }': "config input 'image' is not in",
+    }
+    from google.protobuf import text_format
+
+    for text, message in cases.items():
+        config = text_format.Parse(f'name: "affine" {text}', mc.ModelConfig())
+        backend = AclBackend()
+        backend.load(config, path, 0)
+        with pytest.raises(ModelLoadError) as error:
+            backend.complete_config(config, auto_complete=True)
+        assert message in error.value.message and str(path) in error.value.message
+        backend.unload()
+        assert _runtime().leaks() == []
+
+
+def test_without_pyacl_the_load_error_says_where_it_comes_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "acl", None)  # `import acl` raises ImportError
+    backend = AclBackend()
+    with pytest.raises(ModelLoadError) as error:
+        backend.load(mc.ModelConfig(name="affine"), write_affine_om(tmp_path / "model.om", gears=GEARS), 0)
+    assert "comes with the Ascend CANN toolkit" in error.value.message
+    assert "set_env.sh" in error.value.message
+
+
+@pytest.mark.usefixtures("acl")
+def test_injected_device_fault_fails_the_batch_as_a_device_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fault = tmp_path / "fault"
+    monkeypatch.setenv("ACL_SIM_FAULT_FILE", str(fault))
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    fault.write_text("507011")
+    with pytest.raises(DeviceFaultError) as error:
+        backend.execute({"x": _rows(2)}, ["y"])
+    assert "acl.mdl.execute failed with error 507011 (ACL_ERROR_RT_MODEL_EXECUTE)" in error.value.message
+    assert "injected fault 507011" in error.value.message  # acl.get_recent_err_msg()
+    assert not fault.exists()
+    backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
+def test_device_usage_reads_memory_and_utilization(tmp_path: Path) -> None:
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    usage = backend.device_usage()
+    assert usage is not None
+    assert usage.memory_total_bytes == 8 << 30
+    assert 0 < usage.memory_used_bytes < usage.memory_total_bytes
+    assert usage.utilization is not None and 0.0 <= usage.utilization <= 1.0
+    backend.unload()
+
+
+# -- the simulator keeps the binding's rules ------------------------------------------------------
+
+
+def test_return_conventions_and_lifecycle_codes(acl: Any) -> None:
+    assert acl.rt.malloc(64, 2) == (0, 100001)  # before acl.init
+    assert acl.init() == 0
+    assert acl.init() == 100002  # repeated init
+    assert acl.rt.create_stream() == (0, 107002)  # no current context
+    assert "no current context" in acl.get_recent_err_msg()
+    assert acl.get_recent_err_msg() == ""  # read and cleared
+    assert acl.rt.set_device(5) == 107001
+    assert acl.rt.set_device(0) == 0
+    context, ret = acl.rt.create_context(0)
+    assert ret == 0 and isinstance(context, int) and context
+    assert acl.rt.destroy_context(context) == 0
+    assert acl.rt.reset_device(0) == 0
+    assert acl.finalize() == 0
+    assert acl.finalize() == 100037
+
+
+def test_device_memory_is_reached_only_through_memcpy(acl: Any) -> None:
+    acl.init()
+    acl.rt.set_device(0)
+    device, ret = acl.rt.malloc(64, 2)
+    assert ret == 0
+    host = np.arange(16, dtype=np.float32)
+    back = np.zeros(16, dtype=np.float32)
+    assert acl.rt.memcpy(device, 64, host.ctypes.data, 64, 2) == 107000  # wrong kind for these pointers
+    assert acl.rt.memcpy(device, 32, host.ctypes.data, 64, 1) == 100000  # count > dest_max
+    assert acl.rt.memcpy(device, 64, host.ctypes.data, 64, 1) == 0
+    assert acl.util.ptr_to_bytes(device, 64) == b""  # reading device memory on the host fails
+    assert "copy it to the host" in acl.get_recent_err_msg()
+    assert acl.rt.memcpy(back.ctypes.data, 64, device, 64, 2) == 0
+    np.testing.assert_array_equal(back, host)
+    assert acl.rt.free(device) == 0
+    assert acl.rt.free(device) == 107000  # double free
+    acl.rt.reset_device(0)
+    acl.finalize()
+
+
+def test_finalize_reports_what_was_not_released(acl: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACL_SIM_REPORT_DIR", str(tmp_path))
+    acl.init()
+    acl.rt.set_device(0)
+    acl.rt.malloc(128, 0)
+    acl.mdl.create_dataset()
+    acl.finalize()
+    import json
+
+    report = json.loads(next(tmp_path.glob("acl-sim-*.json")).read_text())
+    assert report["finalized"]
+    assert any("device memory" in leak for leak in report["leaks"])
+    assert any("dataset" in leak for leak in report["leaks"])
+    assert "device 0 not reset" in report["leaks"]
+
+
+def test_non_gear_batch_and_models_used_outside_their_context(acl: Any, tmp_path: Path) -> None:
+    path = write_affine_om(tmp_path / "model.om", gears=GEARS)
+    acl.init()
+    acl.rt.set_device(0)
+    acl.rt.create_context(0)
+    model_id, ret = acl.mdl.load_from_file(str(path))
+    assert ret == 0
+    assert acl.mdl.load_from_file(str(tmp_path / "missing.om")) == (0, 100014)
+    dataset = acl.mdl.create_dataset()
+    address, _ = acl.rt.malloc(8, 2)
+    buffer = acl.create_data_buffer(address, 8)
+    acl.mdl.add_dataset_buffer(dataset, acl.create_data_buffer(0, 0))
+    acl.mdl.add_dataset_buffer(dataset, buffer)
+    assert acl.mdl.set_dynamic_batch_size(model_id, dataset, 1, 3) == 145013
+    assert acl.mdl.set_dynamic_batch_size(model_id, dataset, 1, 4) == 0
+    assert acl.rt.create_context(1)[1] == 0
+    assert acl.mdl.execute(model_id, dataset, dataset) == 107004  # loaded under another context
+    assert acl.mdl.unload(model_id) == 107004
+
+
+def test_execute_holds_the_gil_as_the_real_binding_does(acl: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACL_SIM_EXECUTE_US", "200000")
+    ticks = [0]
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        runtime = _runtime()
+        before = ticks[0]
+        runtime.spend_device_time()  # what every simulated execute ends with
+        during_execute = ticks[0] - before
+        before = ticks[0]
+        time.sleep(0.2)
+        during_sleep = ticks[0] - before
+    finally:
+        stop.set()
+        thread.join()
+    assert during_execute * 20 < during_sleep
+
+
+def test_handles_are_plain_ints_and_bytes_to_ptr_takes_only_bytes(acl: Any) -> None:
+    data = b"\x01\x02\x03\x04"
+    address = acl.util.bytes_to_ptr(data)
+    assert isinstance(address, int) and ctypes.string_at(address, 4) == data
+    with pytest.raises(ValueError, match="only bytes"):
+        acl.util.bytes_to_ptr(bytearray(data))
