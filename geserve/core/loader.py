@@ -82,7 +82,7 @@ def _prepare(source: ModelSource) -> tuple[mc.ModelConfig, registry.BackendSpec,
     return config, spec, versions
 
 
-def _model_path(source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int) -> Path:
+def model_file_path(source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int) -> Path:
     """The version's model file, or the file the backend's path parameter names inside the model's folder."""
     parameter = config.parameters.get(backend.path_parameter) if backend.path_parameter else None
     if parameter is not None and parameter.string_value:
@@ -102,7 +102,7 @@ def _instance_specs(
     source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int, settings: LoadSettings
 ) -> list[InstanceSpec]:
     """One spec per instance: `count` per group, times each listed device for KIND_GPU groups."""
-    model_path = _model_path(source, config, backend, version)
+    model_path = model_file_path(source, config, backend, version)
     specs = []
     for group in config.instance_group:
         placements: list[tuple[int, tuple[tuple[str, str], ...]]] = [(0, ())]
