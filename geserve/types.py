@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from geserve.errors import GeserveError
+
 # Values a request or tensor parameter may carry on either wire protocol.
 ParameterValue = bool | int | float | str
 Parameters = Mapping[str, ParameterValue]
@@ -112,3 +114,13 @@ class DeviceUsage:
     memory_total_bytes: int
     memory_used_bytes: int
     utilization: float | None  # 0..1; None where the runtime cannot tell
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedResponse:
+    """One message of a streamed (decoupled) answer: a response, or an error, or neither when only
+    `final` is news."""
+
+    response: InferResponse | None
+    error: GeserveError | None
+    final: bool

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.errors import InternalError
-from geserve.types import DeviceUsage
+from geserve.errors import GeserveError, InternalError
+from geserve.types import DeviceUsage, Parameters
 
 # (output name, KServe datatype, shape) -> an array to write that output into, possibly in the
 # worker's shared-memory output arena, so the result needs no further copy.
@@ -45,6 +46,31 @@ class Backend(Protocol):
 
     def unload(self) -> None:
         """Release everything `load` acquired."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRequest:
+    """One request of a batch, for backends that take a batch as its requests (Triton's python backend)."""
+
+    inputs: Mapping[str, np.ndarray]
+    request_id: str
+    parameters: Parameters
+    output_names: tuple[str, ...]
+    cancelled: Callable[[], bool]
+
+
+# A response of request `index` (outputs or an error), and whether it is that request's last.
+ResponseEmitter = Callable[[int, Mapping[str, np.ndarray] | None, GeserveError | None, bool], None]
+RequestResult = dict[str, np.ndarray] | GeserveError
+
+
+class RequestBackend(Protocol):
+    """A backend that runs a batch request by request and may answer each with its own error."""
+
+    def execute_requests(self, requests: Sequence[BackendRequest], emit: ResponseEmitter) -> list[RequestResult] | None:
+        """One result per request, in order; or None for a decoupled model, which answers each
+        request through `emit`, any number of times, the last with the final flag (possibly after
+        this call has returned)."""
 
 
 class DeviceReporter(Protocol):

@@ -24,6 +24,8 @@ class BackendSpec:
     aliases: tuple[str, ...] = ()
     # A config parameter that names the model file relative to the model's folder.
     path_parameter: str = ""
+    # The backend answers a batch request by request (and may stream): it gets each request's details.
+    per_request: bool = False
 
     def create(self) -> Backend:
         factory = importlib.import_module(self.module).create_backend
@@ -41,6 +43,7 @@ BACKENDS = (
         aliases=("acl",),
         path_parameter="model_path",
     ),
+    BackendSpec("python", "geserve.backends.python", "model.py", per_request=True),
     BackendSpec("identity", "geserve.backends.identity", ""),
 )
 

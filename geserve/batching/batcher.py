@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -15,8 +15,8 @@ from geserve.batching.policy import BatchingPolicy
 from geserve.batching.queue import TIMEOUT_EXPIRED, PendingRequest, RequestQueue
 from geserve.errors import CancelledError, GeserveError, InternalError, UnavailableError
 from geserve.types import Parameters, RequestTiming
-from geserve.workers.client import WorkerClient
-from geserve.workers.messages import Executed
+from geserve.workers.client import ResponseSink, WorkerClient
+from geserve.workers.messages import Executed, RequestInfo
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,12 @@ class Scheduler:
         policy: BatchingPolicy,
         stats: StatsRecorder,
         clock: Clock | None = None,
+        *,
+        describe_requests: bool = False,
     ) -> None:
         self._model_name = model_name
+        # Backends that answer request by request (python) get each request's id, rows and parameters.
+        self._describe_requests = describe_requests
         self._instances = list(instances)
         # One entry per batch an instance can take at once, interleaved so batches spread first.
         depth = max((instance.capacity for instance in self._instances), default=1)
@@ -99,22 +103,14 @@ class Scheduler:
         self._schedule()
 
     async def execute(
-        self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], parameters: Parameters | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters | None = None,
+        request_id: str = "",
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs."""
-        parameters = parameters or {}
-        if not self._any_recoverable():
-            raise UnavailableError(f"model '{self._model_name}' has no running instance")
-        now = self._clock.now_ns()
-        request = self._pending(inputs, output_names, parameters, now)
-        try:
-            self._queue.push(request)
-        except UnavailableError:
-            self.stats.record_failure("REJECTED", 0)
-            raise
-        self._sequence += 1
-        self.stats.pending = len(self._queue)
-        self._schedule()
+        request = self._enqueue(inputs, output_names, parameters or {}, request_id, None)
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -124,6 +120,73 @@ class Scheduler:
                 self._finish(request, CancelledError("request cancelled"))
                 self._schedule()
             raise
+
+    async def stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters | None = None,
+        request_id: str = "",
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
+        """Queue one request of a decoupled model and yield its responses as they come: (outputs or
+        None, an error or None, final). A failure before the model answers ends the stream with it."""
+        responses: asyncio.Queue[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]] = asyncio.Queue()
+        request = self._enqueue(
+            inputs, output_names, parameters or {}, request_id, lambda *response: responses.put_nowait(response)
+        )
+        finished = False
+        try:
+            while not finished:
+                outputs, error, finished = await responses.get()
+                if finished:
+                    self._record_stream_end(request, error)
+                yield outputs, error, finished
+        finally:
+            if not finished:
+                self._abandon(request)
+
+    def _record_stream_end(self, request: PendingRequest, error: GeserveError | None) -> None:
+        now = self._clock.now_ns()
+        if request.dispatched_ns == 0:
+            return  # failed in the queue: already counted
+        if error is None:
+            queue_ns = request.dispatched_ns - request.enqueued_ns
+            self.stats.record_success(RequestTiming(now - request.enqueued_ns, queue_ns, 0, 0, 0))
+        else:
+            self.stats.record_failure("BACKEND", now - request.enqueued_ns)
+
+    def _abandon(self, request: PendingRequest) -> None:
+        """The client of a stream went away: out of the queue, or the model is told."""
+        if self._queue.remove(request):
+            self.stats.pending = len(self._queue)
+            self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
+            self._schedule()
+        elif request.sink is not None:
+            for instance in self._instances:
+                instance.cancel_stream(request.sink)
+
+    def _enqueue(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters,
+        request_id: str,
+        sink: ResponseSink | None,
+    ) -> PendingRequest:
+        if not self._any_recoverable():
+            raise UnavailableError(f"model '{self._model_name}' has no running instance")
+        now = self._clock.now_ns()
+        request = self._pending(inputs, output_names, parameters, now)
+        request.request_id, request.sink = request_id, sink
+        try:
+            self._queue.push(request)
+        except UnavailableError:
+            self.stats.record_failure("REJECTED", 0)
+            raise
+        self._sequence += 1
+        self.stats.pending = len(self._queue)
+        self._schedule()
+        return request
 
     def _pending(
         self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], parameters: Parameters, now: int
@@ -147,6 +210,7 @@ class Scheduler:
             enqueued_ns=now,
             deadline_ns=now + timeout_ns if timeout_ns else None,
             future=future,
+            parameters=parameters,
         )
 
     # -- decisions ---------------------------------------------------------------------------
@@ -166,6 +230,8 @@ class Scheduler:
             if not instance.alive:
                 continue  # a dead instance leaves the pool; the others keep serving
             batch = self._queue.pop_front(count)
+            for request in batch:
+                request.dispatched_ns = now
             self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
             task = asyncio.get_running_loop().create_task(self._run(instance, batch, now))
             self._running.add(task)
@@ -232,7 +298,14 @@ class Scheduler:
 
     async def _run(self, instance: WorkerClient, batch: list[PendingRequest], dispatched_ns: int) -> None:
         try:
-            executed = await instance.execute(*self._batch_inputs(batch))
+            inputs, output_names = self._batch_inputs(batch)
+            if self._describe_requests:
+                infos = [
+                    RequestInfo(r.rows, r.request_id, dict(r.parameters), r.output_names) for r in batch
+                ]  # fmt: skip
+                executed = await instance.execute(inputs, output_names, infos, [r.sink for r in batch])
+            else:
+                executed = await instance.execute(inputs, output_names)
             error: GeserveError | None = executed.error
             reason = "BACKEND"
         except GeserveError as failure:
@@ -265,6 +338,9 @@ class Scheduler:
         return {name: [request.inputs[name] for request in batch] for name in names}, tuple(wanted)
 
     def _deliver(self, batch: list[PendingRequest], executed: Executed, dispatched_ns: int, done_ns: int) -> None:
+        if executed.responses is not None or any(request.sink is not None for request in batch):
+            self._deliver_each(batch, executed, dispatched_ns, done_ns)
+            return
         outputs = executed.outputs or {}
         rows = sum(request.rows for request in batch)
         batched = self._policy.max_batch_size > 0
@@ -297,6 +373,32 @@ class Scheduler:
             self.stats.record_success(timing)
             self._finish(request, result)
 
+    def _deliver_each(self, batch: list[PendingRequest], executed: Executed, dispatched_ns: int, done_ns: int) -> None:
+        """Requests answered one by one: each with its own outputs or error, or, when streamed, later."""
+        rows = sum(request.rows for request in batch)
+        input_ns = max(executed.infer_start_ns - dispatched_ns, 0)
+        infer_ns = max(executed.infer_end_ns - executed.infer_start_ns, 0)
+        output_ns = max(done_ns - executed.infer_end_ns, 0)
+        self.stats.record_execution(rows, input_ns, infer_ns, output_ns)
+        responses = executed.responses or ()
+        for index, request in enumerate(batch):
+            if request.sink is not None:
+                continue  # a decoupled model answers through the stream
+            result: dict[str, np.ndarray] | GeserveError = (
+                responses[index]
+                if index < len(responses)
+                else InternalError(f"model '{self._model_name}' returned no response for a request")
+            )
+            if isinstance(result, GeserveError):
+                self.stats.record_failure("BACKEND", done_ns - request.enqueued_ns)
+                self._finish(request, result)
+                continue
+            timing = RequestTiming(
+                done_ns - request.enqueued_ns, dispatched_ns - request.enqueued_ns, input_ns, infer_ns, output_ns
+            )
+            self.stats.record_success(timing)
+            self._finish(request, {name: result[name] for name in request.output_names if name in result})
+
     def _finish(self, request: PendingRequest, outcome: dict[str, np.ndarray] | BaseException) -> None:
         """Answer a request, in arrival order when preserve_ordering asks for it."""
         if not self._policy.preserve_ordering:
@@ -314,6 +416,9 @@ class Scheduler:
 
 
 def _resolve(request: PendingRequest, outcome: dict[str, np.ndarray] | BaseException) -> None:
+    if request.sink is not None and isinstance(outcome, BaseException):
+        error = outcome if isinstance(outcome, GeserveError) else InternalError(str(outcome))
+        request.sink(None, error, True)
     if request.future.done():
         return  # the client went away
     if isinstance(outcome, BaseException):

@@ -12,6 +12,8 @@ import numpy as np
 
 from geserve.batching.policy import BatchingPolicy
 from geserve.errors import UnavailableError
+from geserve.types import Parameters
+from geserve.workers.client import ResponseSink
 
 QUEUE_FULL = "Exceeds maximum queue size"
 TIMEOUT_EXPIRED = "Request timeout expired"
@@ -32,6 +34,11 @@ class PendingRequest:
     future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
     queued: bool = True
     delayed: bool = False
+    request_id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+    # Set for a streamed request (decoupled model): where its responses go, on the event loop.
+    sink: ResponseSink | None = field(default=None, repr=False)
+    dispatched_ns: int = 0
 
 
 class RequestQueue:

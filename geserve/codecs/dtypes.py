@@ -57,6 +57,10 @@ for _kind in ("S", "U"):
     _BY_NUMPY[np.dtype(_kind)] = _BY_WIRE["BYTES"]
 
 
+def all_types() -> tuple[DataType, ...]:
+    return _TABLE
+
+
 def from_wire(name: str) -> DataType:
     """Look up a KServe datatype string; unknown names are a client error."""
     try:

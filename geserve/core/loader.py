@@ -188,5 +188,6 @@ async def _load_version(
     logger.info("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
     stats = ModelStats()
     stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
-    scheduler = Scheduler(completed.name, started, BatchingPolicy.from_config(completed), stats)
+    policy = BatchingPolicy.from_config(completed)
+    scheduler = Scheduler(completed.name, started, policy, stats, describe_requests=spec.per_request)
     return ModelVersion(completed, version, scheduler, stats)

@@ -55,6 +55,7 @@ class ModelVersion:
         self.scheduler = scheduler
         self.stats = stats
         self.max_batch_size = config.max_batch_size
+        self.decoupled = config.model_transaction_policy.decoupled
         batched = config.max_batch_size > 0
         self.inputs = _tensor_specs(list(config.input), batched)
         self.outputs = _tensor_specs(list(config.output), batched)

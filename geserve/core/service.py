@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,22 @@ from geserve.core import validation
 from geserve.core.loader import LoadSettings, load_model
 from geserve.core.models import Model, ModelVersion
 from geserve.core.stats import statistics_json
-from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.errors import (
+    GeserveError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
 from geserve.repository.scan import scan_repositories
-from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor
+from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor, StreamedResponse
 
 logger = logging.getLogger(__name__)
 
 # Protocol extensions that work end to end; clients (perf_analyzer) key behaviour off this list.
+# Triton's texts for a decoupled model asked for one response.
+DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
+DECOUPLED_UNARY_RPC_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
 
 
@@ -153,8 +162,34 @@ class InferenceService:
 
     # -- inference -------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, schedule and run one request; errors carry Triton's request-id prefix."""
+    async def infer(self, request: InferRequest, decoupled_refusal: str = DECOUPLED_REFUSAL) -> InferResponse:
+        """Validate, schedule and run one request; errors carry Triton's request-id prefix. A decoupled
+        model answers only streams: the request fails with `decoupled_refusal`."""
+        model, inputs, output_names = self._admit(request)
+        try:
+            if model.decoupled:
+                raise UnsupportedError(decoupled_refusal)
+            outputs = await model.scheduler.execute(inputs, output_names, request.parameters, request.id)
+            return _response(model, request, output_names, outputs)
+        except GeserveError as error:
+            raise error.with_request_id(request.id) from None
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
+        """Every response to one request, as the model sends them (one, final, for a model that is not
+        decoupled). Errors before the model runs are raised; the model's own come as items."""
+        model, inputs, output_names = self._admit(request)
+        if not model.decoupled:
+            yield StreamedResponse(await self.infer(request), None, True)
+            return
+        try:
+            responses = model.scheduler.stream(inputs, output_names, request.parameters, request.id)
+            async for outputs, error, final in responses:
+                response = _response(model, request, output_names, outputs) if outputs is not None else None
+                yield StreamedResponse(response, error.with_request_id(request.id) if error else None, final)
+        except GeserveError as error:
+            raise error.with_request_id(request.id) from None
+
+    def _admit(self, request: InferRequest) -> tuple[ModelVersion, dict[str, np.ndarray], tuple[str, ...]]:
         if not self._accepting:
             raise UnavailableError("the server is shutting down").with_request_id(request.id)
         try:
@@ -168,16 +203,19 @@ class InferenceService:
         except GeserveError as error:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
-        try:
-            outputs = await model.scheduler.execute(inputs, output_names, request.parameters)
-            return InferResponse(
-                model_name=model.name,
-                model_version=model.version_str,
-                outputs=tuple(_output(model, name, outputs[name]) for name in output_names),
-                id=request.id,
-            )
-        except GeserveError as error:
-            raise error.with_request_id(request.id) from None
+        return model, inputs, output_names
+
+
+def _response(
+    model: ModelVersion, request: InferRequest, output_names: tuple[str, ...], outputs: dict[str, np.ndarray]
+) -> InferResponse:
+    return InferResponse(
+        model_name=model.name,
+        model_version=model.version_str,
+        # A python model may leave out outputs it was asked for, as Triton allows.
+        outputs=tuple(_output(model, name, outputs[name]) for name in output_names if name in outputs),
+        id=request.id,
+    )
 
 
 def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:

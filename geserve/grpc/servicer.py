@@ -14,10 +14,11 @@ from google.protobuf import json_format
 from geserve._generated import grpc_service_pb2 as pb
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2, health_pb2_grpc
-from geserve.core.service import InferenceService
+from geserve.core.service import DECOUPLED_UNARY_RPC_REFUSAL, InferenceService
 from geserve.errors import GeserveError
 from geserve.grpc import convert
 from geserve.grpc.errors import GRPC_STATUS
+from geserve.types import StreamedResponse
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,35 @@ def _unimplemented_rpc(feature: str) -> Callable[..., Awaitable[Any]]:
         )
 
     return handler
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )
+
+
+def _stream_messages(
+    request: pb.ModelInferRequest, item: StreamedResponse, final_flag: bool
+) -> list[pb.ModelStreamInferResponse]:
+    """The stream messages for one response of a request. With `triton_enable_empty_final_response`
+    every response says whether it is the last, and a bare FINAL becomes an empty response."""
+    messages = []
+    if item.error is not None:
+        messages.append(_stream_error(request, item.error.message))
+    if item.response is not None:
+        message = pb.ModelStreamInferResponse(infer_response=convert.infer_response_to_proto(item.response))
+        if final_flag:
+            message.infer_response.parameters[convert.FINAL_RESPONSE].bool_param = item.final
+        messages.append(message)
+    elif item.final and final_flag:
+        empty = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+        empty.parameters[convert.FINAL_RESPONSE].bool_param = True
+        messages.append(pb.ModelStreamInferResponse(infer_response=empty))
+    return messages
 
 
 class _StreamEnd:
@@ -95,7 +125,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         infer_request = convert.infer_request_from_proto(request)
-        return convert.infer_response_to_proto(await self._service.infer(infer_request))
+        return convert.infer_response_to_proto(await self._service.infer(infer_request, DECOUPLED_UNARY_RPC_REFUSAL))
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         return await _answer(context, lambda: self._infer(request))
@@ -112,24 +142,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         in_flight: set[asyncio.Task[None]] = set()
 
         async def answer(request: pb.ModelInferRequest) -> None:
+            final_flag = convert.wants_final_flag(request)
             try:
-                response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-                if convert.wants_final_flag(request):
-                    # Without decoupled models every response is the request's last.
-                    response.infer_response.parameters[convert.FINAL_RESPONSE].bool_param = True
+                async for item in self._service.infer_stream(convert.infer_request_from_proto(request)):
+                    for response in _stream_messages(request, item, final_flag):
+                        await answers.put(response)
             except GeserveError as error:
                 if close_on_error:
                     await answers.put(_StreamEnd(error))
                     return
-                response = pb.ModelStreamInferResponse(
-                    error_message=error.message,
-                    infer_response=pb.ModelInferResponse(
-                        model_name=request.model_name, model_version=request.model_version, id=request.id
-                    ),
-                )
+                await answers.put(_stream_error(request, error.message))
             finally:
                 slots.release()
-            await answers.put(response)
 
         async def read() -> None:
             async for request in request_iterator:

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.errors import GeserveError
 from geserve.types import DeviceUsage
-from geserve.workers.messages import Executed, InstanceSpec
+from geserve.workers.messages import Executed, InstanceSpec, RequestInfo
 from geserve.workers.runner import InstanceRunner
 
 logger = logging.getLogger(__name__)
+
+
+# Where a streamed request's responses go, on the event loop: (outputs, error, final).
+ResponseSink = Callable[[dict[str, np.ndarray] | None, GeserveError | None, bool], None]
 
 
 class InstanceState(enum.Enum):
@@ -50,8 +57,20 @@ class WorkerClient(Protocol):
         """Load the instance; returns the config it serves, raises ModelLoadError."""
         ...
 
-    async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
-        """Run one batch; each input is given as the row blocks of the requests, in order."""
+    async def execute(
+        self,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo] = (),
+        sinks: Sequence[ResponseSink | None] = (),
+    ) -> Executed:
+        """Run one batch; each input is given as the row blocks of the requests, in order. `requests`
+        describe them for backends that answer request by request; a request with a sink streams its
+        responses there (decoupled models), also after the batch has returned."""
+        ...
+
+    def cancel_stream(self, sink: ResponseSink) -> None:
+        """The client of a streamed request went away: tell the model, drop what it still sends."""
         ...
 
     async def read_device(self) -> DeviceUsage | None:
@@ -93,11 +112,29 @@ class InProcessWorker:
         self._state = InstanceState.READY
         return config
 
-    async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
+    async def execute(
+        self,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo] = (),
+        sinks: Sequence[ResponseSink | None] = (),
+    ) -> Executed:
+        loop = asyncio.get_running_loop()
         arrays = {name: concatenate(parts) for name, parts in inputs.items()}
-        return await asyncio.get_running_loop().run_in_executor(
-            self._thread, self._runner.execute, arrays, output_names
+        infos = tuple(replace(info, stream_id=index) for index, info in enumerate(requests))
+        targets = list(sinks)
+
+        def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
+            sink = targets[index] if index < len(targets) else None
+            if sink is not None:
+                loop.call_soon_threadsafe(sink, dict(outputs) if outputs else None, error, final)
+
+        return await loop.run_in_executor(
+            self._thread, functools.partial(self._runner.execute, arrays, output_names, None, infos, emit)
         )
+
+    def cancel_stream(self, sink: ResponseSink) -> None:
+        return None
 
     async def read_device(self) -> DeviceUsage | None:
         if not self.alive:

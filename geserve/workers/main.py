@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
+import threading
+from collections.abc import Mapping
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 
 import numpy as np
 
+from geserve.backends.base import ResponseEmitter
+from geserve.codecs import dtypes
 from geserve.errors import GeserveError, ModelLoadError
 from geserve.workers.messages import (
     BatchDone,
+    Cancel,
     DeviceReport,
+    Executed,
     InstanceSpec,
     Loaded,
     LoadFailed,
+    Partial,
     ReadDevice,
+    RequestInfo,
     Retiring,
     RunBatch,
     Shutdown,
@@ -32,9 +41,13 @@ from geserve.workers.shm import (
     buffer_of,
     create_segment,
     read_tensor,
+    segment_name,
 )
 
 logger = logging.getLogger(__name__)
+
+# Streamed responses up to this size travel in the message itself; larger ones in a segment.
+_INLINE_BYTES = 64 << 10
 
 
 class _Segments:
@@ -43,7 +56,7 @@ class _Segments:
     def __init__(self, spec: InstanceSpec) -> None:
         self.arenas = {name: attach_segment(name) for name in spec.arenas}
 
-    def run(self, runner: InstanceRunner, message: RunBatch) -> BatchDone:
+    def run(self, runner: InstanceRunner, message: RunBatch, emit: ResponseEmitter | None = None) -> BatchDone:
         extra: dict[str, shared_memory.SharedMemory] = {}
         try:
             for ref in message.inputs:
@@ -54,8 +67,10 @@ class _Segments:
                 for ref in message.inputs
             }
             placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
-            executed = runner.execute(inputs, message.output_names, placement.allocate)
+            executed = runner.execute(inputs, message.output_names, placement.allocate, message.requests, emit)
             del inputs
+            if executed.responses is not None:
+                return self._per_request(executed, message, runner)
             if executed.error is not None or executed.outputs is None:
                 return BatchDone(message.request_id, (), executed.error, executed.infer_start_ns, executed.infer_end_ns)
             try:
@@ -67,6 +82,36 @@ class _Segments:
             for segment in extra.values():
                 with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
                     segment.close()
+
+    def _per_request(self, executed: Executed, message: RunBatch, runner: InstanceRunner) -> BatchDone:
+        """Every request's own outputs, laid out one request after another."""
+        assert executed.responses is not None
+        layout = TensorLayout()
+        counts: list[int | GeserveError] = []
+        for result in executed.responses:
+            if isinstance(result, GeserveError):
+                counts.append(result)
+                continue
+            for name, array in result.items():
+                datatype = runner.output_datatypes.get(name) or dtypes.from_numpy(array.dtype).wire
+                layout.add(name, datatype, [array])
+            counts.append(len(result))
+        done = functools.partial(
+            BatchDone, message.request_id, (), None, executed.infer_start_ns, executed.infer_end_ns
+        )
+        try:
+            refs = self._write(layout, message.output_arena, message.output_overflow, 0)
+        except GeserveError as error:
+            return BatchDone(message.request_id, (), error, executed.infer_start_ns, executed.infer_end_ns)
+        responses: list[tuple[TensorRef, ...] | GeserveError] = []
+        start = 0
+        for count in counts:
+            if isinstance(count, GeserveError):
+                responses.append(count)
+            else:
+                responses.append(refs[start : start + count])
+                start += count
+        return done(tuple(responses))
 
     def _place(
         self,
@@ -103,6 +148,48 @@ class _Segments:
             segment.close()
 
 
+class _Outbox:
+    """The pipe to the front-end. Streamed responses may come from a model's own threads while the main
+    loop answers batches, so sends are serialized."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        with self._lock:
+            self._connection.send(message)
+
+    def emitter(self, requests: tuple[RequestInfo, ...]) -> ResponseEmitter:
+        def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
+            stream_id = requests[index].stream_id
+            try:
+                self.send(self._partial(stream_id, outputs, error, final))
+            except (OSError, ValueError):
+                logger.warning("dropping a response of stream %d: the front-end is gone", stream_id)
+
+        return emit
+
+    @staticmethod
+    def _partial(
+        stream_id: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool
+    ) -> Partial:
+        if not outputs:
+            return Partial(stream_id, None, (), error, final)
+        arrays = {name: np.asarray(array) for name, array in outputs.items()}
+        if sum(array.nbytes for array in arrays.values()) <= _INLINE_BYTES:
+            return Partial(stream_id, arrays, (), error, final)
+        layout = TensorLayout()
+        for name, array in arrays.items():
+            layout.add(name, dtypes.from_numpy(array.dtype).wire, [array])
+        segment = create_segment(segment_name("stream"), layout.size)
+        try:
+            refs = layout.write(buffer_of(segment), segment.name)
+        finally:
+            segment.close()
+        return Partial(stream_id, None, refs, error, final)
+
+
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     """Serve one instance until Shutdown or until the front-end's end of the pipe closes."""
     # Ctrl-C reaches the whole process group; the front-end decides when workers stop.
@@ -116,6 +203,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         ),
     )
     runner = InstanceRunner(spec)
+    outbox = _Outbox(connection)
     try:
         segments = _Segments(spec)
         config = runner.load()
@@ -135,13 +223,16 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
             if isinstance(message, Shutdown):
                 break
             if isinstance(message, RunBatch):
-                connection.send(segments.run(runner, message))
+                emit = outbox.emitter(message.requests) if message.requests else None
+                outbox.send(segments.run(runner, message, emit))
                 if runner.fault:
                     # A failed device taints everything this process holds on it: a fresh worker takes over.
-                    connection.send(Retiring(runner.fault))
+                    outbox.send(Retiring(runner.fault))
                     break
             elif isinstance(message, ReadDevice):
-                connection.send(DeviceReport(runner.device_usage()))
+                outbox.send(DeviceReport(runner.device_usage()))
+            elif isinstance(message, Cancel):
+                runner.cancelled_streams.add(message.stream_id)
             else:
                 logger.error("ignoring unknown message %r", type(message).__name__)
     finally:

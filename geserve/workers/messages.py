@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geserve.errors import GeserveError
-from geserve.types import DeviceUsage
+from geserve.types import DeviceUsage, ParameterValue
 from geserve.workers.shm import TensorRef
 
 
@@ -45,6 +45,17 @@ class LoadFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """One request of a batch, for backends that see requests rather than rows (python)."""
+
+    rows: int  # its share of the batch dimension (1 for a model without one)
+    request_id: str
+    parameters: dict[str, ParameterValue]
+    output_names: tuple[str, ...]
+    stream_id: int = -1  # >= 0: its responses stream back as Partial messages (decoupled models)
+
+
+@dataclass(frozen=True, slots=True)
 class RunBatch:
     """Run one batch whose inputs lie in shared memory; `request_id` matches the answer to it.
     Outputs go to `output_arena`, or, when they do not fit, to a new segment named `output_overflow`."""
@@ -54,6 +65,26 @@ class RunBatch:
     output_names: tuple[str, ...]
     output_arena: str
     output_overflow: str
+    requests: tuple[RequestInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """One streamed response of request `stream_id`: small outputs inline, larger ones in a segment of
+    their own (refs), which the front-end unlinks after reading; or an error; `final` ends the stream."""
+
+    stream_id: int
+    outputs: dict[str, np.ndarray] | None
+    refs: tuple[TensorRef, ...]
+    error: GeserveError | None
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The client of streamed request `stream_id` went away."""
+
+    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +96,8 @@ class BatchDone:
     error: GeserveError | None
     infer_start_ns: int
     infer_end_ns: int
+    # Per request, for backends that answer requests one by one: its outputs, or its own error.
+    responses: tuple[tuple[TensorRef, ...] | GeserveError, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +109,8 @@ class Executed:
     error: GeserveError | None
     infer_start_ns: int
     infer_end_ns: int
+    # Per request, for backends that answer requests one by one (outputs is then None).
+    responses: tuple[dict[str, np.ndarray] | GeserveError, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,15 +22,18 @@ from geserve.codecs import dtypes
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.types import DeviceUsage
 from geserve.workers import main as worker_main
-from geserve.workers.client import InstanceState, WorkerClient
+from geserve.workers.client import InstanceState, ResponseSink, WorkerClient
 from geserve.workers.messages import (
     BatchDone,
+    Cancel,
     DeviceReport,
     Executed,
     InstanceSpec,
     Loaded,
     LoadFailed,
+    Partial,
     ReadDevice,
+    RequestInfo,
     Retiring,
     RunBatch,
     Shutdown,
@@ -109,6 +112,7 @@ class ProcessWorker:
         self._crashes: collections.deque[float] = collections.deque()
         self._restarter: asyncio.Task[None] | None = None
         self._retiring = ""  # why the worker said it is exiting on purpose
+        self._streams: dict[int, ResponseSink] = {}  # open streamed requests, by stream id
         self._device_report: asyncio.Future[DeviceUsage | None] | None = None
 
     @property
@@ -214,15 +218,49 @@ class ProcessWorker:
 
     # -- batches -----------------------------------------------------------------------------
 
-    async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
+    async def execute(
+        self,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo] = (),
+        sinks: Sequence[ResponseSink | None] = (),
+    ) -> Executed:
         slot = await self._free_slots.get()
+        streams: list[int] = []
         try:
-            return await self._execute(slot, inputs, output_names)
+            infos = list(requests)
+            for index, sink in enumerate(sinks):
+                if sink is not None:
+                    stream_id = next(self._ids)
+                    self._streams[stream_id] = sink
+                    streams.append(stream_id)
+                    infos[index] = replace(infos[index], stream_id=stream_id)
+            executed = await self._execute(slot, inputs, output_names, tuple(infos))
+            if executed.error is not None:
+                for stream_id in streams:  # the scheduler answers them with the batch's error
+                    self._streams.pop(stream_id, None)
+            return executed
+        except BaseException:
+            for stream_id in streams:
+                self._streams.pop(stream_id, None)
+            raise
         finally:
             self._free_slots.put_nowait(slot)
 
+    def cancel_stream(self, sink: ResponseSink) -> None:
+        for stream_id, registered in list(self._streams.items()):
+            if registered is sink:
+                del self._streams[stream_id]
+                if self._connection is not None and self.alive:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._connection.send(Cancel(stream_id))
+
     async def _execute(
-        self, slot: int, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]
+        self,
+        slot: int,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: tuple[RequestInfo, ...],
     ) -> Executed:
         connection, loop = self._connection, self._loop
         if not self.alive or connection is None or loop is None or not self._arenas:
@@ -247,7 +285,7 @@ class ProcessWorker:
         self._in_flight[request_id] = flight
         try:
             # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
-            connection.send(RunBatch(request_id, refs, output_names, output_name, flight.output_overflow))
+            connection.send(RunBatch(request_id, refs, output_names, output_name, flight.output_overflow, requests))
             done = await flight.future
             return await self._collect(done)
         except (OSError, ValueError) as error:
@@ -275,6 +313,18 @@ class ProcessWorker:
     async def _collect(self, done: BatchDone) -> Executed:
         if done.error is not None:
             return Executed(None, done.error, done.infer_start_ns, done.infer_end_ns)
+        if done.responses is not None:
+            refs = tuple(ref for item in done.responses if not isinstance(item, GeserveError) for ref in item)
+            read = self._read_outputs_list(refs)
+            responses: list[dict[str, np.ndarray] | GeserveError] = []
+            start = 0
+            for item in done.responses:
+                if isinstance(item, GeserveError):
+                    responses.append(item)
+                else:
+                    responses.append(dict(read[start : start + len(item)]))
+                    start += len(item)
+            return Executed(None, None, done.infer_start_ns, done.infer_end_ns, tuple(responses))
         total = sum(ref.nbytes for ref in done.outputs)
         if total > _OFFLOAD_BYTES:
             outputs = await asyncio.to_thread(self._read_outputs, done.outputs)
@@ -283,8 +333,11 @@ class ProcessWorker:
         return Executed(outputs, None, done.infer_start_ns, done.infer_end_ns)
 
     def _read_outputs(self, refs: tuple[TensorRef, ...]) -> dict[str, np.ndarray]:
+        return dict(self._read_outputs_list(refs))
+
+    def _read_outputs_list(self, refs: tuple[TensorRef, ...]) -> list[tuple[str, np.ndarray]]:
         """Copy the outputs out of shared memory once; the arena is reused by the next batch."""
-        outputs: dict[str, np.ndarray] = {}
+        outputs: list[tuple[str, np.ndarray]] = []
         overflow: shared_memory.SharedMemory | None = None
         try:
             for ref in refs:
@@ -294,7 +347,7 @@ class ProcessWorker:
                     segment = overflow
                 buffer = buffer_of(segment)
                 view = read_tensor(buffer, ref)
-                outputs[ref.name] = view if ref.datatype == "BYTES" else view.copy()
+                outputs.append((ref.name, view if ref.datatype == "BYTES" else view.copy()))
                 del view
             return outputs
         finally:
@@ -345,6 +398,8 @@ class ProcessWorker:
         elif isinstance(message, Loaded | LoadFailed):
             if self._started is not None and not self._started.done():
                 self._started.set_result(message)
+        elif isinstance(message, Partial):
+            self._on_partial(message)
         elif isinstance(message, DeviceReport):
             if self._device_report is not None and not self._device_report.done():
                 self._device_report.set_result(message.usage)
@@ -355,6 +410,14 @@ class ProcessWorker:
                 self._state = InstanceState.RESTARTING
         else:
             logger.error("instance %s sent an unknown message %r", self.spec.instance_name, type(message).__name__)
+
+    def _on_partial(self, message: Partial) -> None:
+        outputs = message.outputs
+        if message.refs:
+            outputs = self._read_outputs(message.refs)  # also unlinks the response's own segment
+        sink = self._streams.pop(message.stream_id, None) if message.final else self._streams.get(message.stream_id)
+        if sink is not None:
+            sink(outputs, message.error, message.final)
 
     def _on_exit(self, process: multiprocessing.process.BaseProcess, exit_code: int | None) -> None:
         if process is not self._process:
@@ -375,6 +438,9 @@ class ProcessWorker:
         for flight in self._in_flight.values():
             if not flight.future.done():
                 flight.future.set_exception(error)
+        streams, self._streams = self._streams, {}
+        for sink in streams.values():
+            sink(None, error, True)
         if self._state is not InstanceState.READY and not (retiring and self._state is InstanceState.RESTARTING):
             return  # stopping, or a start that already reports the failure
         logger.error("%s; failing its in-flight requests and restarting it", reason)

@@ -5,18 +5,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
-from geserve.backends.base import Backend, DeviceFaultError, DeviceReporter, OutputAllocator
+from geserve.backends.base import (
+    Backend,
+    BackendRequest,
+    DeviceFaultError,
+    DeviceReporter,
+    OutputAllocator,
+    RequestBackend,
+    RequestResult,
+    ResponseEmitter,
+)
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import DeviceUsage
-from geserve.workers.messages import Executed, InstanceSpec
+from geserve.workers.messages import Executed, InstanceSpec, RequestInfo
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +39,7 @@ class InstanceRunner:
         self.output_datatypes: dict[str, str] = {}
         # Set when the device failed under a batch: the worker must be replaced, not reused.
         self.fault = ""
+        self.cancelled_streams: set[int] = set()
 
     def load(self) -> mc.ModelConfig:
         """Load the backend and return the config it serves; raises ModelLoadError."""
@@ -38,6 +48,9 @@ class InstanceRunner:
         backend: Backend | None = None
         try:
             backend = registry.by_name(spec.backend).create()
+            describe = getattr(backend, "describe_instance", None)
+            if describe is not None:
+                describe(spec.instance_name, "GPU" if spec.on_device else "CPU")
             backend.load(config, Path(spec.model_path), spec.device_id)
             backend.complete_config(config, spec.auto_complete)
         except Exception as error:
@@ -53,7 +66,12 @@ class InstanceRunner:
         return config
 
     def execute(
-        self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], allocate: OutputAllocator | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        allocate: OutputAllocator | None = None,
+        requests: Sequence[RequestInfo] = (),
+        emit: ResponseEmitter | None = None,
     ) -> Executed:
         """Run one batch; any failure becomes the batch's error, never an exception."""
         backend = self._backend
@@ -61,6 +79,8 @@ class InstanceRunner:
         if backend is None:
             error: GeserveError = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
             return Executed(None, error, started, started)
+        if requests and hasattr(backend, "execute_requests"):
+            return self._execute_requests(backend, inputs, requests, emit, started)  # type: ignore[arg-type]
         try:
             outputs = backend.execute(inputs, output_names, allocate)
             missing = [name for name in output_names if name not in outputs]
@@ -82,6 +102,55 @@ class InstanceRunner:
         finished = time.monotonic_ns()
         answer = {name: np.asarray(outputs[name]) for name in output_names}
         return Executed(answer, None, started, finished)
+
+    def _execute_requests(
+        self,
+        backend: RequestBackend,
+        inputs: Mapping[str, np.ndarray],
+        requests: Sequence[RequestInfo],
+        emit: ResponseEmitter | None,
+        started: int,
+    ) -> Executed:
+        """The batch split back into its requests (views of the rows each sent), answered one by one."""
+        split = []
+        row = 0
+        for info in requests:
+            if len(requests) == 1:
+                own = dict(inputs)
+            else:
+                own = {name: array[row : row + info.rows] for name, array in inputs.items()}
+            row += info.rows
+            cancelled = self._cancelled_flag(info.stream_id)
+            split.append(BackendRequest(own, info.request_id, info.parameters, info.output_names, cancelled))
+        try:
+            results = backend.execute_requests(split, emit or _drop)
+        except GeserveError as error:
+            return Executed(None, error, started, time.monotonic_ns())
+        except Exception as error:
+            logger.exception("instance %s failed to execute", self.spec.instance_name)
+            failure = InternalError(
+                f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}"
+            )
+            return Executed(None, failure, started, time.monotonic_ns())
+        finished = time.monotonic_ns()
+        if results is None:
+            return Executed(None, None, started, finished)  # decoupled: the responses stream
+        return Executed(None, None, started, finished, tuple(self.checked(result) for result in results))
+
+    def checked(self, result: RequestResult | Mapping[str, np.ndarray]) -> RequestResult:
+        """A request's outputs if they have the types the config declares, else its error."""
+        if isinstance(result, GeserveError):
+            return result
+        try:
+            for name, array in result.items():
+                if name in self.output_datatypes:
+                    self._check_output(name, np.asarray(array))
+        except GeserveError as error:
+            return error
+        return dict(result)
+
+    def _cancelled_flag(self, stream_id: int) -> Callable[[], bool]:
+        return lambda: stream_id >= 0 and stream_id in self.cancelled_streams
 
     def _check_output(self, name: str, array: np.ndarray) -> None:
         declared = dtypes.from_wire(self.output_datatypes[name])
@@ -111,3 +180,7 @@ class InstanceRunner:
             except Exception:
                 logger.exception("instance %s failed to unload", self.spec.instance_name)
             self._backend = None
+
+
+def _drop(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
+    """Where streamed responses go when nobody listens."""

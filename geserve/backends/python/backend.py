@@ -1,0 +1,276 @@
+"""PythonBackend: a `model.py` with Triton's `TritonPythonModel`, run in its worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import json
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends.base import BackendRequest, OutputAllocator, RequestResult, ResponseEmitter
+from geserve.backends.python import pb_utils
+from geserve.errors import (
+    AlreadyExistsError,
+    CancelledError,
+    GeserveError,
+    InternalError,
+    InvalidArgumentError,
+    ModelLoadError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
+from geserve.repository.config import config_to_json
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FILENAME = "model.py"
+# Request parameters the server acts on itself; the model sees the others.
+_SERVER_PARAMETERS = frozenset(
+    {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output"}
+)
+_ERRORS: dict[int, type[GeserveError]] = {
+    pb_utils.TritonError.INVALID_ARG: InvalidArgumentError,
+    pb_utils.TritonError.NOT_FOUND: NotFoundError,
+    pb_utils.TritonError.UNAVAILABLE: UnavailableError,
+    pb_utils.TritonError.UNSUPPORTED: UnsupportedError,
+    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExistsError,
+    pb_utils.TritonError.CANCELLED: CancelledError,
+}
+
+
+def last_line(error: BaseException) -> str:
+    """The last line of the error's traceback, e.g. "ModuleNotFoundError: No module named 'x'"."""
+    return traceback.format_exception_only(type(error), error)[-1].strip()
+
+
+class PythonBackend:
+    """Loads model.py, completes the config with `auto_complete_config`, calls `initialize`, hands
+    `execute` the batch's requests, and `finalize` on unload."""
+
+    def __init__(self) -> None:
+        self._class: Any = None
+        self._model: Any = None
+        self._name = ""
+        self._path = Path()
+        self._device_id = 0
+        self._instance_name = ""
+        self._instance_kind = "CPU"
+        self._decoupled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def describe_instance(self, name: str, kind: str) -> None:
+        """The instance's name and kind ("CPU", "GPU"), for `initialize`'s args."""
+        self._instance_name, self._instance_kind = name, kind
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self, config: mc.ModelConfig, model_path: Path, device_id: int) -> None:
+        self._name = config.name
+        self._device_id = device_id
+        path = model_path / DEFAULT_FILENAME if model_path.is_dir() else model_path
+        if not path.is_file():
+            raise ModelLoadError(f"model '{config.name}': python model file '{path}' does not exist")
+        self._path = path
+        sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+        # model.py may import modules that sit next to it, as under Triton.
+        sys.path.insert(0, str(path.parent))
+        spec = importlib.util.spec_from_file_location(f"geserve_python_model_{config.name}", path)
+        if spec is None or spec.loader is None:
+            raise ModelLoadError(f"model '{config.name}': cannot import '{path}'")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as error:
+            logger.exception("importing %s failed", path)
+            raise ModelLoadError(f"model '{config.name}': failed to load '{path}': {last_line(error)}") from None
+        self._class = getattr(module, "TritonPythonModel", None)
+        if not inspect.isclass(self._class):
+            raise ModelLoadError(f"model '{config.name}': '{path}' does not define a class TritonPythonModel")
+
+    def complete_config(self, config: mc.ModelConfig, auto_complete: bool) -> None:
+        if auto_complete and hasattr(self._class, "auto_complete_config"):
+            self._auto_complete(config)
+        self._decoupled = config.model_transaction_policy.decoupled
+        try:
+            self._model = self._class()
+            initialize = getattr(self._model, "initialize", None)
+            if initialize is not None:
+                self._wait(initialize(self._initialize_args(config)))
+        except BaseException as error:
+            logger.exception("initialize of model '%s' failed", config.name)
+            raise ModelLoadError(f"model '{config.name}': initialize failed: {last_line(error)}") from None
+
+    def _auto_complete(self, config: mc.ModelConfig) -> None:
+        wrapper = pb_utils.ModelConfig(config_to_json(config))
+        try:
+            completed = self._class.auto_complete_config(wrapper)
+            if not isinstance(completed, pb_utils.ModelConfig):
+                raise TypeError(f"auto_complete_config returned {type(completed).__name__}, not pb_utils.ModelConfig")
+            parsed = json_format.ParseDict(completed.as_dict(), mc.ModelConfig())
+        except BaseException as error:
+            logger.exception("auto_complete_config of model '%s' failed", config.name)
+            raise ModelLoadError(f"model '{config.name}': auto_complete_config failed: {last_line(error)}") from None
+        config.CopyFrom(parsed)
+
+    def _initialize_args(self, config: mc.ModelConfig) -> dict[str, str]:
+        return {
+            "model_config": json.dumps(config_to_json(config)),
+            "model_instance_kind": self._instance_kind,
+            "model_instance_name": self._instance_name or f"{config.name}_0",
+            "model_instance_device_id": str(self._device_id),
+            "model_repository": str(self._path.parent.parent),
+            "model_version": self._path.parent.name,
+            "model_name": config.name,
+        }
+
+    # -- execution -----------------------------------------------------------------------------
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
+        raise InternalError(f"model '{self._name}': the python backend runs requests, not bare batches")
+
+    def execute_requests(self, requests: Sequence[BackendRequest], emit: ResponseEmitter) -> list[RequestResult] | None:
+        sent: dict[int, pb_utils.InferenceResponse] = {}
+        prepared = [self._request(index, request, emit, sent) for index, request in enumerate(requests)]
+        try:
+            returned = self._model.execute(prepared)
+            if inspect.isawaitable(returned):
+                if self._decoupled:
+                    # Decoupled coroutines run side by side and answer through their senders.
+                    self._submit(returned).add_done_callback(self._log_failure)
+                    return None
+                returned = self._wait(returned)
+        except GeserveError:
+            raise
+        except BaseException as error:
+            logger.exception("execute of model '%s' failed", self._name)
+            raise InternalError(f"model '{self._name}': execute failed: {last_line(error)}") from None
+        if self._decoupled:
+            return None
+        if returned is None and len(sent) == len(requests):
+            returned = [sent[index] for index in range(len(requests))]  # answered through the senders
+        return self._results(returned, len(requests))
+
+    def _request(
+        self, index: int, request: BackendRequest, emit: ResponseEmitter, sent: dict[int, pb_utils.InferenceResponse]
+    ) -> pb_utils.InferenceRequest:
+        parameters = request.parameters
+        flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0) | (
+            pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.get("sequence_end") else 0
+        )
+        timeout = parameters.get("timeout", 0)
+        correlation = parameters.get("sequence_id", 0)
+        prepared = pb_utils.InferenceRequest(
+            model_name=self._name,
+            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            requested_output_names=list(request.output_names),
+            request_id=request.request_id,
+            correlation_id=correlation if isinstance(correlation, int | str) else 0,
+            flags=flags,
+            timeout=timeout if isinstance(timeout, int) else 0,
+            parameters={key: value for key, value in parameters.items() if key not in _SERVER_PARAMETERS},
+        )
+
+        def handle(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            if self._decoupled:
+                outputs, error = _unpack(response, self._name) if response is not None else (None, None)
+                emit(index, outputs, error, final)
+            elif response is not None:
+                sent[index] = response
+
+        prepared.attach(pb_utils.InferenceResponseSender(handle, request.cancelled), request.cancelled)
+        return prepared
+
+    def _results(self, returned: Any, count: int) -> list[RequestResult]:
+        if not isinstance(returned, list | tuple) or len(returned) != count:
+            size = len(returned) if isinstance(returned, list | tuple) else type(returned).__name__
+            raise InternalError(
+                f"model '{self._name}': execute must return a list of {count} InferenceResponse(s), one per request; "
+                f"it returned {size}"
+            )
+        results: list[RequestResult] = []
+        for response in returned:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                results.append(
+                    InternalError(
+                        f"model '{self._name}': execute returned {type(response).__name__} "
+                        "where an InferenceResponse was expected"
+                    )
+                )
+                continue
+            outputs, error = _unpack(response, self._name)
+            results.append(error if error is not None else outputs or {})
+        return results
+
+    # -- readiness, async and unloading --------------------------------------------------------
+
+    def model_ready(self) -> bool:
+        is_ready = getattr(self._model, "is_ready", None)
+        if is_ready is None:
+            return True
+        try:
+            return bool(self._wait(is_ready()))
+        except Exception:
+            logger.exception("is_ready of model '%s' failed", self._name)
+            return False
+
+    def _submit(self, coroutine: Any) -> Future[Any]:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="geserve-python-model", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def _wait(self, value: Any) -> Any:
+        return self._submit(value).result() if inspect.isawaitable(value) else value
+
+    def _log_failure(self, future: Future[Any]) -> None:
+        error = future.exception()
+        if error is not None:
+            logger.error("execute of model '%s' failed: %s", self._name, last_line(error))
+
+    def unload(self) -> None:
+        finalize = getattr(self._model, "finalize", None)
+        if finalize is not None:
+            try:
+                self._wait(finalize())
+            except Exception:
+                logger.exception("finalize of model '%s' failed", self._name)
+        self._model = None
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(self._path.parent))
+
+
+def _unpack(
+    response: pb_utils.InferenceResponse, model: str
+) -> tuple[dict[str, np.ndarray] | None, GeserveError | None]:
+    error = response.error()
+    if error is not None:
+        message = error.message() if isinstance(error, pb_utils.TritonError) else str(error)
+        code = error.code() if isinstance(error, pb_utils.TritonError) else pb_utils.TritonError.INTERNAL
+        return None, _ERRORS.get(code, InternalError)(message)
+    outputs: dict[str, np.ndarray] = {}
+    for tensor in response.output_tensors():
+        if not isinstance(tensor, pb_utils.Tensor):
+            return None, InternalError(
+                f"model '{model}': a response holds {type(tensor).__name__}, not a pb_utils.Tensor"
+            )
+        outputs[tensor.name()] = tensor.as_numpy()
+    return outputs, None

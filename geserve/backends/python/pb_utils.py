@@ -1,0 +1,452 @@
+"""`triton_python_backend_utils` as model.py files written for Triton's python backend import it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.codecs import bytes as bytes_codec
+from geserve.codecs import dtypes
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+_logger = logging.getLogger("geserve.python_model")
+
+
+# -- data types ------------------------------------------------------------------------------------
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    mc.DataType.Name(dt.config): (np.object_ if dt.wire == "BYTES" else dt.numpy.type)  # type: ignore[arg-type]
+    for dt in dtypes.all_types()
+    if dt.wire != "BF16"
+}
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """TRITONSERVER_DataType (the config's TYPE_* numbers) -> numpy type."""
+    datatype = dtypes.from_config(data_type)
+    return np.object_ if datatype.wire == "BYTES" else datatype.numpy.type
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    try:
+        return dtypes.from_numpy(np.dtype(data_type)).config
+    except Exception:
+        return None
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
+    """Elements framed with their 4-byte little-endian lengths, as a uint8 array."""
+    if input_tensor.size == 0:
+        return None
+    return np.frombuffer(bytes_codec.serialize(bytes_codec.to_bytes_array(input_tensor)), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
+    data = encoded_tensor.tobytes() if isinstance(encoded_tensor, np.ndarray) else encoded_tensor
+    return bytes_codec.deserialize(data)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+class TritonError(Exception):
+    """An error a response carries; `code` is one of the class constants."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        super().__init__(message)
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class TritonModelException(Exception):  # noqa: N818 - Triton's name
+    """Raised by models (e.g. from initialize) to report a failure."""
+
+
+# -- tensors ---------------------------------------------------------------------------------------
+
+
+class Tensor:
+    """A named numpy array; BYTES tensors are object arrays of bytes."""
+
+    def __init__(self, name: str, tensor: Any) -> None:
+        array = np.asarray(tensor)
+        if array.dtype.kind in ("S", "U"):
+            array = bytes_codec.to_bytes_array(array)
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return dtypes.from_numpy(self._array.dtype).config
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        return Tensor(name, np.from_dlpack(capsule))
+
+
+# -- requests and responses ------------------------------------------------------------------------
+
+
+class InferenceResponse:
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        self._tensors = list(output_tensors or [])
+        self._error = error
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+# What the worker does with a response: (response or None, final flag).
+ResponseHandler = Callable[[InferenceResponse | None, bool], None]
+
+
+class InferenceResponseSender:
+    """Sends any number of responses for one request; the last carries the FINAL flag."""
+
+    def __init__(self, handler: ResponseHandler, cancelled: Callable[[], bool]) -> None:
+        self._handler = handler
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if response is None and not final:
+                raise TritonModelException("Inference Response object must be provided when the flag is not FINAL.")
+            self._closed = final
+        self._handler(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+
+class InferenceRequest:
+    """A request the server hands to `execute`. (Built by models, it would be a BLS request, which
+    geserve does not run.)"""
+
+    def __init__(  # noqa: PLR0917 - Triton's signature
+        self,
+        model_name: str = "",
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        parameters: Mapping[str, Any] | str | None = None,
+        **_: Any,
+    ) -> None:
+        self._model_name = model_name
+        self._inputs = list(inputs)
+        self._requested_output_names = list(requested_output_names)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
+        self._sender: InferenceResponseSender | None = None
+        self._cancelled: Callable[[], bool] = lambda: False
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("this request has no response sender")
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("request rescheduling is only for sequence batching, which geserve lacks")
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported by geserve")
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise TritonModelException("BLS requests (InferenceRequest.async_exec) are not supported by geserve")
+
+    def attach(self, sender: InferenceResponseSender, cancelled: Callable[[], bool]) -> None:
+        """Give a server-made request its response sender (not part of Triton's API)."""
+        self._sender = sender
+        self._cancelled = cancelled
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    return next((tensor for tensor in inference_request.inputs() if tensor.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    return next((tensor for tensor in inference_response.output_tensors() if tensor.name() == name), None)
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((dict(entry) for entry in model_config.get("input", []) if entry.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((dict(entry) for entry in model_config.get("output", []) if entry.get("name") == name), None)
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+# -- logging ---------------------------------------------------------------------------------------
+
+
+class Logger:
+    """Model logging, into the server's log with the worker's model and instance tags."""
+
+    class LogLevel:
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+        _logger.log(levels.get(level, logging.INFO), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _logger.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _logger.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _logger.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _logger.debug("%s", message)
+
+
+# -- custom metrics --------------------------------------------------------------------------------
+
+
+class MetricFamily:
+    """A custom metric family; its metrics appear on the server's /metrics."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    families: dict[str, MetricFamily] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
+            raise TritonModelException(f"unknown metric kind {kind}")
+        self.name = name
+        self.description = description
+        self.kind = kind
+        self.metrics: list[Metric] = []
+        with MetricFamily._lock:
+            MetricFamily.families[name] = self
+
+    def Metric(self, labels: Mapping[str, str] | None = None, buckets: Iterable[float] | None = None) -> Metric:  # noqa: N802 - Triton's name
+        if self.kind == self.HISTOGRAM and not buckets:
+            raise TritonModelException("a histogram metric needs buckets")
+        metric = Metric(self, dict(labels or {}), sorted(buckets or ()))
+        with MetricFamily._lock:
+            self.metrics.append(metric)
+        return metric
+
+
+class Metric:
+    def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: list[float]) -> None:
+        self.family = family
+        self.labels = labels
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self._value = 0.0
+
+    def increment(self, value: float) -> None:
+        if self.family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot decrease")
+        if self.family.kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("use observe() on a histogram")
+        self._value += value
+
+    def set(self, value: float) -> None:
+        if self.family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("only a gauge can be set")
+        self._value = value
+
+    def observe(self, value: float) -> None:
+        if self.family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("only a histogram observes")
+        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
+        self.counts[index] += 1
+        self.sum += value
+        self._value += 1
+
+    def value(self) -> float:
+        return self._value
+
+
+# -- auto-complete ---------------------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The config handed to `auto_complete_config`, in Triton's JSON form."""
+
+    def __init__(self, model_config: Mapping[str, Any] | str) -> None:
+        self._config: dict[str, Any] = json.loads(model_config) if isinstance(model_config, str) else dict(model_config)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def max_batch_size(self) -> int:
+        return int(self._config.get("max_batch_size", 0))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self.max_batch_size()
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function for model "
+                f"'{self._config.get('name', '')}' specified max_batch_size {max_batch_size}"
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        if "sequence_batching" in self._config:
+            raise ValueError("configuration already specified sequence_batching; cannot also set dynamic_batching")
+        self._config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: Mapping[str, Any]) -> None:
+        self._add("input", input)
+
+    def add_output(self, output: Mapping[str, Any]) -> None:
+        self._add("output", output)
+
+    def set_model_transaction_policy(self, transaction_policy_dict: Mapping[str, Any]) -> None:
+        current = self._config.get("model_transaction_policy", {})
+        for key, value in transaction_policy_dict.items():
+            if key != "decoupled":
+                raise ValueError(f"unknown model transaction policy field '{key}'")
+            if "decoupled" in current and bool(current["decoupled"]) != bool(value):
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._config.get('name', '')}', which is already set to {current['decoupled']}"
+                )
+        self._config["model_transaction_policy"] = {**current, **dict(transaction_policy_dict)}
+
+    def _add(self, kind: str, tensor: Mapping[str, Any]) -> None:
+        for field in ("name", "data_type", "dims"):
+            if field not in tensor:
+                raise ValueError(f"{kind} in auto-complete-config for model '{self._config.get('name', '')}' "
+                                 f"is missing the '{field}' property")  # fmt: skip
+        entries: list[dict[str, Any]] = self._config.setdefault(kind, [])
+        for entry in entries:
+            if entry.get("name") != tensor["name"]:
+                continue
+            for field in ("data_type", "dims", "optional"):
+                if (
+                    field in tensor
+                    and entry.get(field) not in (None, [], "TYPE_INVALID")
+                    and entry[field] != tensor[field]
+                ):
+                    raise ValueError(
+                        f"unable to add {kind} '{tensor['name']}' for model '{self._config.get('name', '')}': its "
+                        f"{field} {tensor[field]} differs from the configuration's {entry[field]}"
+                    )
+            entry.update({key: value for key, value in tensor.items() if entry.get(key) in (None, [], "TYPE_INVALID")})
+            return
+        entries.append(dict(tensor))
