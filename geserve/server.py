@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import uvicorn
 
-from geserve.core.device_monitor import DeviceMonitor
+from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.loader import LoadSettings
 from geserve.core.service import InferenceService
 from geserve.grpc.server import GrpcOptions, create_server
@@ -108,12 +108,9 @@ class Server:
             options.model_repositories, settings, options.server_id, options.strict_readiness
         )
         # The collector subscribes to versions as they load, so it exists before the models do.
-        self.devices: DeviceMonitor | None = None
-        if options.allow_metrics and options.metrics.gpu_metrics:
-            self.devices = DeviceMonitor(self.service, options.metrics.interval_ms / 1000)
-        monitor = self.devices
-        readings = (lambda: monitor.usage) if monitor is not None else None
-        self.registry = create_registry(self.service, options.metrics, readings) if options.allow_metrics else None
+        # Python models' is_ready() and metrics, and NPU usage, are read from the workers periodically.
+        self.monitor = InstanceMonitor(self.service, options.metrics.interval_ms / 1000)
+        self.registry = create_registry(self.service, options.metrics, self.monitor) if options.allow_metrics else None
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -141,8 +138,7 @@ class Server:
             return 1
         listeners: list[_Listener] = []
         grpc_server: grpc.aio.Server | None = None
-        if self.devices is not None:
-            self.devices.start()
+        self.monitor.start()
         try:
             if self.options.allow_grpc:
                 grpc_server = await self._start_grpc()
@@ -160,8 +156,7 @@ class Server:
         finally:
             # Not ready first, then stop accepting and drain, then stop the workers.
             self.service.stop_accepting()
-            if self.devices is not None:
-                await self.devices.stop()
+            await self.monitor.stop()
             await self._stop_front_ends(listeners, grpc_server)
             await self.service.shutdown()
         return 0

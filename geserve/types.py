@@ -124,3 +124,27 @@ class StreamedResponse:
     response: InferResponse | None
     error: GeserveError | None
     final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CustomMetric:
+    """One series of a metric family a model defines (pb_utils.MetricFamily)."""
+
+    family: str
+    description: str
+    kind: str  # "counter", "gauge" or "histogram"
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    buckets: tuple[float, ...] = ()
+    bucket_counts: tuple[int, ...] = ()  # per bucket, then above the last; not cumulative
+    sum: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """What a worker reports between batches: its device, whether its model says it is ready, and the
+    model's own metrics."""
+
+    device: DeviceUsage | None = None
+    ready: bool = True
+    metrics: tuple[CustomMetric, ...] = ()

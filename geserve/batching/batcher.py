@@ -93,6 +93,10 @@ class Scheduler:
     def any_alive(self) -> bool:
         return any(instance.alive for instance in self._instances)
 
+    def ready(self) -> bool:
+        """An instance can take work, and its model says it is ready (python models' is_ready())."""
+        return any(instance.alive and instance.model_ready for instance in self._instances)
+
     def _any_recoverable(self) -> bool:
         return any(instance.recoverable for instance in self._instances)
 

@@ -126,6 +126,7 @@ def _instance_specs(
                         log_level=settings.log_level,
                         environment=environment,
                         on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
+                        polled=group.kind == mc.ModelInstanceGroup.KIND_GPU or backend.per_request,
                     )
                 )
     return specs

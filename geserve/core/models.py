@@ -66,7 +66,7 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
-        return self.scheduler.any_alive()
+        return self.scheduler.ready()
 
     @property
     def instances(self) -> list[WorkerClient]:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.models import ModelVersion
 from geserve.core.service import InferenceService
 from geserve.core.stats import FAILURE_REASONS, ModelStats
 from geserve.metrics.config import MetricsConfig
 from geserve.metrics.latency import DEFAULT_BUCKETS_MS, SUMMARY_FAMILIES, LatencyTracker
 from geserve.metrics.system import CpuUtilization, memory_bytes
-from geserve.types import DeviceUsage
 
 HISTOGRAM = "nv_inference_first_response_histogram_ms"
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -77,10 +77,10 @@ class TritonCollector(Collector):
         self,
         service: InferenceService,
         config: MetricsConfig,
-        devices: Callable[[], Mapping[int, DeviceUsage]] | None = None,
+        monitor: InstanceMonitor | None = None,
     ) -> None:
         self._service = service
-        self._devices = devices
+        self._monitor = monitor
         self._config = config
         self._trackers: dict[tuple[str, int], LatencyTracker] = {}
         self._cpu = CpuUtilization(config.interval_ms) if config.cpu_metrics else None
@@ -132,6 +132,7 @@ class TritonCollector(Collector):
         yield from self._latency_metrics(versions)
         yield from self._cpu_metrics()
         yield from self._device_metrics()
+        yield from self._custom_metrics()
 
     def _latency_metrics(self, versions: list[tuple[ModelVersion, dict[str, str]]]) -> Iterator[Metric]:
         tracked = [
@@ -180,7 +181,9 @@ class TritonCollector(Collector):
     def _device_metrics(self) -> Iterator[Metric]:
         """NPUs under the names Triton uses for GPUs, with the single gpu_uuid label that dashboards
         and perf_analyzer --collect-metrics expect."""
-        usage = self._devices() if self._devices is not None else {}
+        if self._monitor is None or not self._config.gpu_metrics:
+            return
+        usage = self._monitor.device_usage
         if not usage:
             return
         readings = [({"gpu_uuid": f"NPU-{device}"}, usage[device]) for device in sorted(usage)]
@@ -197,6 +200,28 @@ class TritonCollector(Collector):
         yield total
         yield used
 
+    def _custom_metrics(self) -> Iterator[Metric]:
+        """Families python models define with pb_utils.MetricFamily, as Triton exports them."""
+        if self._monitor is None:
+            return
+        families: dict[str, Metric] = {}
+        for series in self._monitor.custom_metrics:
+            metric = families.get(series.family)
+            if metric is None:
+                metric = families[series.family] = Metric(series.family, series.description, series.kind)
+            labels = dict(series.labels)
+            if series.kind != "histogram":
+                metric.add_sample(series.family, labels, series.value)
+                continue
+            cumulative = 0
+            bounds = [*(_number(b) for b in series.buckets), "+Inf"]
+            for bound, count in zip(bounds, series.bucket_counts, strict=False):
+                cumulative += count
+                metric.add_sample(f"{series.family}_bucket", {**labels, "le": bound}, cumulative)
+            metric.add_sample(f"{series.family}_sum", labels, series.sum)
+            metric.add_sample(f"{series.family}_count", labels, cumulative)
+        yield from families.values()
+
 
 def _count(stats: ModelStats, field: str) -> int:
     value = getattr(stats, field)
@@ -208,9 +233,9 @@ def _number(value: float) -> str:
 
 
 def create_registry(
-    service: InferenceService, config: MetricsConfig, devices: Callable[[], Mapping[int, DeviceUsage]] | None = None
+    service: InferenceService, config: MetricsConfig, monitor: InstanceMonitor | None = None
 ) -> CollectorRegistry:
     """A fresh registry (never prometheus_client's global one) holding Triton's families."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(service, config, devices))
+    registry.register(TritonCollector(service, config, monitor))
     return registry

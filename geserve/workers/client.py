@@ -15,7 +15,7 @@ import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError
-from geserve.types import DeviceUsage
+from geserve.types import InstanceStatus
 from geserve.workers.messages import Executed, InstanceSpec, RequestInfo
 from geserve.workers.runner import InstanceRunner
 
@@ -73,8 +73,11 @@ class WorkerClient(Protocol):
         """The client of a streamed request went away: tell the model, drop what it still sends."""
         ...
 
-    async def read_device(self) -> DeviceUsage | None:
-        """The memory and load of the accelerator the instance runs on; None when it has none."""
+    # What the model said at the last status read (its is_ready()); True until then.
+    model_ready: bool
+
+    async def read_status(self) -> InstanceStatus | None:
+        """Device usage, readiness and custom metrics, read between batches; None when unavailable."""
         ...
 
     async def stop(self, timeout_s: float) -> None: ...
@@ -96,6 +99,7 @@ class InProcessWorker:
         self.capacity = 1
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self._runner = InstanceRunner(spec)
+        self.model_ready = True
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-{spec.instance_name}")
         self._state = InstanceState.STARTING
 
@@ -136,10 +140,12 @@ class InProcessWorker:
     def cancel_stream(self, sink: ResponseSink) -> None:
         return None
 
-    async def read_device(self) -> DeviceUsage | None:
+    async def read_status(self) -> InstanceStatus | None:
         if not self.alive:
             return None
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._runner.device_usage)
+        status = await asyncio.get_running_loop().run_in_executor(self._thread, self._runner.status)
+        self.model_ready = status.ready
+        return status
 
     async def stop(self, timeout_s: float) -> None:
         self._state = InstanceState.STOPPED

@@ -20,17 +20,17 @@ from geserve.errors import GeserveError, ModelLoadError
 from geserve.workers.messages import (
     BatchDone,
     Cancel,
-    DeviceReport,
     Executed,
     InstanceSpec,
     Loaded,
     LoadFailed,
     Partial,
-    ReadDevice,
+    ReadStatus,
     RequestInfo,
     Retiring,
     RunBatch,
     Shutdown,
+    StatusReport,
 )
 from geserve.workers.runner import InstanceRunner
 from geserve.workers.shm import (
@@ -229,8 +229,8 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                     # A failed device taints everything this process holds on it: a fresh worker takes over.
                     outbox.send(Retiring(runner.fault))
                     break
-            elif isinstance(message, ReadDevice):
-                outbox.send(DeviceReport(runner.device_usage()))
+            elif isinstance(message, ReadStatus):
+                outbox.send(StatusReport(runner.status()))
             elif isinstance(message, Cancel):
                 runner.cancelled_streams.add(message.stream_id)
             else:

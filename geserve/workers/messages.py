@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geserve.errors import GeserveError
-from geserve.types import DeviceUsage, ParameterValue
+from geserve.types import InstanceStatus, ParameterValue
 from geserve.workers.shm import TensorRef
 
 
@@ -30,6 +30,8 @@ class InstanceSpec:
     arenas: tuple[str, ...] = ()
     # Placed on an accelerator (KIND_GPU): the instance reports that device's usage for metrics.
     on_device: bool = False
+    # Polled for its status (device usage, the model's readiness and custom metrics).
+    polled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +116,13 @@ class Executed:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadDevice:
-    """Ask for the instance's device usage; answered with a DeviceReport between batches."""
+class ReadStatus:
+    """Ask how the instance is doing; answered with a StatusReport between batches."""
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceReport:
-    usage: DeviceUsage | None
+class StatusReport:
+    status: InstanceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,23 +20,23 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.types import DeviceUsage
+from geserve.types import InstanceStatus
 from geserve.workers import main as worker_main
 from geserve.workers.client import InstanceState, ResponseSink, WorkerClient
 from geserve.workers.messages import (
     BatchDone,
     Cancel,
-    DeviceReport,
     Executed,
     InstanceSpec,
     Loaded,
     LoadFailed,
     Partial,
-    ReadDevice,
+    ReadStatus,
     RequestInfo,
     Retiring,
     RunBatch,
     Shutdown,
+    StatusReport,
 )
 from geserve.workers.shm import (
     DEFAULT_ARENA_BYTES,
@@ -113,7 +113,8 @@ class ProcessWorker:
         self._restarter: asyncio.Task[None] | None = None
         self._retiring = ""  # why the worker said it is exiting on purpose
         self._streams: dict[int, ResponseSink] = {}  # open streamed requests, by stream id
-        self._device_report: asyncio.Future[DeviceUsage | None] | None = None
+        self._status: asyncio.Future[InstanceStatus | None] | None = None
+        self.model_ready = True
 
     @property
     def alive(self) -> bool:
@@ -294,21 +295,24 @@ class ProcessWorker:
             self._in_flight.pop(request_id, None)
             self._release_flight(flight)
 
-    async def read_device(self) -> DeviceUsage | None:
-        """The usage of the device this instance runs on, read by the worker between batches."""
+    async def read_status(self) -> InstanceStatus | None:
+        """Device usage, the model's readiness and metrics, read by the worker between batches."""
         connection = self._connection
         if not self.alive or connection is None or self._loop is None:
             return None
-        if self._device_report is None or self._device_report.done():
-            self._device_report = self._loop.create_future()
+        if self._status is None or self._status.done():
+            self._status = self._loop.create_future()
             try:
-                connection.send(ReadDevice())
+                connection.send(ReadStatus())
             except (OSError, ValueError):
                 return None
         try:
-            return await asyncio.wait_for(asyncio.shield(self._device_report), timeout=10.0)
+            status = await asyncio.wait_for(asyncio.shield(self._status), timeout=10.0)
         except TimeoutError:
             return None
+        if status is not None:
+            self.model_ready = status.ready
+        return status
 
     async def _collect(self, done: BatchDone) -> Executed:
         if done.error is not None:
@@ -400,9 +404,9 @@ class ProcessWorker:
                 self._started.set_result(message)
         elif isinstance(message, Partial):
             self._on_partial(message)
-        elif isinstance(message, DeviceReport):
-            if self._device_report is not None and not self._device_report.done():
-                self._device_report.set_result(message.usage)
+        elif isinstance(message, StatusReport):
+            if self._status is not None and not self._status.done():
+                self._status.set_result(message.status)
         elif isinstance(message, Retiring):
             # Out of the idle pool before the scheduler can hand it another batch; restarted on exit.
             self._retiring = message.reason
@@ -430,8 +434,8 @@ class ProcessWorker:
             reason = f"{instance} exited after a device failure ({retiring})"
         else:
             reason = f"{instance} exited unexpectedly (exit code {exit_code})"
-        if self._device_report is not None and not self._device_report.done():
-            self._device_report.set_result(None)
+        if self._status is not None and not self._status.done():
+            self._status.set_result(None)
         if self._started is not None and not self._started.done():
             self._started.set_result(LoadFailed(reason))
         error = UnavailableError(reason)

@@ -24,7 +24,7 @@ from geserve.backends.base import (
 )
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
-from geserve.types import DeviceUsage
+from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
 from geserve.workers.messages import Executed, InstanceSpec, RequestInfo
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,22 @@ class InstanceRunner:
                 f"model '{self.spec.model_name}' produced output '{name}' of type {array.dtype}, "
                 f"but its config declares {declared.config_name}"
             )
+
+    def status(self) -> InstanceStatus:
+        """Device usage, the model's own readiness and metrics, from backends that have them."""
+        backend = self._backend
+        ready = True
+        metrics: tuple[CustomMetric, ...] = ()
+        try:
+            model_ready = getattr(backend, "model_ready", None)
+            if model_ready is not None:
+                ready = bool(model_ready())
+            custom = getattr(backend, "custom_metrics", None)
+            if custom is not None:
+                metrics = tuple(custom())
+        except Exception:
+            logger.exception("instance %s could not report its status", self.spec.instance_name)
+        return InstanceStatus(self.device_usage(), ready, metrics)
 
     def device_usage(self) -> DeviceUsage | None:
         """The device's memory and load, from backends that run on one; None otherwise."""

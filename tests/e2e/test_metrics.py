@@ -192,7 +192,13 @@ def test_metrics_text_as_triton_prints_it(server: GeserveProcess) -> None:
 def test_statistics_endpoints(server: GeserveProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
     everything = http.get_inference_statistics()["model_stats"]
-    assert [(s["name"], s["version"]) for s in everything] == [("digits", "1"), ("simple", "1"), ("simple_string", "1")]
+    assert [(s["name"], s["version"]) for s in everything] == [
+        ("digits", "1"),
+        ("repeat_int32", "1"),
+        ("simple", "1"),
+        ("simple_identity", "1"),
+        ("simple_string", "1"),
+    ]
     entry = http.get_inference_statistics("digits", "1")["model_stats"][0]
     assert set(entry) == {
         "name", "version", "last_inference", "inference_count", "execution_count",

@@ -34,6 +34,7 @@ from geserve.errors import (
     UnsupportedError,
 )
 from geserve.repository.config import config_to_json
+from geserve.types import CustomMetric
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +229,26 @@ class PythonBackend:
         except Exception:
             logger.exception("is_ready of model '%s' failed", self._name)
             return False
+
+    def custom_metrics(self) -> list[CustomMetric]:
+        """The series of every pb_utils.MetricFamily the model created."""
+        kinds = {pb_utils.MetricFamily.COUNTER: "counter", pb_utils.MetricFamily.GAUGE: "gauge"}
+        series = []
+        for family in list(pb_utils.MetricFamily.families.values()):
+            for metric in list(family.metrics):
+                series.append(
+                    CustomMetric(
+                        family.name,
+                        family.description,
+                        kinds.get(family.kind, "histogram"),
+                        tuple(sorted(metric.labels.items())),
+                        metric.value(),
+                        tuple(metric.buckets),
+                        tuple(metric.counts) if family.kind == pb_utils.MetricFamily.HISTOGRAM else (),
+                        metric.sum,
+                    )
+                )
+        return series
 
     def _submit(self, coroutine: Any) -> Future[Any]:
         if self._loop is None:

@@ -1,0 +1,79 @@
+"""Polls instances between batches: accelerator usage, the model's own readiness and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+
+from geserve.core.service import InferenceService
+from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
+from geserve.workers.client import WorkerClient
+
+logger = logging.getLogger(__name__)
+
+
+class InstanceMonitor:
+    """Refreshes its readings every interval. Only worker processes may import what runs the model
+    (pyACL, model.py), so the front-end asks them: one instance per device for device usage, and every
+    instance that reports readiness or custom metrics (python models)."""
+
+    def __init__(self, service: InferenceService, interval_s: float) -> None:
+        self._service = service
+        self._interval_s = interval_s
+        self.device_usage: dict[int, DeviceUsage] = {}
+        self.custom_metrics: list[CustomMetric] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:
+                logger.exception("reading instance status failed")
+            await asyncio.sleep(self._interval_s)
+
+    async def refresh(self) -> None:
+        polled: list[WorkerClient] = [
+            instance
+            for version in self._service.loaded_versions()
+            for instance in version.instances
+            if instance.spec.polled and instance.alive
+        ]
+        statuses = await asyncio.gather(*(instance.read_status() for instance in polled))
+        usage: dict[int, DeviceUsage] = {}
+        readings: list[InstanceStatus] = [status for status in statuses if status is not None]
+        for status in readings:
+            if status.device is not None:
+                usage.setdefault(status.device.device_id, status.device)
+        self.device_usage = usage
+        self.custom_metrics = merge_custom_metrics(status.metrics for status in readings)
+
+
+def merge_custom_metrics(per_instance: Iterable[Iterable[CustomMetric]]) -> list[CustomMetric]:
+    """One series per family and labels: counters and histograms add up over the instances (each
+    process counts its own share); a gauge keeps the first instance's value."""
+    merged: dict[tuple[str, tuple[tuple[str, str], ...]], CustomMetric] = {}
+    for metrics in per_instance:
+        for metric in metrics:
+            key = (metric.family, metric.labels)
+            seen = merged.get(key)
+            if seen is None:
+                merged[key] = metric
+            elif metric.kind != "gauge":
+                counts = tuple(a + b for a, b in zip(seen.bucket_counts, metric.bucket_counts, strict=False))
+                merged[key] = CustomMetric(
+                    seen.family, seen.description, seen.kind, seen.labels, seen.value + metric.value,
+                    seen.buckets, counts, seen.sum + metric.sum,
+                )  # fmt: skip
+    return list(merged.values())
