@@ -178,7 +178,9 @@ class PythonBackend:
         correlation = parameters.get("sequence_id", 0)
         prepared = pb_utils.InferenceRequest(
             model_name=self._name,
-            inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
+            # Copies: the batch's views into shared memory are reused by the next batch, while a model may
+            # keep its requests (a decoupled model answers from its own threads after execute returns).
+            inputs=[pb_utils.Tensor(name, np.array(array, copy=True)) for name, array in request.inputs.items()],
             requested_output_names=list(request.output_names),
             request_id=request.request_id,
             correlation_id=correlation if isinstance(correlation, int | str) else 0,
