@@ -169,6 +169,10 @@ def test_batched_requests_are_answered_one_by_one(python_server: GeserveProcess)
     assert max(batch_sizes) > 1  # execute got several requests at once
 
 
+def test_async_execute(python_server: GeserveProcess) -> None:
+    np.testing.assert_array_equal(_one(python_server, "async_echo", 5), [105])
+
+
 # -- user errors in model.py ------------------------------------------------------------------------
 
 
