@@ -9,7 +9,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from geserve.errors import GeserveError
+from geserve.core.log_control import FORMATS, LogSettings
+from geserve.core.repository import ControlMode
+from geserve.core.restrictions import GROUPS, parse_restrictions
+from geserve.core.service import RepositoryControl
+from geserve.core.trace import TraceController
+from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.grpc.server import GrpcOptions
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
 from geserve.metrics.config import MetricsConfig
@@ -131,8 +136,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"
     )
 
+    group = parser.add_argument_group("model control")
+    group.add_argument(
+        "--model-control-mode",
+        choices=[mode.value for mode in ControlMode],
+        default="none",
+        help="none: load everything at start; poll: also follow repository changes; explicit: load "
+        "--load-model at start, then through the repository API (default: none)",
+    )
+    group.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode=explicit, a model to load at start; repeatable; '*' loads all",
+    )
+    group.add_argument(
+        "--repository-poll-secs",
+        type=_positive,
+        default=15,
+        metavar="SECONDS",
+        help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
+    )
+    _boolean(group, "--allow-client-shm", False, "let clients register system shared-memory regions for tensors")
+
     group = parser.add_argument_group("HTTP")
     _boolean(group, "--allow-http", True, "serve HTTP/REST")
+    group.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="APIS:KEY=VALUE",
+        help="only requests with header KEY: VALUE may use these API groups (comma-separated: "
+        f"{', '.join(GROUPS)}); repeatable",
+    )
     group.add_argument("--http-address", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
     group.add_argument("--http-port", type=_port, default=8000, help="HTTP port (default: 8000)")
     group.add_argument(
@@ -145,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     group = parser.add_argument_group("gRPC")
     _boolean(group, "--allow-grpc", True, "serve gRPC")
+    group.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="PROTOCOLS:KEY=VALUE",
+        help="only calls with metadata triton-grpc-protocol-KEY: VALUE may use these API groups; repeatable",
+    )
     group.add_argument("--grpc-address", default="0.0.0.0", help="gRPC bind address (default: 0.0.0.0)")
     group.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default: 8001)")
     defaults = GrpcOptions()
@@ -194,7 +238,44 @@ def build_parser() -> argparse.ArgumentParser:
     _boolean(group, "--log-info", True, "log informational messages")
     _boolean(group, "--log-warning", True, "log warnings")
     _boolean(group, "--log-error", True, "log errors")
+    group.add_argument("--log-format", choices=list(FORMATS), default="default", help="log line format")
+    group.add_argument("--log-file", default="", metavar="PATH", help="log to this file instead of the console")
+    group.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]KEY=VALUE",
+        help="level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N; traces go to the log; repeatable",
+    )
     return parser
+
+
+_TRACE_KEYS = {
+    "level": "trace_level",
+    "rate": "trace_rate",
+    "count": "trace_count",
+    "log-frequency": "log_frequency",
+    "log_frequency": "log_frequency",
+    "file": "trace_file",
+    "mode": "trace_mode",
+}
+
+
+def _trace_settings(entries: Sequence[str]) -> dict[str, str | list[str]]:
+    settings: dict[str, str | list[str]] = {}
+    for entry in entries:
+        text = entry.removeprefix("triton,")
+        key, separator, value = text.partition("=")
+        if not separator or key not in _TRACE_KEYS:
+            raise InvalidArgumentError(f"--trace-config expects [triton,]<key>=<value> with a known key, got '{entry}'")
+        name = _TRACE_KEYS[key]
+        if name == "trace_level":
+            levels = settings.setdefault("trace_level", [])
+            assert isinstance(levels, list)
+            levels.append(value.upper())
+        else:
+            settings[name] = value
+    return settings
 
 
 def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
@@ -204,8 +285,24 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         metrics = MetricsConfig.parse(
             args.metrics_config, args.metrics_interval_ms, args.allow_cpu_metrics, args.allow_gpu_metrics
         )
+        http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
+        grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
+        trace_settings = _trace_settings(args.trace_config)
+        TraceController(trace_settings)  # checks the values
     except GeserveError as error:
         parser.error(error.message)
+    if "*" in args.load_model and len(args.load_model) > 1:
+        parser.error("--load-model=* must be the only --load-model")
+    if args.load_model and args.model_control_mode != "explicit":
+        parser.error("--load-model needs --model-control-mode=explicit")
+    log_settings = LogSettings(
+        log_file=args.log_file,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        log_verbose_level=max(args.log_verbose, 0),
+        log_format=args.log_format,
+    )
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     if args.log_verbose > 0:
         level = logging.DEBUG
@@ -248,6 +345,14 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         worker_pipeline_depth=args.worker_pipeline_depth,
         device_ids=args.device_ids if args.device_ids is not None else discover_devices(),
         log_level=level,
+        control=RepositoryControl(
+            ControlMode(args.model_control_mode), tuple(args.load_model), float(args.repository_poll_secs)
+        ),
+        allow_client_shm=args.allow_client_shm,
+        http_restrictions=http_restrictions,
+        grpc_restrictions=grpc_restrictions,
+        log_settings=log_settings,
+        trace_settings=trace_settings,
     )
 
 
@@ -262,7 +367,11 @@ def _loop_factory() -> asyncio.AbstractEventLoop:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv)
-    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if options.log_settings.log_file:
+        logging.basicConfig(filename=options.log_settings.log_file)
+    else:
+        logging.basicConfig()
+    options.log_settings.apply()
     with asyncio.Runner(loop_factory=_loop_factory) as runner:
         return runner.run(Server(options).serve())
 

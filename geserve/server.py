@@ -17,7 +17,11 @@ import uvicorn
 
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.loader import LoadSettings
-from geserve.core.service import InferenceService
+from geserve.core.log_control import LogSettings
+from geserve.core.restrictions import Restriction
+from geserve.core.service import InferenceService, RepositoryControl
+from geserve.core.shared_memory import SharedMemoryManager
+from geserve.core.trace import TraceController
 from geserve.grpc.server import GrpcOptions, create_server
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE, create_app
 from geserve.metrics.config import MetricsConfig
@@ -53,6 +57,12 @@ class ServerOptions:
     worker_arena_bytes: int = DEFAULT_ARENA_BYTES
     worker_pipeline_depth: int = 1
     device_ids: tuple[int, ...] = ()
+    control: RepositoryControl = field(default_factory=RepositoryControl)
+    allow_client_shm: bool = False
+    http_restrictions: dict[str, Restriction] = field(default_factory=dict)
+    grpc_restrictions: dict[str, Restriction] = field(default_factory=dict)
+    log_settings: LogSettings = field(default_factory=LogSettings)
+    trace_settings: dict[str, str | list[str]] = field(default_factory=dict)
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -105,7 +115,14 @@ class Server:
             device_ids=options.device_ids,
         )
         self.service = InferenceService(
-            options.model_repositories, settings, options.server_id, options.strict_readiness
+            options.model_repositories,
+            settings,
+            options.server_id,
+            options.strict_readiness,
+            control=options.control,
+            shared_memory=SharedMemoryManager(options.allow_client_shm),
+            traces=TraceController(options.trace_settings),
+            log_settings=options.log_settings,
         )
         # The collector subscribes to versions as they load, so it exists before the models do.
         # Python models' is_ready() and metrics, and NPU usage, are read from the workers periodically.
@@ -159,12 +176,13 @@ class Server:
             await self.monitor.stop()
             await self._stop_front_ends(listeners, grpc_server)
             await self.service.shutdown()
+            self.service.shared_memory.close()
         return 0
 
     async def _start_grpc(self) -> grpc.aio.Server | None:
         options = self.options.grpc
         try:
-            server, _ = create_server(self.service, options)
+            server, _ = create_server(self.service, options, self.options.grpc_restrictions)
             await server.start()
         except RuntimeError as error:
             logger.error("the gRPC service failed to start on %s:%d: %s", options.address, options.port, error)
@@ -183,7 +201,7 @@ class Server:
         options = self.options
         listeners = []
         if options.allow_http:
-            app = create_app(self.service, options.http_max_input_size)
+            app = create_app(self.service, options.http_max_input_size, options.http_restrictions)
             listeners.append(
                 _Listener(
                     "HTTPService",

@@ -58,10 +58,16 @@ class OutputTensor:
     name: str
     datatype: str
     data: np.ndarray
+    # Set when the output went to client shared memory: the front-ends then send no data for it.
+    parameters: Parameters = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
+
+    @property
+    def in_shared_memory(self) -> bool:
+        return "shared_memory_region" in self.parameters
 
 
 @dataclass(frozen=True, slots=True)

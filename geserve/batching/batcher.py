@@ -112,9 +112,12 @@ class Scheduler:
         output_names: tuple[str, ...],
         parameters: Parameters | None = None,
         request_id: str = "",
+        marks: list[tuple[str, int]] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Queue one validated request and wait for its outputs."""
+        """Queue one validated request and wait for its outputs; a traced request gets its queue and
+        compute timestamps appended to `marks`."""
         request = self._enqueue(inputs, output_names, parameters or {}, request_id, None)
+        request.marks = marks
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -367,6 +370,8 @@ class Scheduler:
             else:
                 result = {name: outputs[name][offset : offset + request.rows] for name in request.output_names}
             offset += request.rows
+            if request.marks is not None:
+                _mark(request, executed, done_ns)
             timing = RequestTiming(
                 total_ns=done_ns - request.enqueued_ns,
                 queue_ns=dispatched_ns - request.enqueued_ns,
@@ -397,6 +402,8 @@ class Scheduler:
                 self.stats.record_failure("BACKEND", done_ns - request.enqueued_ns)
                 self._finish(request, result)
                 continue
+            if request.marks is not None:
+                _mark(request, executed, done_ns)
             timing = RequestTiming(
                 done_ns - request.enqueued_ns, dispatched_ns - request.enqueued_ns, input_ns, infer_ns, output_ns
             )
@@ -414,9 +421,26 @@ class Scheduler:
             self._next_release += 1
 
     async def drain(self) -> None:
-        """Wait for the batches in flight to finish."""
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+        """Wait until every request admitted so far has been answered: the queued ones get batches as
+        instances free up, so this waits for them too while any instance can still take them."""
+        while self._running or (self._queue and self._any_recoverable()):
+            if self._running:
+                await asyncio.gather(*list(self._running), return_exceptions=True)
+            else:
+                await asyncio.sleep(0.005)  # queued behind a restarting instance
+
+
+def _mark(request: PendingRequest, executed: Executed, done_ns: int) -> None:
+    assert request.marks is not None
+    request.marks.extend(
+        (
+            ("QUEUE_START", request.enqueued_ns),
+            ("COMPUTE_START", request.dispatched_ns),
+            ("COMPUTE_INPUT_END", executed.infer_start_ns),
+            ("COMPUTE_OUTPUT_START", executed.infer_end_ns),
+            ("COMPUTE_END", done_ns),
+        )
+    )
 
 
 def _resolve(request: PendingRequest, outcome: dict[str, np.ndarray] | BaseException) -> None:

@@ -39,6 +39,8 @@ class PendingRequest:
     # Set for a streamed request (decoupled model): where its responses go, on the event loop.
     sink: ResponseSink | None = field(default=None, repr=False)
     dispatched_ns: int = 0
+    # Set for a traced request: where its queue and compute timestamps go.
+    marks: list[tuple[str, int]] | None = field(default=None, repr=False)
 
 
 class RequestQueue:

@@ -12,6 +12,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.batching.batcher import Scheduler
 from geserve.batching.policy import BatchingPolicy
+from geserve.core.classification import read_labels
 from geserve.core.models import Model, ModelVersion
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError
@@ -43,11 +44,12 @@ class LoadSettings:
         return mc.ModelInstanceGroup.KIND_GPU if self.device_ids else mc.ModelInstanceGroup.KIND_CPU
 
 
-async def load_model(source: ModelSource, settings: LoadSettings) -> Model:
-    """Load every version the policy selects; a failure is recorded as the model's reason."""
+async def load_model(source: ModelSource, settings: LoadSettings, override: mc.ModelConfig | None = None) -> Model:
+    """Load every version the policy selects; a failure is recorded as the model's reason. `override`
+    replaces config.pbtxt (the repository API's `config` parameter); auto-complete fills what it omits."""
     model = Model(source.name)
     try:
-        config, spec, versions = await asyncio.to_thread(_prepare, source)
+        config, spec, versions = await asyncio.to_thread(_prepare, source, override)
         config_io.fill_defaults(config, spec.name, spec.default_filename, settings.default_kind)
         loaded = await asyncio.gather(
             *(_load_version(source, config, spec, version, settings) for version in versions),
@@ -70,8 +72,15 @@ async def load_model(source: ModelSource, settings: LoadSettings) -> Model:
     return model
 
 
-def _prepare(source: ModelSource) -> tuple[mc.ModelConfig, registry.BackendSpec, list[int]]:
-    config, _ = config_io.read_model_config(source.path, source.name)
+def _prepare(
+    source: ModelSource, override: mc.ModelConfig | None = None
+) -> tuple[mc.ModelConfig, registry.BackendSpec, list[int]]:
+    if override is not None:
+        config = mc.ModelConfig()
+        config.CopyFrom(override)
+    else:
+        config, _ = config_io.read_model_config(source.path, source.name)
+    config_io.refuse_unsupported(config)
     versions = select_versions(available_versions(source.path), config.version_policy)
     if not versions:
         raise ModelLoadError(
@@ -191,4 +200,6 @@ async def _load_version(
     stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
     policy = BatchingPolicy.from_config(completed)
     scheduler = Scheduler(completed.name, started, policy, stats, describe_requests=spec.per_request)
-    return ModelVersion(completed, version, scheduler, stats)
+    served = ModelVersion(completed, version, scheduler, stats)
+    served.labels = await asyncio.to_thread(read_labels, source.path, completed)
+    return served

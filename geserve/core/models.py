@@ -56,6 +56,7 @@ class ModelVersion:
         self.stats = stats
         self.max_batch_size = config.max_batch_size
         self.decoupled = config.model_transaction_policy.decoupled
+        self.labels: dict[str, list[str]] = {}  # per output, from its label_filename (classification)
         batched = config.max_batch_size > 0
         self.inputs = _tensor_specs(list(config.input), batched)
         self.outputs = _tensor_specs(list(config.output), batched)
@@ -91,6 +92,8 @@ class Model:
     name: str
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     reason: str = ""
+    unloaded: bool = False  # through the repository API, or gone from a polled repository
+    unloaded_versions: tuple[int, ...] = ()
 
     def ready_versions(self) -> list[ModelVersion]:
         return [self.versions[v] for v in sorted(self.versions) if self.versions[v].ready]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +14,16 @@ import numpy as np
 
 import geserve
 from geserve._generated import model_config_pb2 as mc
+from geserve.codecs import bytes as bytes_codec
 from geserve.core import validation
-from geserve.core.loader import LoadSettings, load_model
-from geserve.core.models import Model, ModelVersion
+from geserve.core.classification import classification_count, classify
+from geserve.core.loader import LoadSettings
+from geserve.core.log_control import LogSettings
+from geserve.core.models import ModelVersion
+from geserve.core.repository import ControlMode, ModelRepository
+from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, CudaSharedMemory, SharedMemoryManager
 from geserve.core.stats import statistics_json
+from geserve.core.trace import TraceController
 from geserve.errors import (
     GeserveError,
     InvalidArgumentError,
@@ -23,8 +31,7 @@ from geserve.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from geserve.repository.scan import scan_repositories
-from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor, StreamedResponse
+from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor, Parameters, StreamedResponse
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +39,30 @@ logger = logging.getLogger(__name__)
 # Triton's texts for a decoupled model asked for one response.
 DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
 DECOUPLED_UNARY_RPC_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
-EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
+EXTENSIONS = (
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+)
+# Larger outputs are copied into client shared memory off the event loop.
+_INLINE_COPY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryControl:
+    """--model-control-mode, --load-model and --repository-poll-secs."""
+
+    mode: ControlMode = ControlMode.NONE
+    startup_models: tuple[str, ...] = ()
+    poll_secs: float = 15.0
 
 
 class InferenceService:
@@ -44,34 +74,48 @@ class InferenceService:
         settings: LoadSettings | None = None,
         server_id: str = "triton",
         strict_readiness: bool = True,
+        *,
+        control: RepositoryControl | None = None,
+        shared_memory: SharedMemoryManager | None = None,
+        traces: TraceController | None = None,
+        log_settings: LogSettings | None = None,
     ) -> None:
         self.repositories = repositories
         self.settings = settings or LoadSettings()
         self.server_id = server_id
         self.strict_readiness = strict_readiness
-        self._models: dict[str, Model] = {}
+        control = control or RepositoryControl()
+        self.repository = ModelRepository(
+            repositories, self.settings, control.mode, control.startup_models, control.poll_secs
+        )
+        self._models = self.repository.models
+        self.shared_memory = shared_memory or SharedMemoryManager(allowed=False)
+        self.cuda_shared_memory = CudaSharedMemory()
+        self.traces = traces or TraceController()
+        self.log_settings = log_settings or LogSettings()
         self._accepting = False
         # Called with every version that finishes loading (metrics subscribe to its statistics).
-        self.version_listeners: list[Callable[[ModelVersion], None]] = []
+        self.version_listeners: list[Callable[[ModelVersion], None]] = self.repository.listeners
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def load_models(self) -> dict[str, str]:
-        """Load every model of the repositories; returns the failures as name -> reason."""
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
-        for name, reason in scan.conflicts.items():
-            self._models[name] = Model(name, reason=reason)
-        models = await asyncio.gather(*(load_model(source, self.settings) for source in scan.models.values()))
-        for model in models:
-            self._models[model.name] = model
-            for version in model.versions.values():
-                for listener in self.version_listeners:
-                    listener(version)
-        failures = {name: model.reason for name, model in sorted(self._models.items()) if model.reason}
-        for name, reason in failures.items():
-            logger.error("failed to load '%s': %s", name, reason)
+        """Load the models the control mode loads at start; returns the failures as name -> reason."""
+        failures = await self.repository.load_startup()
+        self.repository.start_polling()
         self._accepting = True
         return failures
+
+    # -- the model repository extension ----------------------------------------------------
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return await self.repository.index(ready_only)
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        await self.repository.load(name, parameters)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self.repository.unload(name, unload_dependents)
 
     def stop_accepting(self) -> None:
         """Report not ready from now on (the first step of shutdown)."""
@@ -87,8 +131,7 @@ class InferenceService:
     async def shutdown(self) -> None:
         """Stop answering as ready and stop every worker."""
         self._accepting = False
-        versions = [version for model in self._models.values() for version in model.versions.values()]
-        await asyncio.gather(*(version.stop(self.settings.stop_timeout_s) for version in versions))
+        await self.repository.shutdown()
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -102,7 +145,7 @@ class InferenceService:
             return False
         if not self.strict_readiness:
             return True
-        return all(not model.reason and model.ready_versions() for model in self._models.values())
+        return all(model.unloaded or (not model.reason and model.ready_versions()) for model in self._models.values())
 
     def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
         return self.server_id, geserve.__version__, EXTENSIONS
@@ -165,14 +208,22 @@ class InferenceService:
     async def infer(self, request: InferRequest, decoupled_refusal: str = DECOUPLED_REFUSAL) -> InferResponse:
         """Validate, schedule and run one request; errors carry Triton's request-id prefix. A decoupled
         model answers only streams: the request fails with `decoupled_refusal`."""
+        started_ns = time.monotonic_ns()
         model, inputs, output_names = self._admit(request)
+        trace = self.traces.start(model.name, model.version_str, request.id) if self.traces.active else None
         try:
             if model.decoupled:
                 raise UnsupportedError(decoupled_refusal)
-            outputs = await model.scheduler.execute(inputs, output_names, request.parameters, request.id)
-            return _response(model, request, output_names, outputs)
+            marks = trace.timestamps if trace is not None else None
+            outputs = await model.scheduler.execute(inputs, output_names, request.parameters, request.id, marks)
+            response = await self._response(model, request, output_names, outputs)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
+        if trace is not None:
+            trace.timestamps.insert(0, ("REQUEST_START", started_ns))
+            trace.mark("REQUEST_END", time.monotonic_ns())
+            trace.emit()
+        return response
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
         """Every response to one request, as the model sends them (one, final, for a model that is not
@@ -184,7 +235,7 @@ class InferenceService:
         try:
             responses = model.scheduler.stream(inputs, output_names, request.parameters, request.id)
             async for outputs, error, final in responses:
-                response = _response(model, request, output_names, outputs) if outputs is not None else None
+                response = await self._response(model, request, output_names, outputs) if outputs is not None else None
                 yield StreamedResponse(response, error.with_request_id(request.id) if error else None, final)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
@@ -198,24 +249,42 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         try:
-            inputs = validation.validate_inputs(request, model)
+            inputs = validation.validate_inputs(request, model, self.shared_memory.read)
             output_names = validation.requested_output_names(request, model)
         except GeserveError as error:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
         return model, inputs, output_names
 
+    async def _response(
+        self, model: ModelVersion, request: InferRequest, output_names: tuple[str, ...], outputs: dict[str, np.ndarray]
+    ) -> InferResponse:
+        """The response, with classification applied and outputs bound for shared memory written there.
+        A python model may leave out outputs it was asked for, as Triton allows."""
+        tensors = [_output(model, name, outputs[name]) for name in output_names if name in outputs]
+        if request.outputs:
+            asked = {output.name: output.parameters for output in request.outputs}
+            tensors = [await self._post_process(model, tensor, asked.get(tensor.name, {})) for tensor in tensors]
+        return InferResponse(model.name, model.version_str, tuple(tensors), request.id)
 
-def _response(
-    model: ModelVersion, request: InferRequest, output_names: tuple[str, ...], outputs: dict[str, np.ndarray]
-) -> InferResponse:
-    return InferResponse(
-        model_name=model.name,
-        model_version=model.version_str,
-        # A python model may leave out outputs it was asked for, as Triton allows.
-        outputs=tuple(_output(model, name, outputs[name]) for name in output_names if name in outputs),
-        id=request.id,
-    )
+    async def _post_process(self, model: ModelVersion, tensor: OutputTensor, asked: Parameters) -> OutputTensor:
+        if "classification" in asked:
+            k = classification_count(asked["classification"], tensor.name)
+            spec = model.outputs[tensor.name]
+            labels = model.labels.get(tensor.name, [])
+            tensor = OutputTensor(tensor.name, "BYTES", classify(tensor.data, k, labels, spec.batched, tensor.name))
+        if REGION not in asked:
+            return tensor
+        data = bytes_codec.serialize(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
+        what = f"output '{tensor.name}'"
+        if len(data) > _INLINE_COPY_BYTES:
+            written = await asyncio.to_thread(self.shared_memory.write, asked, what, data)
+        else:
+            written = self.shared_memory.write(asked, what, data)
+        parameters = {REGION: asked[REGION], BYTE_SIZE: written}
+        if OFFSET in asked:
+            parameters[OFFSET] = asked[OFFSET]
+        return OutputTensor(tensor.name, tensor.datatype, tensor.data, parameters)
 
 
 def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:

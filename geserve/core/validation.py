@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from geserve.codecs import bytes as bytes_codec
+from geserve.core.classification import classification_count
 from geserve.core.models import ModelVersion, TensorSpec
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.types import InferInput, InferRequest, Parameters
+
+# (a tensor's parameters, what it is for messages) -> its bytes from client shared memory.
+SharedReader = Callable[[Parameters, str], memoryview]
 
 # Request parameters Triton interprets itself; everything else is passed to the model.
 _RESERVED_PARAMETERS = frozenset(
@@ -46,14 +52,20 @@ def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
 
 
-def validate_inputs(request: InferRequest, model: ModelVersion) -> dict[str, np.ndarray]:
-    """Check every input against the config and return them as arrays of the configured shape."""
+def validate_inputs(
+    request: InferRequest, model: ModelVersion, read_shared: SharedReader | None = None
+) -> dict[str, np.ndarray]:
+    """Check every input against the config and return them as arrays of the configured shape; inputs
+    in client shared memory are read through `read_shared`."""
     name = model.name
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
-    for tensor in request.inputs:
-        if "shared_memory_region" in tensor.parameters:
-            raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
+    for given in request.inputs:
+        tensor = given
+        if "shared_memory_region" in given.parameters:
+            if read_shared is None:
+                raise UnsupportedError(f"input '{given.name}': shared memory is not supported by this server")
+            tensor = replace(given, data=read_shared(given.parameters, f"input '{given.name}'"))
         spec = model.inputs.get(tensor.name)
         if spec is None:
             raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
@@ -128,9 +140,9 @@ def requested_output_names(request: InferRequest, model: ModelVersion) -> tuple[
     names: list[str] = []
     for output in request.outputs:
         if "classification" in output.parameters:
-            raise UnsupportedError(f"output '{output.name}': the classification extension is not supported")
-        if "shared_memory_region" in output.parameters:
-            raise UnsupportedError(f"output '{output.name}': shared memory is not supported by this server")
+            classification_count(output.parameters["classification"], output.name)
+            if "shared_memory_region" in output.parameters:
+                raise InvalidArgumentError(f"output '{output.name}': classification can not be used with shared memory")
         if output.name not in model.outputs:
             raise InvalidArgumentError(f"unexpected inference output '{output.name}' for model '{model.name}'")
         if output.name in names:

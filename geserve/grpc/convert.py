@@ -99,10 +99,13 @@ def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor, datatype: dty
 def infer_request_from_proto(message: pb.ModelInferRequest) -> InferRequest:
     """ModelInferRequest -> InferRequest; raw contents stay zero-copy views of the message bytes."""
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
+    # Inputs in shared memory have no raw entry; every other input has one, in order.
+    carried = [i for i, t in enumerate(message.inputs) if "shared_memory_region" not in t.parameters]
+    if raw and len(raw) != len(carried):
         raise InvalidArgumentError(
-            f"expected {len(message.inputs)} entries in raw_input_contents, one per input, got {len(raw)}"
+            f"expected {len(carried)} entries in raw_input_contents, one per input, got {len(raw)}"
         )
+    raw_index = {input_index: position for position, input_index in enumerate(carried)}
     inputs = []
     for index, tensor in enumerate(message.inputs):
         datatype = dtypes.from_wire(tensor.datatype)
@@ -113,15 +116,15 @@ def infer_request_from_proto(message: pb.ModelInferRequest) -> InferRequest:
             )
         parameters = parameters_from_proto(tensor.parameters)
         data: np.ndarray | memoryview
-        if raw:
+        if "shared_memory_region" in parameters:
+            data = memoryview(b"")  # read from the client's region during validation
+        elif raw:
             if tensor.HasField("contents"):
                 raise InvalidArgumentError(
                     f"input '{tensor.name}' has 'contents' but the request uses raw_input_contents"
                     "; use one or the other"
                 )
-            data = memoryview(raw[index])
-        elif "shared_memory_region" in parameters:
-            data = memoryview(b"")  # refused by validation with the shared-memory message
+            data = memoryview(raw[raw_index[index]])
         else:
             data = _typed_contents(tensor, datatype)
         inputs.append(InferInput(tensor.name, datatype.wire, shape, data, parameters))
@@ -153,8 +156,13 @@ def infer_response_to_proto(response: InferResponse) -> pb.ModelInferResponse:
     for key, value in response.parameters.items():
         _set_parameter(message.parameters[key], value)
     for tensor in response.outputs:
-        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        message.raw_output_contents.append(_raw_bytes(tensor))
+        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if tensor.in_shared_memory:
+            for key, value in tensor.parameters.items():
+                _set_parameter(output.parameters[key], value)
+            message.raw_output_contents.append(b"")  # the data is in the client's region
+        else:
+            message.raw_output_contents.append(_raw_bytes(tensor))
     return message
 
 

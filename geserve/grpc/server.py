@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
 
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2_grpc
+from geserve.core.restrictions import Restriction
 from geserve.core.service import InferenceService
+from geserve.grpc.restrictions import RestrictionInterceptor
 from geserve.grpc.servicer import HealthServicer, InferenceServicer
 
 INT32_MAX = 2**31 - 1
@@ -40,9 +43,12 @@ class GrpcOptions:
         ]
 
 
-def create_server(service: InferenceService, options: GrpcOptions) -> tuple[grpc.aio.Server, int]:
+def create_server(
+    service: InferenceService, options: GrpcOptions, restrictions: Mapping[str, Restriction] | None = None
+) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to its port (not started); returns it and the bound port."""
-    server = grpc.aio.server(options=options.channel_options())
+    interceptors = [RestrictionInterceptor(restrictions)] if restrictions else []
+    server = grpc.aio.server(options=options.channel_options(), interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), server)
     host = f"[{options.address}]" if ":" in options.address else options.address

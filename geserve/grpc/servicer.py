@@ -15,7 +15,7 @@ from geserve._generated import grpc_service_pb2 as pb
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2, health_pb2_grpc
 from geserve.core.service import DECOUPLED_UNARY_RPC_REFUSAL, InferenceService
-from geserve.errors import GeserveError
+from geserve.errors import GeserveError, UnsupportedError
 from geserve.grpc import convert
 from geserve.grpc.errors import GRPC_STATUS
 from geserve.types import StreamedResponse
@@ -40,17 +40,6 @@ async def _answer(context: Context, produce: Callable[[], Awaitable[Response]]) 
         logger.exception("unexpected error in a gRPC call")
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
     raise AssertionError("unreachable: abort raises")
-
-
-def _unimplemented_rpc(feature: str) -> Callable[..., Awaitable[Any]]:
-    """An RPC handler that answers UNIMPLEMENTED naming `feature`."""
-
-    async def handler(self: object, request: object, context: Context) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, f"the {feature} extension is not supported by this server yet"
-        )
-
-    return handler
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
@@ -188,18 +177,141 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _answer(context, produce)
 
-    # Extensions still to come answer UNIMPLEMENTED, naming the extension.
-    RepositoryIndex = _unimplemented_rpc("model repository")
-    RepositoryModelLoad = _unimplemented_rpc("model repository")
-    RepositoryModelUnload = _unimplemented_rpc("model repository")
-    SystemSharedMemoryStatus = _unimplemented_rpc("system shared memory")
-    SystemSharedMemoryRegister = _unimplemented_rpc("system shared memory")
-    SystemSharedMemoryUnregister = _unimplemented_rpc("system shared memory")
-    CudaSharedMemoryStatus = _unimplemented_rpc("CUDA shared memory")
-    CudaSharedMemoryRegister = _unimplemented_rpc("CUDA shared memory")
-    CudaSharedMemoryUnregister = _unimplemented_rpc("CUDA shared memory")
-    TraceSetting = _unimplemented_rpc("trace")
-    LogSettings = _unimplemented_rpc("logging")
+    # -- model repository ------------------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> pb.RepositoryIndexResponse:
+        async def produce() -> pb.RepositoryIndexResponse:
+            _no_repository_name(request.repository_name)
+            entries = await self._service.repository_index(request.ready)
+            return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+
+        return await _answer(context, produce)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        async def produce() -> pb.RepositoryModelLoadResponse:
+            _no_repository_name(request.repository_name)
+            parameters = {key: _repository_parameter(value) for key, value in request.parameters.items()}
+            await self._service.load_model(request.model_name, parameters)
+            return pb.RepositoryModelLoadResponse()
+
+        return await _answer(context, produce)
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        async def produce() -> pb.RepositoryModelUnloadResponse:
+            _no_repository_name(request.repository_name)
+            dependents = request.parameters.get("unload_dependents")
+            await self._service.unload_model(request.model_name, bool(dependents and dependents.bool_param))
+            return pb.RepositoryModelUnloadResponse()
+
+        return await _answer(context, produce)
+
+    # -- shared memory -----------------------------------------------------------------------------
+
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        async def produce() -> pb.SystemSharedMemoryStatusResponse:
+            response = pb.SystemSharedMemoryStatusResponse()
+            for region in self._service.shared_memory.status(request.name):
+                response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+            return response
+
+        return await _answer(context, produce)
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        async def produce() -> pb.SystemSharedMemoryRegisterResponse:
+            self._service.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await _answer(context, produce)
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        async def produce() -> pb.SystemSharedMemoryUnregisterResponse:
+            self._service.shared_memory.unregister(request.name)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await _answer(context, produce)
+
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        async def produce() -> pb.CudaSharedMemoryStatusResponse:
+            self._service.cuda_shared_memory.status(request.name)
+            return pb.CudaSharedMemoryStatusResponse()
+
+        return await _answer(context, produce)
+
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        async def produce() -> pb.CudaSharedMemoryRegisterResponse:
+            self._service.cuda_shared_memory.register()
+            return pb.CudaSharedMemoryRegisterResponse()
+
+        return await _answer(context, produce)
+
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        async def produce() -> pb.CudaSharedMemoryUnregisterResponse:
+            self._service.cuda_shared_memory.unregister(request.name)
+            return pb.CudaSharedMemoryUnregisterResponse()
+
+        return await _answer(context, produce)
+
+    # -- trace and logging -------------------------------------------------------------------------
+
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
+        async def produce() -> pb.TraceSettingResponse:
+            model = request.model_name or None
+            if model is not None:
+                self._service.model_version(model)
+            changes = {key: list(value.value) or None for key, value in request.settings.items()}
+            settings = self._service.traces.update(model, changes) if changes else self._service.traces.settings(model)
+            response = pb.TraceSettingResponse()
+            for key, value in settings.items():
+                response.settings[key].value.extend(value if isinstance(value, list) else [value])
+            return response
+
+        return await _answer(context, produce)
+
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
+        async def produce() -> pb.LogSettingsResponse:
+            changes = {}
+            for key, value in request.settings.items():
+                choice = value.WhichOneof("parameter_choice")
+                changes[key] = getattr(value, choice) if choice else None
+            if changes:
+                self._service.log_settings.update(changes)
+            response = pb.LogSettingsResponse()
+            for key, current in self._service.log_settings.as_json().items():
+                if isinstance(current, bool):
+                    response.settings[key].bool_param = current
+                elif isinstance(current, int):
+                    response.settings[key].uint32_param = current
+                else:
+                    response.settings[key].string_param = current
+            return response
+
+        return await _answer(context, produce)
+
+
+def _no_repository_name(name: str) -> None:
+    if name:
+        raise UnsupportedError("'repository_name' specification is not supported")
+
+
+def _repository_parameter(value: pb.ModelRepositoryParameter) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

@@ -270,7 +270,9 @@ def encode_response(response: InferResponse, encoding: OutputEncoding) -> tuple[
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if encoding.is_binary(tensor.name):
+        if tensor.in_shared_memory:
+            entry["parameters"] = dict(tensor.parameters)  # the data is in the client's region
+        elif encoding.is_binary(tensor.name):
             blob = _binary_data(tensor)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

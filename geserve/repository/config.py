@@ -74,11 +74,24 @@ def fill_defaults(config: mc.ModelConfig, backend: str, default_filename: str, d
         config.model_transaction_policy.decoupled = False
 
 
+def refuse_unsupported(config: mc.ModelConfig) -> None:
+    """Schedulers geserve does not have fail the load at once, before any worker starts."""
+    name = config.name
+    if config.HasField("sequence_batching"):
+        raise ModelLoadError(
+            f"model '{name}': sequence batching (sequence_batching in the config) is not supported by geserve; "
+            "use dynamic_batching, or no scheduler"
+        )
+    if config.HasField("ensemble_scheduling") or config.platform == "ensemble":
+        raise ModelLoadError(f"model '{name}': ensembles are not supported by geserve")
+
+
 def validate_config(config: mc.ModelConfig) -> None:
     """Reject configs that cannot be served, with a message naming the model and field."""
     name = config.name
     if config.max_batch_size < 0:
         raise ModelLoadError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    refuse_unsupported(config)
     if not config.input:
         raise ModelLoadError(f"model '{name}' must specify at least one input")
     if not config.output:

@@ -49,6 +49,21 @@ def scan_repositories(repositories: list[Path]) -> ScanResult:
     return ScanResult(models, conflicts)
 
 
+def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when any file of the model folder does: each file's path, size and mtime."""
+    entries = []
+    for path in sorted(model_dir.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            stat = path.stat()
+        except OSError:
+            continue  # removed while walking: the next poll sees the result
+        if path.is_file():
+            entries.append((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
+    return tuple(entries)
+
+
 def available_versions(model_dir: Path) -> list[int]:
     """Numeric version folders in ascending order; names with a leading zero are ignored, as Triton does."""
     versions = []

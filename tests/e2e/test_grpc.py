@@ -178,27 +178,6 @@ def test_request_parameters(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> 
     assert error.details() == "parameter 'priority' must be a non-negative integer, got 'high'"
 
 
-@pytest.mark.parametrize(
-    ("call", "feature"),
-    [
-        (lambda c: c.get_model_repository_index(), "model repository"),
-        (lambda c: c.load_model("simple"), "model repository"),
-        (lambda c: c.unload_model("simple"), "model repository"),
-        (lambda c: c.get_system_shared_memory_status(), "system shared memory"),
-        (lambda c: c.unregister_cuda_shared_memory(), "CUDA shared memory"),
-        (lambda c: c.get_trace_settings(), "trace"),
-        (lambda c: c.get_log_settings(), "logging"),
-    ],
-)
-def test_later_extensions_answer_unimplemented(
-    client: grpcclient.InferenceServerClient, call: Callable[[grpcclient.InferenceServerClient], object], feature: str
-) -> None:
-    with pytest.raises(InferenceServerException) as error:
-        call(client)
-    assert error.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert error.value.message() == f"the {feature} extension is not supported by this server yet"
-
-
 def _simple_inputs(left: np.ndarray, right: np.ndarray) -> list[grpcclient.InferInput]:
     inputs = []
     for name, array in (("INPUT0", left), ("INPUT1", right)):

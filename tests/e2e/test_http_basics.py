@@ -30,7 +30,19 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     metadata = client.get_server_metadata()
     assert metadata["name"] == "triton"
     assert metadata["version"]
-    assert metadata["extensions"] == ["model_configuration", "binary_tensor_data", "parameters", "statistics"]
+    assert metadata["extensions"] == [
+        "classification",
+        "model_repository",
+        "model_repository(unload_dependents)",
+        "schedule_policy",
+        "model_configuration",
+        "system_shared_memory",
+        "binary_tensor_data",
+        "parameters",
+        "statistics",
+        "trace",
+        "logging",
+    ]
 
 
 def test_model_metadata_has_batch_dimension(client: httpclient.InferenceServerClient) -> None:

@@ -295,12 +295,6 @@ BAD_CASES: list[tuple[str, Callable[[], Call], str, str]] = [
         "unexpected inference output 'OUTPUT5' for model 'simple'",
     ),
     (
-        "classification",
-        lambda: simple_call(GOOD, GOOD, outputs=["OUTPUT0"], class_count=3),
-        "UNSUPPORTED",
-        "output 'OUTPUT0': the classification extension is not supported",
-    ),
-    (
         "model-fails-to-execute",
         lambda: Call(
             "simple_string",

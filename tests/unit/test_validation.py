@@ -152,10 +152,14 @@ def test_custom_parameters_pass() -> None:
     validation.check_parameters({"sequence_id": "abc", "priority": 2, "timeout": 10, "custom": "x", "flag": True})
 
 
-def test_shared_memory_and_classification_are_refused(model: ModelVersion) -> None:
+def test_shared_memory_inputs_need_a_reader_and_classification_a_count(model: ModelVersion) -> None:
     inputs = replace_input(0, InferInput("A", "INT32", (1, 2, 3), memoryview(b""), {"shared_memory_region": "r"}))
     with pytest.raises(UnsupportedError, match="input 'A': shared memory is not supported"):
         validation.validate_inputs(request(inputs), model)
-    asks = request([], outputs=(RequestedOutput("X", {"classification": 2}),))
-    with pytest.raises(UnsupportedError, match="output 'X': the classification extension is not supported"):
-        validation.requested_output_names(asks, model)
+    for count in (0, -1, True, "2"):
+        asks = request([], outputs=(RequestedOutput("X", {"classification": count}),))
+        with pytest.raises(InvalidArgumentError, match="'classification' of output 'X' must be a positive integer"):
+            validation.requested_output_names(asks, model)
+    both = request([], outputs=(RequestedOutput("X", {"classification": 2, "shared_memory_region": "r"}),))
+    with pytest.raises(InvalidArgumentError, match="classification can not be used with shared memory"):
+        validation.requested_output_names(both, model)

@@ -1,0 +1,277 @@
+"""The loaded models, and loading, reloading and unloading them under Triton's model control modes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.core.loader import LoadSettings, load_model
+from geserve.core.models import Model, ModelVersion
+from geserve.errors import InvalidArgumentError, UnavailableError
+from geserve.repository.scan import ModelSource, fingerprint, scan_repositories
+
+logger = logging.getLogger(__name__)
+
+EXPLICIT_ONLY = "explicit model load / unload is not allowed if polling is enabled"
+FILE_PREFIX = "file:"
+
+
+class ControlMode(enum.Enum):
+    NONE = "none"  # load everything at start; the repository is not watched
+    POLL = "poll"  # load everything, then follow changes every --repository-poll-secs
+    EXPLICIT = "explicit"  # load --load-model at start; then the repository API decides
+
+
+def check_model_name(name: str) -> None:
+    """Names come from clients: refuse anything that could leave the repository."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise InvalidArgumentError(
+            f"invalid model name '{name}': model names must not be empty or contain path traversal characters"
+        )
+
+
+class ModelRepository:
+    """Owns `models`. A (re)load builds the new versions next to the old ones, switches traffic to them
+    only once they are ready, and drains the old ones before stopping them; a failed reload leaves the
+    old model serving."""
+
+    def __init__(
+        self,
+        repositories: list[Path],
+        settings: LoadSettings,
+        mode: ControlMode = ControlMode.NONE,
+        startup_models: tuple[str, ...] = (),
+        poll_secs: float = 15.0,
+    ) -> None:
+        self.repositories = repositories
+        self.settings = settings
+        self.mode = mode
+        self.startup_models = startup_models
+        self.poll_secs = poll_secs
+        self.models: dict[str, Model] = {}
+        self.listeners: list[Callable[[ModelVersion], None]] = []
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._loading: set[str] = set()
+        self._fingerprints: dict[str, tuple[Any, ...]] = {}
+        self._override_dirs: dict[str, Path] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._poller: asyncio.Task[None] | None = None
+
+    # -- startup and polling -------------------------------------------------------------------
+
+    async def load_startup(self) -> dict[str, str]:
+        """The models the mode loads at start; returns the failures as name -> reason."""
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        for name, reason in scan.conflicts.items():
+            logger.error("failed to load '%s': %s", name, reason)
+            self.models[name] = Model(name, reason=reason)
+        sources = scan.models
+        if self.mode is ControlMode.EXPLICIT and "*" not in self.startup_models:
+            missing = [name for name in self.startup_models if name not in sources]
+            for name in missing:
+                logger.error("failed to load '%s': no such model in the repository", name)
+                self.models[name] = Model(name, reason=f"failed to load '{name}', failed to poll from model repository")
+            sources = {name: source for name, source in sources.items() if name in self.startup_models}
+        await asyncio.gather(*(self._load_source(source) for source in sources.values()))
+        return {name: model.reason for name, model in sorted(self.models.items()) if model.reason}
+
+    def start_polling(self) -> None:
+        if self.mode is ControlMode.POLL:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_secs)
+            try:
+                await self.poll()
+            except Exception:
+                logger.exception("polling the model repository failed")
+
+    async def poll(self) -> None:
+        """Load new models, reload changed ones, unload removed ones."""
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        for name, source in scan.models.items():
+            current = await asyncio.to_thread(fingerprint, source.path)
+            if name not in self.models or self._fingerprints.get(name) != current:
+                logger.info("model '%s' %s in the repository", name, "changed" if name in self.models else "appeared")
+                await self._load_source(source)
+        for name in [name for name in self.models if name not in scan.models and name not in scan.conflicts]:
+            if self.models[name].versions:
+                logger.info("model '%s' left the repository", name)
+                await self.unload(name, api=False)
+
+    # -- the repository API --------------------------------------------------------------------
+
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Load or reload `name`; `parameters` may hold a `config` JSON string and `file:<path>` contents."""
+        if self.mode is not ControlMode.EXPLICIT:
+            raise UnavailableError(EXPLICIT_ONLY)
+        check_model_name(name)
+        parameters = dict(parameters or {})
+        config_text = parameters.pop("config", None)
+        files = {key[len(FILE_PREFIX) :]: value for key, value in parameters.items() if key.startswith(FILE_PREFIX)}
+        override = _config_override(name, config_text) if config_text is not None else None
+        if files:
+            if override is None:
+                raise InvalidArgumentError(f"failed to load '{name}': file overrides need a 'config' parameter too")
+            source = await asyncio.to_thread(self._write_override_folder, name, files)
+        else:
+            scan = await asyncio.to_thread(scan_repositories, self.repositories)
+            found = scan.models.get(name)
+            if found is None:
+                reason = scan.conflicts.get(name, "failed to poll from model repository")
+                raise InvalidArgumentError(f"failed to load '{name}', {reason}")
+            source = found
+        model = await self._load_source(source, override)
+        if model.reason:
+            raise InvalidArgumentError(f"failed to load '{name}', {model.reason}")
+
+    async def unload(self, name: str, unload_dependents: bool = False, api: bool = True) -> None:
+        """Stop serving `name`: requests already admitted finish first. (Without ensembles, no model
+        has dependents, so `unload_dependents` changes nothing.)"""
+        if api and self.mode is not ControlMode.EXPLICIT:
+            raise UnavailableError(EXPLICIT_ONLY)
+        check_model_name(name)
+        async with self._lock(name):
+            old = self.models.get(name)
+            if old is None or (old.unloaded and not old.versions):
+                return
+            self.models[name] = Model(name, unloaded=True, unloaded_versions=tuple(sorted(old.versions)))
+            self._fingerprints.pop(name, None)
+        await self._retire(old, wait=True)
+        self._drop_override_folder(name)
+
+    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model of the repositories and every one loaded, with its versions' states."""
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        entries: list[dict[str, str]] = []
+        for name in sorted(set(scan.models) | set(scan.conflicts) | set(self.models)):
+            model = self.models.get(name)
+            if name in self._loading:
+                entries.append({"name": name, "state": "LOADING"})
+            elif model is None:
+                entries.append({"name": name})
+            elif model.versions:
+                for number in sorted(model.versions):
+                    version = model.versions[number]
+                    state = "READY" if version.ready else "UNAVAILABLE"
+                    entries.append({"name": name, "version": str(number), "state": state})
+            elif model.unloaded:
+                if not model.unloaded_versions:
+                    entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
+                for number in model.unloaded_versions:
+                    entries.append({"name": name, "version": str(number), "state": "UNAVAILABLE", "reason": "unloaded"})
+            else:
+                entries.append({"name": name, "state": "UNAVAILABLE", "reason": model.reason})
+        if ready_only:
+            entries = [entry for entry in entries if entry.get("state") == "READY"]
+        return entries
+
+    # -- loading and retiring ------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _load_source(self, source: ModelSource, override: mc.ModelConfig | None = None) -> Model:
+        async with self._lock(source.name):
+            self._loading.add(source.name)
+            try:
+                current = await asyncio.to_thread(fingerprint, source.path)
+                model = await load_model(source, self.settings, override)
+            finally:
+                self._loading.discard(source.name)
+            old = self.models.get(source.name)
+            if model.reason and old is not None and old.versions:
+                logger.error("reloading '%s' failed; the loaded version(s) keep serving: %s", source.name, model.reason)
+                self._fingerprints[source.name] = current  # do not retry the same files every poll
+                return model
+            if model.reason:
+                logger.error("failed to load '%s': %s", source.name, model.reason)
+            self.models[source.name] = model
+            self._fingerprints[source.name] = current
+            for version in model.versions.values():
+                for listener in self.listeners:
+                    listener(version)
+            if model.versions:
+                logger.info("model '%s' is ready (versions %s)", source.name, sorted(model.versions))
+        if old is not None and old is not model:
+            await self._retire(old, wait=False)
+        return model
+
+    async def _retire(self, old: Model, wait: bool) -> None:
+        """Let the old versions finish what they admitted, then stop their workers."""
+        if not old.versions:
+            return
+        task = asyncio.get_running_loop().create_task(self._stop_versions(list(old.versions.values())))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        if wait:
+            await task
+
+    async def _stop_versions(self, versions: list[ModelVersion]) -> None:
+        await asyncio.gather(*(version.stop(self.settings.stop_timeout_s) for version in versions))
+
+    def _write_override_folder(self, name: str, files: Mapping[str, bytes]) -> ModelSource:
+        """A fresh temporary model folder holding only the given files; paths must stay inside it."""
+        root = Path(tempfile.mkdtemp(prefix="geserve-model-")).resolve()
+        folder = root / name
+        folder.mkdir()
+        try:
+            for relative, content in files.items():
+                target = (folder / relative).resolve()
+                if not relative or not target.is_relative_to(folder) or target == folder:
+                    raise InvalidArgumentError(
+                        f"failed to load '{name}': file override '{FILE_PREFIX}{relative}' must name a file inside "
+                        "the model folder"
+                    )
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        self._drop_override_folder(name)
+        self._override_dirs[name] = root
+        return ModelSource(name, folder)
+
+    def _drop_override_folder(self, name: str) -> None:
+        root = self._override_dirs.pop(name, None)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    async def shutdown(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        versions = [version for model in self.models.values() for version in model.versions.values()]
+        await asyncio.gather(*(version.stop(self.settings.stop_timeout_s) for version in versions), *self._retiring)
+        for name in list(self._override_dirs):
+            self._drop_override_folder(name)
+
+
+def _config_override(name: str, text: Any) -> mc.ModelConfig:
+    """The `config` load parameter: ModelConfig JSON; numeric strings are accepted for integer fields."""
+    config = mc.ModelConfig()
+    try:
+        if not isinstance(text, str):
+            raise TypeError("the 'config' parameter must be a string")
+        if text.strip():
+            json_format.Parse(text, config)
+    except (json_format.ParseError, TypeError) as error:
+        raise InvalidArgumentError(
+            f"failed to load '{name}', the 'config' parameter is not a model config: {error}"
+        ) from None
+    if config.name and config.name != name:
+        raise InvalidArgumentError(f"failed to load '{name}', the 'config' parameter names model '{config.name}'")
+    config.name = name
+    return config
