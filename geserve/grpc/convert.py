@@ -156,10 +156,8 @@ def infer_response_to_proto(response: InferResponse) -> pb.ModelInferResponse:
     for key, value in response.parameters.items():
         _set_parameter(message.parameters[key], value)
     for tensor in response.outputs:
-        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         if tensor.in_shared_memory:
-            for key, value in tensor.parameters.items():
-                _set_parameter(output.parameters[key], value)
             message.raw_output_contents.append(b"")  # the data is in the client's region
         else:
             message.raw_output_contents.append(_raw_bytes(tensor))

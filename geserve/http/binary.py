@@ -271,8 +271,9 @@ def encode_response(response: InferResponse, encoding: OutputEncoding) -> tuple[
             "shape": list(tensor.shape),
         }
         if tensor.in_shared_memory:
-            entry["parameters"] = dict(tensor.parameters)  # the data is in the client's region
-        elif encoding.is_binary(tensor.name):
+            outputs.append(entry)  # the data is in the client's region: described only, as Triton answers
+            continue
+        if encoding.is_binary(tensor.name):
             blob = _binary_data(tensor)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
