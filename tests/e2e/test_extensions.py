@@ -189,7 +189,7 @@ def test_restricted_apis_need_their_header(launch: Launch, tmp_path: Path) -> No
     ).wait_live()
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    for headers in (None, {"admin-key": "wrong"}, {"admin-key": "s3cret "}):
+    for headers in (None, {"admin-key": "wrong"}, {"admin-key": "s3cre"}, {"Admin-Key": "s3cretx"}):
         with pytest.raises(InferenceServerException) as error:
             http.get_model_repository_index(headers=headers)
         assert error.value.status() == "403"

@@ -1,0 +1,92 @@
+"""Loading deploy/: the rendered Helm chart, the KServe manifests, and the CRD schemas to check them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+from tests.support import ROOT
+
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "geserve"
+CRDS = ROOT.parent / "shared" / "crds"
+KUBERNETES_VERSION = "1.33.0"  # pinned: kubernetes-validate ships schemas per version
+
+
+def render_chart(values_file: str | None = None) -> list[dict[str, Any]]:
+    """Every object the chart renders with its defaults, or with a values file of the chart."""
+    import helm_python as helm
+
+    values = yaml.safe_load((CHART / values_file).read_text()) if values_file else None
+    rendered = helm.Chart.load(CHART).render(values, name="geserve", namespace="serving")
+    objects = []
+    for name, text in sorted(rendered.items()):
+        if name.endswith(".yaml"):
+            objects += [document for document in yaml.safe_load_all(text) if document]
+    return objects
+
+
+def kserve_objects() -> list[dict[str, Any]]:
+    objects = []
+    for path in sorted((DEPLOY / "kserve").glob("*.yaml")):
+        objects += [document for document in yaml.safe_load_all(path.read_text()) if document]
+    return objects
+
+
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> openAPIV3Schema of every CRD in ../shared/crds."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*/*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            # Go regexps allow "^(?i)..."; Python wants inline flags first.
+            text = json.dumps(version["schema"]["openAPIV3Schema"]).replace('"^(?i)', '"(?i)^')
+            schemas[(f"{group}/{version['name']}", kind)] = json.loads(text)
+    return schemas
+
+
+def unknown_fields(instance: Any, schema: dict[str, Any], path: str = "") -> Iterator[str]:
+    """Fields the API server would drop as unknown: what a schema check alone lets through (typos)."""
+    if isinstance(instance, dict) and schema.get("type") == "object":
+        properties = schema.get("properties")
+        open_ended = schema.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in schema
+        for key, value in instance.items():
+            if properties is not None and key in properties:
+                yield from unknown_fields(value, properties[key], f"{path}.{key}")
+            elif properties is not None and not open_ended:
+                yield f"{path}.{key}"
+            elif isinstance(schema.get("additionalProperties"), dict):
+                yield from unknown_fields(value, schema["additionalProperties"], f"{path}.{key}")
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(instance):
+            yield from unknown_fields(item, schema["items"], f"{path}[{index}]")
+
+
+def validate_custom(document: dict[str, Any], schemas: dict[tuple[str, str], dict[str, Any]]) -> None:
+    schema = schemas[(document["apiVersion"], document["kind"])]
+    jsonschema.Draft7Validator(schema).validate(document)
+    unknown = list(unknown_fields(document, schema))
+    assert not unknown, f"{document['kind']} {document['metadata']['name']} has unknown fields {unknown}"
+
+
+def validate_core(document: dict[str, Any]) -> None:
+    kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def containers_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = document["spec"]
+    if document["kind"] == "Deployment":
+        return list(spec["template"]["spec"]["containers"])
+    if document["kind"] in ("ClusterServingRuntime", "ServingRuntime"):
+        return list(spec["containers"])
+    return []
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [document for document in objects if document["kind"] == kind]

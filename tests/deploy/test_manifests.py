@@ -1,0 +1,247 @@
+"""deploy/ checked offline: the chart renders and validates, manifests match the CLI and live metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geserve.cli import parse_options
+from tests.deploy.manifests import (
+    CHART,
+    CRDS,
+    DEPLOY,
+    by_kind,
+    containers_of,
+    crd_schemas,
+    kserve_objects,
+    render_chart,
+    validate_core,
+    validate_custom,
+)
+from tests.fakes.om_models import write_affine_om
+from tests.support import GeserveProcess, copy_model
+
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "ClusterServingRuntime", "InferenceService", "TrainedModel"}
+METRIC_NAME = re.compile(r"\b(nv_[a-z0-9_]+|geserve[_:][a-z0-9_:]+)\b")
+
+
+def _crds() -> dict[tuple[str, str], dict[str, Any]]:
+    if not CRDS.is_dir():
+        pytest.skip(f"the CRD schemas are not here ({CRDS}); custom resources cannot be validated")
+    return crd_schemas()
+
+
+@pytest.mark.parametrize("values", [None, "values-ascend.yaml"])
+def test_chart_renders_valid_objects(values: str | None) -> None:
+    objects = render_chart(values)
+    kinds = sorted(document["kind"] for document in objects)
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "PrometheusRule",
+        "Service",
+        "Service",
+        "ServiceMonitor",
+    ]
+    for document in objects:
+        if document["kind"] not in CUSTOM_KINDS:
+            validate_core(document)
+    schemas = _crds()
+    for document in objects:
+        if document["kind"] in CUSTOM_KINDS:
+            validate_custom(document, schemas)
+
+
+def test_kserve_manifests_validate_against_the_crds() -> None:
+    objects = kserve_objects()
+    assert sorted({document["kind"] for document in objects}) == [
+        "ClusterServingRuntime",
+        "InferenceService",
+        "TrainedModel",
+    ]
+    schemas = _crds()
+    for document in objects:
+        validate_custom(document, schemas)
+
+
+def _options(args: list[str]) -> Any:
+    return parse_options(args)
+
+
+def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
+    for values in (None, "values-ascend.yaml"):
+        deployment = by_kind(render_chart(values), "Deployment")[0]
+        pod = deployment["spec"]["template"]["spec"]
+        container = containers_of(deployment)[0]
+        options = _options(container["args"])
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert ports == {"http": options.http_port, "grpc": options.grpc.port, "metrics": options.metrics_port}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+        assert container["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+        # /dev/shm in memory, large enough for at least a few workers' pairs of arenas
+        shm = next(volume for volume in pod["volumes"] if volume["name"] == "dshm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert _bytes(shm["emptyDir"]["sizeLimit"]) >= 8 * 2 * options.worker_arena_bytes
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        # drained within the grace period: the exit timeout leaves the kubelet time to spare
+        assert options.exit_timeout_secs < pod["terminationGracePeriodSeconds"]
+
+
+def test_ascend_values_request_npus_and_mount_the_driver_only() -> None:
+    deployment = by_kind(render_chart("values-ascend.yaml"), "Deployment")[0]
+    container = containers_of(deployment)[0]
+    assert container["resources"]["requests"]["huawei.com/Ascend910"] == 1
+    assert container["resources"]["limits"]["huawei.com/Ascend910"] == 1
+    driver = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "ascend-driver")
+    assert driver["hostPath"]["path"] == "/usr/local/Ascend/driver"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "ascend-driver")
+    assert mount["readOnly"] is True and mount["mountPath"] == "/usr/local/Ascend/driver"
+    assert "Ascend" not in json.dumps(by_kind(render_chart(), "Deployment")[0])  # CPU values: no NPU parts
+
+
+def test_kserve_runtime_args_probes_and_annotations() -> None:
+    for runtime in by_kind(kserve_objects(), "ClusterServingRuntime"):
+        container = containers_of(runtime)[0]
+        options = _options(container["args"])
+        assert options.model_repositories == [Path("/mnt/models")]
+        assert (options.http_port, options.grpc.port) == (8080, 9000)
+        assert container["ports"][0]["containerPort"] == options.http_port
+        for probe in ("readinessProbe", "startupProbe"):
+            assert container[probe]["httpGet"] == {"path": "/v2/health/ready", "port": options.http_port}
+        annotations = runtime["spec"]["annotations"]
+        assert annotations["prometheus.kserve.io/port"] == str(options.metrics_port)
+        assert annotations["prometheus.kserve.io/path"] == "/metrics"
+        assert set(runtime["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
+        assert {f["name"] for f in runtime["spec"]["supportedModelFormats"]} == {"onnx", "python", "om"}
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert options.control.mode.value == "explicit"  # the model agent drives the repository API
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor
+    return int(quantity)
+
+
+# -- container images ----------------------------------------------------------------------------
+
+
+def _instruction(dockerfile: Path, name: str) -> list[str]:
+    """The last `name` instruction's arguments: the one in effect in the final image."""
+    found: list[str] | None = None
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith(f"{name} "):
+            value = line[len(name) + 1 :].strip()
+            found = json.loads(value) if value.startswith("[") else value.split()
+    assert found is not None, f"{dockerfile.name} has no {name}"
+    return found
+
+
+@pytest.mark.parametrize("image", ["Dockerfile.cpu", "Dockerfile.ascend"])
+def test_dockerfile_command_parses_with_the_cli(image: str) -> None:
+    dockerfile = DEPLOY / "docker" / image
+    command = _instruction(dockerfile, "CMD")
+    options = _options(command)
+    assert options.model_repositories == [Path("/models")]
+    assert sorted(_instruction(dockerfile, "EXPOSE")) == sorted(
+        str(port) for port in (options.http_port, options.grpc.port, options.metrics_port)
+    )
+    assert _instruction(dockerfile, "USER") == ["1000:1000"]
+    text = dockerfile.read_text()
+    assert '".[onnx]"' in text
+    if image == "Dockerfile.ascend":
+        assert _instruction(dockerfile, "ENTRYPOINT") == ["/usr/local/bin/geserve-ascend"]
+        assert "driver" not in re.sub(r"#.*", "", text).replace("Ascend/driver", "")  # never copied in
+        entrypoint = (DEPLOY / "docker" / "ascend-entrypoint.sh").read_text()
+        assert "ascend-toolkit/set_env.sh" in entrypoint and 'exec geserve "$@"' in entrypoint
+        assert os.access(DEPLOY / "docker" / "ascend-entrypoint.sh", os.X_OK)
+    else:
+        assert _instruction(dockerfile, "ENTRYPOINT") == ["geserve"]
+        assert _instruction(dockerfile, "FROM")[0].startswith("python:3.11-slim")
+
+
+# -- metric names ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
+    """Metric families a geserve process exports with an ONNX model and an NPU (the pyACL simulator)."""
+    root = tmp_path_factory.mktemp("metrics")
+    repository = root / "models"
+    copy_model("simple", repository)
+    write_affine_om(repository / "affine" / "1" / "model.om", gears=[1, 2, 4])
+    fakes = Path(__file__).resolve().parents[1] / "fakes"
+    server = GeserveProcess(
+        root / "geserve.log",
+        f"--model-repository={repository}",
+        "--device-ids=0",
+        "--metrics-interval-ms=100",
+        "--metrics-config=summary_latencies=true",
+        env={"PYTHONPATH": os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")])},
+    ).wait_live()
+    try:
+        names: set[str] = set()
+        for _ in range(100):
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+            if "nv_gpu_memory_total_bytes" in names:
+                break
+            time.sleep(0.1)
+        yield names
+    finally:
+        server.stop()
+
+
+def _recorded(objects: list[dict[str, Any]]) -> set[str]:
+    rule = by_kind(objects, "PrometheusRule")[0]
+    return {r["record"] for group in rule["spec"]["groups"] for r in group["rules"] if "record" in r}
+
+
+def test_every_metric_used_is_exported_or_recorded(live_metrics: set[str]) -> None:
+    objects = render_chart()
+    recorded = _recorded(objects)
+    used: set[str] = set()
+    rule = by_kind(objects, "PrometheusRule")[0]
+    for group in rule["spec"]["groups"]:
+        for entry in group["rules"]:
+            used |= set(METRIC_NAME.findall(entry["expr"]))
+    hpa = by_kind(objects, "HorizontalPodAutoscaler")[0]
+    hpa_metrics = {metric["pods"]["metric"]["name"] for metric in hpa["spec"]["metrics"]}
+    assert hpa_metrics <= recorded  # the HPA scales on the recording rule
+    dashboard = json.loads((DEPLOY / "grafana" / "geserve-dashboard.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            used |= set(METRIC_NAME.findall(target["expr"]))
+    for variable in dashboard["templating"]["list"]:
+        used |= set(METRIC_NAME.findall(str(variable.get("query", ""))))
+    exported = {name for name in used if name.startswith("nv_")}
+    assert exported and exported <= live_metrics, sorted(exported - live_metrics)
+    assert {"nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"} <= used
+    assert {name for name in used if not name.startswith("nv_")} <= recorded
+
+
+def test_dashboard_is_the_one_the_chart_ships() -> None:
+    shipped = (DEPLOY / "grafana" / "geserve-dashboard.json").read_text()
+    assert (CHART / "files" / "geserve-dashboard.json").read_text() == shipped
+    configmap = by_kind(render_chart(), "ConfigMap")[0]
+    assert json.loads(configmap["data"]["geserve-dashboard.json"]) == json.loads(shipped)
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    titles = {panel["title"] for panel in json.loads(shipped)["panels"]}
+    assert {"Request rate", "Failures by reason", "Pending requests", "NPU memory", "NPU utilization"} <= titles
