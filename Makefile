@@ -23,8 +23,8 @@ run: $(STAMP_RUN)
 	$(BIN)/geserve --model-repository=model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002
 
 lint: $(STAMP_TEST)
-	$(BIN)/ruff check geserve tests scripts
-	$(BIN)/ruff format --check geserve tests scripts
+	$(BIN)/ruff check geserve tests scripts model_repository
+	$(BIN)/ruff format --check geserve tests scripts model_repository
 
 typecheck: $(STAMP_TEST)
 	$(BIN)/mypy

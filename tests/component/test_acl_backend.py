@@ -244,7 +244,7 @@ def test_non_gear_batch_and_models_used_outside_their_context(acl: Any, tmp_path
 
 
 def test_execute_holds_the_gil_as_the_real_binding_does(acl: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ACL_SIM_EXECUTE_US", "200000")
+    monkeypatch.setenv("ACL_SIM_EXECUTE_US", "500000")
     ticks = [0]
     stop = threading.Event()
 
@@ -260,12 +260,13 @@ def test_execute_holds_the_gil_as_the_real_binding_does(acl: Any, monkeypatch: p
         runtime.spend_device_time()  # what every simulated execute ends with
         during_execute = ticks[0] - before
         before = ticks[0]
-        time.sleep(0.2)
+        time.sleep(0.5)
         during_sleep = ticks[0] - before
     finally:
         stop.set()
         thread.join()
-    assert during_execute * 20 < during_sleep
+    # At most a switch interval or two of counting slips in around the call; none during it.
+    assert during_execute * 5 < during_sleep, (during_execute, during_sleep)
 
 
 def test_handles_are_plain_ints_and_bytes_to_ptr_takes_only_bytes(acl: Any) -> None:
