@@ -88,17 +88,8 @@ class InstanceRunner:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
             for name in output_names:
                 self._check_output(name, np.asarray(outputs[name]))
-        except GeserveError as error:
-            if isinstance(error, DeviceFaultError):
-                logger.error("instance %s: %s", self.spec.instance_name, error.message)
-                self.fault = error.message
-            return Executed(None, error, started, time.monotonic_ns())
         except Exception as error:
-            logger.exception("instance %s failed to execute", self.spec.instance_name)
-            failure = InternalError(
-                f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}"
-            )
-            return Executed(None, failure, started, time.monotonic_ns())
+            return self._failed(error, started)
         finished = time.monotonic_ns()
         answer = {name: np.asarray(outputs[name]) for name in output_names}
         return Executed(answer, None, started, finished)
@@ -124,18 +115,22 @@ class InstanceRunner:
             split.append(BackendRequest(own, info.request_id, info.parameters, info.output_names, cancelled))
         try:
             results = backend.execute_requests(split, emit or _drop)
-        except GeserveError as error:
-            return Executed(None, error, started, time.monotonic_ns())
         except Exception as error:
-            logger.exception("instance %s failed to execute", self.spec.instance_name)
-            failure = InternalError(
-                f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}"
-            )
-            return Executed(None, failure, started, time.monotonic_ns())
+            return self._failed(error, started)
         finished = time.monotonic_ns()
         if results is None:
             return Executed(None, None, started, finished)  # decoupled: the responses stream
         return Executed(None, None, started, finished, tuple(self.checked(result) for result in results))
+
+    def _failed(self, error: Exception, started: int) -> Executed:
+        """A failed batch: its error (a device fault also retires the worker), never an exception."""
+        if isinstance(error, DeviceFaultError):
+            logger.error("instance %s: %s", self.spec.instance_name, error.message)
+            self.fault = error.message
+        if not isinstance(error, GeserveError):
+            logger.exception("instance %s failed to execute", self.spec.instance_name, exc_info=error)
+            error = InternalError(f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}")
+        return Executed(None, error, started, time.monotonic_ns())
 
     def checked(self, result: RequestResult | Mapping[str, np.ndarray]) -> RequestResult:
         """A request's outputs if they have the types the config declares, else its error."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +13,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.e2e.test_perf_analyzer import perf_analyzer  # noqa: F401 - the fixture
+from tests.e2e.test_perf_analyzer import perf_analyzer, run_briefly  # noqa: F401 - the fixture
 from tests.support import GeserveProcess, copy_model
 
 pytestmark = pytest.mark.e2e
@@ -233,13 +232,6 @@ def test_cuda_endpoints_exist_but_cannot_register(shm_server: GeserveProcess) ->
 
 @pytest.mark.timeout(600)
 def test_perf_analyzer_with_system_shared_memory(shm_server: GeserveProcess, perf_analyzer: str) -> None:  # noqa: F811
-    command = [
-        perf_analyzer, "-m", "simple", "-i", "http", "-u", shm_server.url, "--shared-memory", "system",
-        "--concurrency-range", "2", "--measurement-interval", "500", "--max-trials", "6",
-        "--stability-percentage", "100",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    output = run_briefly(perf_analyzer, "http", shm_server.url, "--shared-memory", "system")
     assert "Server:" in output and "compute infer" in output
     assert httpclient.InferenceServerClient(shm_server.url).get_system_shared_memory_status() == []
