@@ -39,6 +39,7 @@ class GeserveProcess:
         self.grpc_port = free_port()
         self.metrics_port = free_port()
         self.log_path = log_path
+        self._args = args
         command = [
             sys.executable,
             "-m",
@@ -67,13 +68,23 @@ class GeserveProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"geserve exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if http_status(f"http://{self.url}/v2/health/live") == 200:
+                if http_status(f"http://{self.url}/v2/health/live") == 200 and self._metrics_up():
                     return self
             except OSError:
                 pass
             time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"geserve did not become live in {timeout_s}s:\n{self.log()}")
+
+    def _metrics_up(self) -> bool:
+        """The metrics listener starts just after the HTTP one; live means both answer."""
+        if "--allow-metrics=false" in self._args:
+            return True
+        try:
+            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def wait_exit(self, timeout_s: float = 90.0) -> int:
         return self.process.wait(timeout_s)

@@ -197,9 +197,13 @@ def live_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]
     ).wait_live()
     try:
         names: set[str] = set()
-        for _ in range(100):
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
-                text = response.read().decode()
+        for _ in range(300):
+            try:  # the metrics listener starts just after the HTTP one
+                with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as answer:
+                    text = answer.read().decode()
+            except OSError:
+                time.sleep(0.1)
+                continue
             names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
             if "nv_gpu_memory_total_bytes" in names:
                 break
