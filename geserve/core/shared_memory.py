@@ -70,7 +70,7 @@ class SharedMemoryManager:
         offset = _integer(offset, "'offset'")
         byte_size = _integer(byte_size, "'byte_size'")
         stripped = key.lstrip("/")
-        if not stripped or "/" in stripped or "\x00" in stripped:
+        if not stripped or "/" in stripped or "\x00" in stripped or stripped in (".", ".."):
             raise InvalidArgumentError(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
         for prefix in RESERVED_PREFIXES:
             if stripped.startswith(prefix):

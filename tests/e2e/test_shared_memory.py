@@ -147,6 +147,7 @@ def test_bytes_round_trip(shm_server: GeserveProcess, regions: Any) -> None:
         ("/triton_python_backend_shm_region_7", 64, "reserved prefix 'triton_python_backend_shm_region_'"),
         ("/", 64, "invalid shm key '/'"),
         ("///", 64, "invalid shm key '///'"),
+        ("/..", 64, "invalid shm key '/..'"),
         ("/no-such-segment-here", 64, "Unable to open shared memory region"),
     ],
 )
