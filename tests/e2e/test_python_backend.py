@@ -371,3 +371,20 @@ def test_decoupled_stream_over_asyncio_client(python_server: GeserveProcess) -> 
             await client.close()
 
     assert asyncio.run(run()) == [10, 20, 30, 40]
+
+
+def test_a_stream_the_client_cancels_is_cancelled_in_the_model(python_server: GeserveProcess) -> None:
+    client = _grpc(python_server)
+    received: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: received.put(error or result))
+    count = _grpc_input("COUNT", np.array([500], dtype=np.int32), "INT32")
+    client.async_stream_infer("cancellable", [count], request_id="goes-away")
+    for _ in range(3):
+        received.get(timeout=10)
+    client.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 10
+    while "request goes-away cancelled after" not in python_server.log():
+        assert time.monotonic() < deadline, "the model never saw the cancellation"
+        time.sleep(0.1)
+    sent = int(re.search(r"request goes-away cancelled after (\d+) responses", python_server.log()).group(1))
+    assert 3 <= sent < 500
