@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from geserve._generated import model_config_pb2 as mc
 from geserve.core.loader import LoadSettings, load_model
 from geserve.core.models import Model, ModelVersion
-from geserve.errors import InvalidArgumentError, UnavailableError
+from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.scan import ModelSource, fingerprint, scan_repositories
 
 logger = logging.getLogger(__name__)
@@ -129,8 +129,10 @@ class ModelRepository:
             scan = await asyncio.to_thread(scan_repositories, self.repositories)
             found = scan.models.get(name)
             if found is None:
-                reason = scan.conflicts.get(name, "failed to poll from model repository")
-                raise InvalidArgumentError(f"failed to load '{name}', {reason}")
+                if name in scan.conflicts:
+                    raise InvalidArgumentError(f"failed to load '{name}', {scan.conflicts[name]}")
+                # Triton's text and code (INTERNAL) for a name the repository does not hold.
+                raise InternalError(f"failed to load '{name}', failed to poll from model repository")
             source = found
         model = await self._load_source(source, override)
         if model.reason:

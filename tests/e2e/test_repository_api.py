@@ -131,7 +131,7 @@ def test_file_overrides_load_into_a_fresh_model_folder(explicit: GeserveProcess)
     ("name", "parameters", "status", "message"),
     [
         ("..", {}, 400, "must not be empty or contain path traversal characters"),
-        ("nope", {}, 400, "failed to load 'nope', failed to poll from model repository"),
+        ("nope", {}, 500, "failed to load 'nope', failed to poll from model repository"),
         (
             "escape",
             {"config": "{}", "file:../../outside.onnx": "AAAA"},
