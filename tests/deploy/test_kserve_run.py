@@ -50,7 +50,8 @@ def _status(url: str, method: str = "GET") -> int | None:
         with urllib.request.urlopen(request, timeout=5) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
-        return int(error.code)
+        with error:
+            return int(error.code)
     except OSError:
         return None
 

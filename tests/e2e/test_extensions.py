@@ -198,7 +198,8 @@ def test_restricted_apis_need_their_header(launch: Launch, tmp_path: Path) -> No
     request = urllib.request.Request(f"http://{server.url}/v2/logging")
     with pytest.raises(urllib.error.HTTPError) as http_error:
         urllib.request.urlopen(request, timeout=10)
-    assert http_error.value.code == 403
+    with http_error.value:
+        assert http_error.value.code == 403
     with pytest.raises(InferenceServerException) as error:
         _simple(server)
     assert error.value.status() == "403"

@@ -122,7 +122,8 @@ def _get(url: str) -> tuple[int, bytes]:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
-        return error.code, error.read()
+        with error:
+            return error.code, error.read()
 
 
 def test_routing_texts_as_triton(server: GeserveProcess) -> None:

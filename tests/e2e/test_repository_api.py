@@ -45,7 +45,8 @@ def _post(server: GeserveProcess, path: str, body: dict[str, object] | None = No
             raw = response.read()
             return response.status, json.loads(raw) if raw else None
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+        with error:
+            return error.code, json.loads(error.read())
 
 
 @pytest.fixture(scope="module")
