@@ -359,10 +359,7 @@ class Scheduler:
                         f"model '{self._model_name}' returned output '{name}' with {returned} rows "
                         f"for a batch of {rows}"
                     )
-        input_ns = max(executed.infer_start_ns - dispatched_ns, 0)
-        infer_ns = max(executed.infer_end_ns - executed.infer_start_ns, 0)
-        output_ns = max(done_ns - executed.infer_end_ns, 0)
-        self.stats.record_execution(rows, input_ns, infer_ns, output_ns)
+        compute = self._record_execution(rows, executed, dispatched_ns, done_ns)
         offset = 0
         for request in batch:
             if len(batch) == 1:
@@ -370,25 +367,11 @@ class Scheduler:
             else:
                 result = {name: outputs[name][offset : offset + request.rows] for name in request.output_names}
             offset += request.rows
-            if request.marks is not None:
-                _mark(request, executed, done_ns)
-            timing = RequestTiming(
-                total_ns=done_ns - request.enqueued_ns,
-                queue_ns=dispatched_ns - request.enqueued_ns,
-                compute_input_ns=input_ns,
-                compute_infer_ns=infer_ns,
-                compute_output_ns=output_ns,
-            )
-            self.stats.record_success(timing)
-            self._finish(request, result)
+            self._succeed(request, result, executed, compute, done_ns)
 
     def _deliver_each(self, batch: list[PendingRequest], executed: Executed, dispatched_ns: int, done_ns: int) -> None:
         """Requests answered one by one: each with its own outputs or error, or, when streamed, later."""
-        rows = sum(request.rows for request in batch)
-        input_ns = max(executed.infer_start_ns - dispatched_ns, 0)
-        infer_ns = max(executed.infer_end_ns - executed.infer_start_ns, 0)
-        output_ns = max(done_ns - executed.infer_end_ns, 0)
-        self.stats.record_execution(rows, input_ns, infer_ns, output_ns)
+        compute = self._record_execution(sum(r.rows for r in batch), executed, dispatched_ns, done_ns)
         responses = executed.responses or ()
         for index, request in enumerate(batch):
             if request.sink is not None:
@@ -402,13 +385,33 @@ class Scheduler:
                 self.stats.record_failure("BACKEND", done_ns - request.enqueued_ns)
                 self._finish(request, result)
                 continue
-            if request.marks is not None:
-                _mark(request, executed, done_ns)
-            timing = RequestTiming(
-                done_ns - request.enqueued_ns, dispatched_ns - request.enqueued_ns, input_ns, infer_ns, output_ns
+            self._succeed(
+                request, {n: result[n] for n in request.output_names if n in result}, executed, compute, done_ns
             )
-            self.stats.record_success(timing)
-            self._finish(request, {name: result[name] for name in request.output_names if name in result})
+
+    def _record_execution(
+        self, rows: int, executed: Executed, dispatched_ns: int, done_ns: int
+    ) -> tuple[int, int, int]:
+        """Count one execution of `rows` rows; returns its compute input, infer and output times."""
+        input_ns = max(executed.infer_start_ns - dispatched_ns, 0)
+        infer_ns = max(executed.infer_end_ns - executed.infer_start_ns, 0)
+        output_ns = max(done_ns - executed.infer_end_ns, 0)
+        self.stats.record_execution(rows, input_ns, infer_ns, output_ns)
+        return input_ns, infer_ns, output_ns
+
+    def _succeed(
+        self,
+        request: PendingRequest,
+        result: dict[str, np.ndarray],
+        executed: Executed,
+        compute: tuple[int, int, int],
+        done_ns: int,
+    ) -> None:
+        if request.marks is not None:
+            _mark(request, executed, done_ns)
+        queue_ns = request.dispatched_ns - request.enqueued_ns
+        self.stats.record_success(RequestTiming(done_ns - request.enqueued_ns, queue_ns, *compute))
+        self._finish(request, result)
 
     def _finish(self, request: PendingRequest, outcome: dict[str, np.ndarray] | BaseException) -> None:
         """Answer a request, in arrival order when preserve_ordering asks for it."""

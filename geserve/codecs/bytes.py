@@ -1,4 +1,4 @@
-"""BYTES tensor framing: each element is a 4-byte little-endian length followed by its bytes."""
+"""Tensor bytes on the wire: length-framed BYTES elements, little-endian row-major bytes otherwise."""
 
 from __future__ import annotations
 
@@ -44,6 +44,17 @@ def serialize(array: np.ndarray) -> bytes:
         parts.append(_LENGTH.pack(len(data)))
         parts.append(data)
     return b"".join(parts)
+
+
+def wire_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
+    """A tensor as the protocols carry it: framed elements for BYTES, else little-endian row-major bytes
+    (a view of the array when it already is that)."""
+    if datatype == "BYTES":
+        return serialize(array)
+    array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array.data.cast("B")
 
 
 def to_bytes_array(array: np.ndarray) -> np.ndarray:

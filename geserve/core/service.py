@@ -275,7 +275,7 @@ class InferenceService:
             tensor = OutputTensor(tensor.name, "BYTES", classify(tensor.data, k, labels, spec.batched, tensor.name))
         if REGION not in asked:
             return tensor
-        data = bytes_codec.serialize(tensor.data) if tensor.datatype == "BYTES" else tensor.data.tobytes()
+        data = bytes_codec.wire_bytes(tensor.datatype, tensor.data)
         what = f"output '{tensor.name}'"
         if len(data) > _INLINE_COPY_BYTES:
             written = await asyncio.to_thread(self.shared_memory.write, asked, what, data)

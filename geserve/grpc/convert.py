@@ -16,7 +16,6 @@ from geserve.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
-    OutputTensor,
     ParameterValue,
     RequestedOutput,
 )
@@ -139,15 +138,6 @@ def infer_request_from_proto(message: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def _raw_bytes(tensor: OutputTensor) -> bytes:
-    if tensor.datatype == "BYTES":
-        return bytes_codec.serialize(tensor.data)
-    array = tensor.data
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array.tobytes()
-
-
 def infer_response_to_proto(response: InferResponse) -> pb.ModelInferResponse:
     """Outputs always travel in raw_output_contents, one entry per output in order (what clients decode)."""
     message = pb.ModelInferResponse(
@@ -160,7 +150,7 @@ def infer_response_to_proto(response: InferResponse) -> pb.ModelInferResponse:
         if tensor.in_shared_memory:
             message.raw_output_contents.append(b"")  # the data is in the client's region
         else:
-            message.raw_output_contents.append(_raw_bytes(tensor))
+            message.raw_output_contents.append(bytes(bytes_codec.wire_bytes(tensor.datatype, tensor.data)))
     return message
 
 

@@ -250,15 +250,6 @@ def _json_data(tensor: OutputTensor) -> tuple[Any, bool]:
     return flat, special
 
 
-def _binary_data(tensor: OutputTensor) -> bytes | memoryview:
-    if tensor.datatype == "BYTES":
-        return bytes_codec.serialize(tensor.data)
-    array = np.ascontiguousarray(tensor.data)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array.data.cast("B")
-
-
 def encode_response(response: InferResponse, encoding: OutputEncoding) -> tuple[bytes, list[bytes | memoryview]]:
     """The response JSON header and the binary blobs that follow it, in output order."""
     outputs = []
@@ -274,7 +265,7 @@ def encode_response(response: InferResponse, encoding: OutputEncoding) -> tuple[
             outputs.append(entry)  # the data is in the client's region: described only, as Triton answers
             continue
         if encoding.is_binary(tensor.name):
-            blob = _binary_data(tensor)
+            blob = bytes_codec.wire_bytes(tensor.datatype, tensor.data)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

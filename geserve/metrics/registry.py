@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -158,11 +159,7 @@ class TritonCollector(Collector):
                 histogram = tracker.histogram
                 if histogram is None:
                     continue
-                bounds = [*(_number(b) for b in histogram.bounds_ms), "+Inf"]
-                for bound, count in zip(bounds, histogram.cumulative(), strict=True):
-                    metric.add_sample(f"{HISTOGRAM}_bucket", {**labels, "le": bound}, count)
-                metric.add_sample(f"{HISTOGRAM}_sum", labels, histogram.sum_ms)
-                metric.add_sample(f"{HISTOGRAM}_count", labels, histogram.count)
+                _histogram_samples(metric, labels, histogram.bounds_ms, histogram.cumulative(), histogram.sum_ms)
             yield metric
 
     def _cpu_metrics(self) -> Iterator[Metric]:
@@ -213,14 +210,20 @@ class TritonCollector(Collector):
             if series.kind != "histogram":
                 metric.add_sample(series.family, labels, series.value)
                 continue
-            cumulative = 0
-            bounds = [*(_number(b) for b in series.buckets), "+Inf"]
-            for bound, count in zip(bounds, series.bucket_counts, strict=False):
-                cumulative += count
-                metric.add_sample(f"{series.family}_bucket", {**labels, "le": bound}, cumulative)
-            metric.add_sample(f"{series.family}_sum", labels, series.sum)
-            metric.add_sample(f"{series.family}_count", labels, cumulative)
+            cumulative = list(itertools.accumulate(series.bucket_counts))
+            _histogram_samples(metric, labels, series.buckets, cumulative, series.sum)
         yield from families.values()
+
+
+def _histogram_samples(
+    metric: Metric, labels: dict[str, str], bounds: Sequence[float], cumulative: Sequence[int], total: float
+) -> None:
+    """`_bucket` per bound then +Inf (cumulative counts, `le` last as prometheus-cpp prints it), `_sum`, `_count`."""
+    name = metric.name
+    for bound, count in zip([*(_number(b) for b in bounds), "+Inf"], cumulative, strict=True):
+        metric.add_sample(f"{name}_bucket", {**labels, "le": bound}, count)
+    metric.add_sample(f"{name}_sum", labels, total)
+    metric.add_sample(f"{name}_count", labels, cumulative[-1] if cumulative else 0)
 
 
 def _count(stats: ModelStats, field: str) -> int:

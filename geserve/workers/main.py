@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -96,9 +95,6 @@ class _Segments:
                 datatype = runner.output_datatypes.get(name) or dtypes.from_numpy(array.dtype).wire
                 layout.add(name, datatype, [array])
             counts.append(len(result))
-        done = functools.partial(
-            BatchDone, message.request_id, (), None, executed.infer_start_ns, executed.infer_end_ns
-        )
         try:
             refs = self._write(layout, message.output_arena, message.output_overflow, 0)
         except GeserveError as error:
@@ -111,7 +107,7 @@ class _Segments:
             else:
                 responses.append(refs[start : start + count])
                 start += count
-        return done(tuple(responses))
+        return BatchDone(message.request_id, (), None, executed.infer_start_ns, executed.infer_end_ns, tuple(responses))
 
     def _place(
         self,

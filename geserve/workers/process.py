@@ -319,7 +319,10 @@ class ProcessWorker:
             return Executed(None, done.error, done.infer_start_ns, done.infer_end_ns)
         if done.responses is not None:
             refs = tuple(ref for item in done.responses if not isinstance(item, GeserveError) for ref in item)
-            read = self._read_outputs_list(refs)
+            if sum(ref.nbytes for ref in refs) > _OFFLOAD_BYTES:
+                read = await asyncio.to_thread(self._read_outputs_list, refs)
+            else:
+                read = self._read_outputs_list(refs)
             responses: list[dict[str, np.ndarray] | GeserveError] = []
             start = 0
             for item in done.responses:
