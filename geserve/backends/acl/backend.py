@@ -13,7 +13,8 @@ import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import completion
-from geserve.backends.acl.description import OmDescription, OmTensor, describe
+from geserve.backends.acl.description import OmDescription, OmTensor, check_servable
+from geserve.backends.acl.introspect import describe
 from geserve.backends.acl.runtime import (
     MALLOC_HUGE_FIRST,
     MEM_DDR,
@@ -111,7 +112,8 @@ class AclBackend:
         self._model_id = acl.out("acl.mdl.load_from_file", module.mdl.load_from_file(self._model_file))
         self._desc = acl.handle("acl.mdl.create_desc", module.mdl.create_desc())
         acl.check("acl.mdl.get_desc", module.mdl.get_desc(self._desc, self._model_id))
-        om = self._om = describe(acl, self._desc, acl.model_name)
+        om = self._om = describe(acl, self._desc, soc or None)
+        check_servable(om, acl.model_name, self._model_file)
         logger.info(
             "loaded '%s' on NPU %d (soc %s): inputs %s, outputs %s, gears %s",
             self._model_file, self._device, soc or "unknown",
@@ -119,11 +121,17 @@ class AclBackend:
         )  # fmt: skip
         self._input_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
         by_index = {tensor.index: tensor for tensor in om.inputs}
+        if om.dynamic_input is not None:
+            by_index[om.dynamic_input.index] = om.dynamic_input
         for index in range(om.input_count):
-            tensor = by_index.get(index)
-            size = tensor.size if tensor is not None else om.dynamic_input_size
-            buffer = self._device_buffer(tensor, size, self._input_dataset, self._input_buffers)
-            if tensor is not None:
+            if index not in by_index:
+                raise ModelLoadError(f"model '{acl.model_name}': '{self._model_file}' describes no input {index}")
+            tensor = by_index[index]
+            runtime_filled = tensor is om.dynamic_input
+            buffer = self._device_buffer(
+                None if runtime_filled else tensor, tensor.size, self._input_dataset, self._input_buffers
+            )
+            if not runtime_filled:
                 self._inputs[tensor.name] = buffer
         self._output_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
         for tensor in om.outputs:
@@ -148,7 +156,10 @@ class AclBackend:
 
     def complete_config(self, config: mc.ModelConfig, auto_complete: bool) -> None:
         om = self._require_model()
-        completion.complete(config, om, auto_complete, self._model_file)
+        matched = completion.complete(config, om, auto_complete, self._model_file)
+        by_full_name = {buffer.tensor.name: buffer for buffer in self._output_buffers if buffer.tensor is not None}
+        # Clients name outputs as the config does; the device buffers are the .om's, by ATC's full names.
+        self._outputs = {name: by_full_name[tensor.name] for name, tensor in matched.items()}
         self._batched = config.max_batch_size > 0
 
     # -- execution -----------------------------------------------------------------------------
@@ -165,7 +176,7 @@ class AclBackend:
         if om.gears and om.dynamic_input is not None:
             acl.check(
                 "acl.mdl.set_dynamic_batch_size",
-                module.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, om.dynamic_input, gear),
+                module.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, om.dynamic_input.index, gear),
             )
         acl.check("acl.mdl.execute", module.mdl.execute(self._model_id, self._input_dataset, self._output_dataset))
         return {name: self._copy_output(acl, name, rows, gear, allocate) for name in output_names}
@@ -262,8 +273,10 @@ class AclBackend:
         if reader is not None:
             rates, ret = reader(self._visible_device)
             if ret == 0 and isinstance(rates, dict):
-                busiest = max(int(rates.get("cube_utilization", 0)), int(rates.get("vector_utilization", 0)))
-                utilization = min(max(busiest, 0), 100) / 100
+                # -1 means the chip cannot measure that unit: unknown, not idle
+                known = [int(rates.get(key, -1)) for key in ("cube_utilization", "vector_utilization")]
+                known = [value for value in known if value >= 0]
+                utilization = min(max(known), 100) / 100 if known else None
         return DeviceUsage(self._device, int(total), int(total - free), utilization)
 
     # -- unloading -----------------------------------------------------------------------------
@@ -317,12 +330,11 @@ class AclBackend:
 
 
 def visible_index(device_id: int) -> int:
-    """The id pyACL knows `device_id` by: its position in ASCEND_RT_VISIBLE_DEVICES when set."""
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
-    if not visible:
-        return device_id
-    ids = [int(item) for item in visible.split(",") if item.strip().isdigit()]
-    return ids.index(device_id) if device_id in ids else device_id
+    """The id to give acl.rt.set_device. A worker's environment names its one NPU in
+    ASCEND_RT_VISIBLE_DEVICES (the loader sets it), and pyACL re-indexes the visible devices from 0;
+    otherwise `device_id` is already a logical id of this process."""
+    visible = [item for item in os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if item.strip()]
+    return 0 if len(visible) == 1 else device_id
 
 
 def create_backend() -> AclBackend:

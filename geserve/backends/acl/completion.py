@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.backends.acl import names
 from geserve.backends.acl.description import OmDescription, OmTensor
 from geserve.errors import ModelLoadError
 
 
-def complete(config: mc.ModelConfig, om: OmDescription, auto_complete: bool, model_file: str) -> None:
-    """Fill what the config leaves out (with `auto_complete`), then refuse a config the `.om` contradicts."""
+def complete(config: mc.ModelConfig, om: OmDescription, auto_complete: bool, model_file: str) -> dict[str, OmTensor]:
+    """Fill what the config leaves out (with `auto_complete`), then refuse a config the `.om` contradicts.
+    Returns the `.om` output each config output name stands for."""
     for tensor in (*om.inputs, *om.outputs):
         if tensor.datatype is None or tensor.datatype.itemsize is None:
             raise ModelLoadError(
@@ -18,12 +20,12 @@ def complete(config: mc.ModelConfig, om: OmDescription, auto_complete: bool, mod
                 f"{tensor.acl_type}, which geserve cannot serve"
             )
     if auto_complete:
-        _auto_complete(config, om)
-    _check(config, om, model_file)
+        _auto_complete(config, om, model_file)
+    return check(config, om, model_file)
 
 
-def _auto_complete(config: mc.ModelConfig, om: OmDescription) -> None:
-    if config.max_batch_size == 0 and not config.input and om.rows:
+def _auto_complete(config: mc.ModelConfig, om: OmDescription, model_file: str) -> None:
+    if config.max_batch_size == 0 and om.rows and (not config.input or _inputs_leave_out_the_batch(config, om)):
         config.max_batch_size = om.rows
     if config.max_batch_size > 0 and om.rows:
         if config.WhichOneof("scheduling_choice") is None:
@@ -33,19 +35,42 @@ def _auto_complete(config: mc.ModelConfig, om: OmDescription) -> None:
             sizes = om.gears or (om.rows,)
             batching.preferred_batch_size.extend(size for size in sizes if size <= config.max_batch_size)
     skip = 1 if config.max_batch_size > 0 else 0
-    _complete_tensors(config.input, om.inputs, skip)
-    _complete_tensors(config.output, om.outputs, skip)
+    if not config.input:
+        for tensor in om.inputs:
+            config.input.add(name=tensor.name)
+    if not config.output:
+        full_names = [tensor.name for tensor in om.outputs]
+        for full, shown in zip(full_names, names.shortest_unique(full_names), strict=True):
+            config.output.add(name=shown)
+            if shown != full:
+                config.parameters[names.FULL_NAME_PARAMETER.format(shown)].string_value = full
+    inputs = {tensor.name: tensor for tensor in om.inputs}
+    _complete_tensors(config.input, lambda name: inputs.get(name), skip)
+    outputs = {tensor.name: tensor for tensor in om.outputs}
+    full_names = list(outputs)
+
+    def output(name: str) -> OmTensor:
+        return outputs[names.resolve(name, full_names, config.name, model_file)]
+
+    _complete_tensors(config.output, output, skip)
 
 
-def _complete_tensors(declared: Any, found: tuple[OmTensor, ...], skip: int) -> None:
-    if not declared:
-        for tensor in found:
-            declared.add(name=tensor.name)
-    by_name = {tensor.name: tensor for tensor in found}
+def _inputs_leave_out_the_batch(config: mc.ModelConfig, om: OmDescription) -> bool:
+    """A config without max_batch_size whose input dims are the model's without its batch dim (as
+    configs written for Triton's GE backend are): the model batches."""
+    by_name = {tensor.name: tensor for tensor in om.inputs}
+    declared = [(tensor, by_name.get(tensor.name)) for tensor in config.input]
+    return all(
+        found is not None and len(found.dims) > 1 and list(tensor.dims) == list(found.dims[1:])
+        for tensor, found in declared
+    )
+
+
+def _complete_tensors(declared: Any, find: Any, skip: int) -> None:
     for tensor in declared:
-        om_tensor = by_name.get(tensor.name)
+        om_tensor = find(tensor.name)
         if om_tensor is None or om_tensor.datatype is None:
-            continue  # reported by _check, naming the .om's tensors
+            continue  # reported by check, naming the .om's tensors
         if tensor.data_type == mc.TYPE_INVALID:
             tensor.data_type = om_tensor.datatype.config
         if not tensor.dims:
@@ -57,7 +82,8 @@ def _complete_tensors(declared: Any, found: tuple[OmTensor, ...], skip: int) -> 
                 tensor.reshape.SetInParent()
 
 
-def _check(config: mc.ModelConfig, om: OmDescription, model_file: str) -> None:
+def check(config: mc.ModelConfig, om: OmDescription, model_file: str) -> dict[str, OmTensor]:
+    """Refuse a config the `.om` contradicts; the `.om` output behind each config output."""
     name = config.name
     if config.max_batch_size > 0:
         if not om.rows:
@@ -76,33 +102,41 @@ def _check(config: mc.ModelConfig, om: OmDescription, model_file: str) -> None:
                 f"can run: {what}"
             )
     skip = 1 if config.max_batch_size > 0 else 0
-    for kind, declared, found in (("input", config.input, om.inputs), ("output", config.output, om.outputs)):
-        by_name = {tensor.name: tensor for tensor in found}
-        for tensor in declared:
-            om_tensor = by_name.get(tensor.name)
-            if om_tensor is None:
-                raise ModelLoadError(
-                    f"model '{name}': config {kind} '{tensor.name}' is not in '{model_file}', whose {kind}s are "
-                    f"{sorted(by_name)}"
-                )
-            _check_tensor(name, kind, tensor, om_tensor, skip=skip, model_file=model_file)
-    missing = sorted({t.name for t in om.inputs} - {t.name for t in config.input})
+    inputs = {tensor.name: tensor for tensor in om.inputs}
+    for tensor in config.input:
+        om_tensor = inputs.get(tensor.name)
+        if om_tensor is None:
+            raise ModelLoadError(
+                f"model '{name}': config input '{tensor.name}' is not in '{model_file}', whose inputs are "
+                f"{sorted(inputs)}"
+            )
+        _check_tensor(name, "input", tensor, om_tensor, skip=skip, model_file=model_file)
+    outputs = {tensor.name: tensor for tensor in om.outputs}
+    matched: dict[str, OmTensor] = {}
+    for tensor in config.output:
+        om_tensor = outputs[names.resolve(tensor.name, list(outputs), name, model_file)]
+        _check_tensor(name, "output", tensor, om_tensor, skip=skip, model_file=model_file)
+        matched[tensor.name] = om_tensor
+    missing = sorted(set(inputs) - {t.name for t in config.input})
     if missing:
         raise ModelLoadError(f"model '{name}': inputs {missing} of '{model_file}' are missing from the config")
+    return matched
 
 
 def _check_tensor(model: str, kind: str, tensor: Any, om_tensor: OmTensor, *, skip: int, model_file: str) -> None:
-    assert om_tensor.datatype is not None
-    if tensor.data_type != om_tensor.datatype.config:
+    datatype = om_tensor.datatype
+    assert datatype is not None
+    label = tensor.name if tensor.name == om_tensor.name else f"{tensor.name}' ('{om_tensor.name}"
+    if tensor.data_type != datatype.config:
         raise ModelLoadError(
-            f"model '{model}': config {kind} '{tensor.name}' has data type {mc.DataType.Name(tensor.data_type)}, "
-            f"but '{model_file}' declares {om_tensor.datatype.config_name}"
+            f"model '{model}': config {kind} '{label}' has data type {mc.DataType.Name(tensor.data_type)}, "
+            f"but '{model_file}' declares {datatype.config_name}"
         )
     om_dims = list(om_tensor.dims[skip:])
     config_dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
     if config_dims != om_dims:
         batch = " after the batch dim" if skip else ""
         raise ModelLoadError(
-            f"model '{model}': config {kind} '{tensor.name}' has dims {list(tensor.dims)}, but '{model_file}' "
+            f"model '{model}': config {kind} '{label}' has dims {list(tensor.dims)}, but '{model_file}' "
             f"declares {list(om_tensor.dims)} ({om_dims}{batch})"
         )

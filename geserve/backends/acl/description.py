@@ -1,46 +1,97 @@
-"""What a loaded `.om` declares: its tensors, their ACL types and dims, and its batch gears."""
+"""What an `.om` model declares (tensors, ACL types, dims, formats, gears), one type for pyACL and the file reader."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from geserve.backends.acl.runtime import DYNAMIC_TENSOR_NAME, Acl
 from geserve.codecs import dtypes
 from geserve.errors import ModelLoadError
+
+# The name ATC gives the runtime-filled gear input (ACL_DYNAMIC_TENSOR_NAME in acl_mdl.h).
+DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+GEAR_BATCH, GEAR_IMAGE_SIZE, GEAR_DIMS = "batch", "image_size", "dims"
+_GEAR_OPTIONS = {
+    GEAR_BATCH: "--dynamic_batch_size",
+    GEAR_IMAGE_SIZE: "--dynamic_image_size",
+    GEAR_DIMS: "--dynamic_dims",
+}
+
+# aclFormat (acl_base_rt.h); ge::Format uses the same numbering.
+FORMAT_NAMES = {
+    -1: "UNDEFINED", 0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 12: "NC1HWC0_C04",
+    16: "HWCN", 27: "NDHWC", 29: "FRACTAL_NZ", 30: "NCDHW", 32: "NDC1HWC0", 33: "FRACTAL_Z_3D", 35: "NC", 47: "NCL",
+}  # fmt: skip
+FORMAT_VALUES = {name: value for value, name in FORMAT_NAMES.items()}
+# aclDataType -> the numpy name a description shows (expected.json's "dtype").
+TYPE_NAMES = {
+    0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16", 7: "uint16", 8: "uint32",
+    9: "int64", 10: "uint64", 11: "float64", 12: "bool", 13: "string", 16: "complex64", 17: "complex128",
+    27: "bfloat16", 29: "int4",
+}  # fmt: skip
+
+
+def format_name(value: int) -> str:
+    return FORMAT_NAMES.get(value, f"FORMAT_{value}")
+
+
+def type_name(acl_type: int) -> str:
+    return TYPE_NAMES.get(acl_type, f"acl_type_{acl_type}")
 
 
 @dataclass(frozen=True, slots=True)
 class OmTensor:
-    """One model input or output; `dims` has -1 for the batch of a dynamic-batch model."""
+    """One model input or output. Inputs of a gear model have -1 for the batch; outputs report the
+    largest gear's dims, as `aclmdlGetOutputDims` does."""
 
     name: str
     index: int
     acl_type: int
-    datatype: dtypes.DataType | None  # None: a type Triton cannot serve
     dims: tuple[int, ...]
     size: int  # bytes at the largest gear
+    format: str = "ND"
+
+    @property
+    def datatype(self) -> dtypes.DataType | None:
+        """The Triton type, or None for a type Triton cannot serve."""
+        return dtypes.from_acl(self.acl_type)
 
     @property
     def row_bytes(self) -> int:
         """Bytes of one row along the first dim (all of it for a scalar)."""
-        itemsize = self.datatype.itemsize if self.datatype is not None and self.datatype.itemsize else 1
+        datatype = self.datatype
+        itemsize = datatype.itemsize if datatype is not None and datatype.itemsize else 1
         return math.prod(self.dims[1:]) * itemsize if self.dims else itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": type_name(self.acl_type), "dims": list(self.dims), "format": self.format}
 
 
 @dataclass(frozen=True, slots=True)
 class OmDescription:
-    inputs: tuple[OmTensor, ...]
+    """A whole model: servable inputs and outputs, and the gears it was compiled with."""
+
+    inputs: tuple[OmTensor, ...]  # without the runtime-filled gear input
     outputs: tuple[OmTensor, ...]
-    gears: tuple[int, ...]  # --dynamic_batch_size values, ascending; () for a static model
-    dynamic_input: int | None  # index of the runtime-filled ascend_mbatch_shape_data input
-    dynamic_input_size: int
-    input_count: int  # all inputs, the dynamic one included
+    gears: tuple[int, ...] = ()  # --dynamic_batch_size values, ascending; () otherwise
+    dynamic_input: OmTensor | None = None  # ascend_mbatch_shape_data, at its own index
+    name: str = ""
+    soc_version: str | None = None
+    header_version: int | None = None  # the file header's, when read from the file
+    gear_kind: str = ""  # GEAR_BATCH, GEAR_IMAGE_SIZE, GEAR_DIMS, or "" for a static model
+    gear_shapes: tuple[tuple[int, ...], ...] = ()  # every gear's values, for any kind
+    data_name_order: tuple[str, ...] = ()  # the inputs the gears apply to, in order
+
+    @property
+    def input_count(self) -> int:
+        """All inputs, the gear input included (what aclmdlGetNumInputs counts)."""
+        return len(self.inputs) + (1 if self.dynamic_input is not None else 0)
 
     @property
     def static_batch(self) -> int | None:
         """N for a static model whose inputs and outputs all start with the same fixed dim N."""
-        if self.gears:
+        if self.gear_kind:
             return None
         firsts = {t.dims[0] if t.dims else None for t in (*self.inputs, *self.outputs)}
         first = firsts.pop() if len(firsts) == 1 else None
@@ -58,61 +109,56 @@ class OmDescription:
                 return gear
         return self.rows
 
-
-def describe(acl: Acl, desc: int, model_name: str) -> OmDescription:
-    """Read inputs, outputs and gears from a model description filled by acl.mdl.get_desc."""
-    mdl = acl.module.mdl
-    batch_info = acl.out("acl.mdl.get_dynamic_batch", mdl.get_dynamic_batch(desc))
-    gears = tuple(sorted(int(gear) for gear in batch_info.get("batch", [])[: int(batch_info.get("batchCount", 0))]))
-    dynamic_input: int | None = None
-    dynamic_input_size = 0
-    inputs = []
-    input_count = int(mdl.get_num_inputs(desc))
-    for index in range(input_count):
-        name = str(mdl.get_input_name_by_index(desc, index))
-        if name == DYNAMIC_TENSOR_NAME:
-            dynamic_input = index
-            dynamic_input_size = int(mdl.get_input_size_by_index(desc, index))
-            continue
-        dims = acl.out("acl.mdl.get_input_dims", mdl.get_input_dims(desc, index))
-        acl_type = int(mdl.get_input_data_type(desc, index))
-        size = int(mdl.get_input_size_by_index(desc, index))
-        inputs.append(_tensor(model_name, name, index, acl_type=acl_type, dims_info=dims, size=size, gears=gears))
-    outputs = []
-    for index in range(int(mdl.get_num_outputs(desc))):
-        name = str(mdl.get_output_name_by_index(desc, index))
-        dims = acl.out("acl.mdl.get_output_dims", mdl.get_output_dims(desc, index))
-        acl_type = int(mdl.get_output_data_type(desc, index))
-        size = int(mdl.get_output_size_by_index(desc, index))
-        outputs.append(_tensor(model_name, name, index, acl_type=acl_type, dims_info=dims, size=size, gears=gears))
-    if gears and dynamic_input is None:
-        raise ModelLoadError(
-            f"model '{model_name}': the model has batch gears {list(gears)} but no '{DYNAMIC_TENSOR_NAME}' input"
-        )
-    return OmDescription(tuple(inputs), tuple(outputs), gears, dynamic_input, dynamic_input_size, input_count)
+    def to_json(self) -> dict[str, Any]:
+        """The keys of om-samples/expected.json."""
+        dynamic: dict[str, Any] | None = None
+        if self.gear_kind:
+            key = {GEAR_BATCH: "dynamic_batch", GEAR_IMAGE_SIZE: "dynamic_image_size", GEAR_DIMS: "dynamic_dims"}
+            values: list[Any] = list(self.gears) if self.gear_kind == GEAR_BATCH else [list(s) for s in self.gear_shapes]
+            dynamic = {key[self.gear_kind]: values, "data_name_order": list(self.data_name_order)}
+        inputs = sorted((*self.inputs, *([self.dynamic_input] if self.dynamic_input else [])), key=lambda t: t.index)
+        return {
+            "name": self.name,
+            "header_version": f"{self.header_version:#010x}" if self.header_version is not None else None,
+            "soc_version": self.soc_version,
+            "inputs": [tensor.to_json() for tensor in inputs],
+            "outputs": [tensor.to_json() for tensor in self.outputs],
+            "dynamic": dynamic,
+        }
 
 
-def _tensor(
-    model: str, name: str, index: int, *, acl_type: int, dims_info: dict[str, object], size: int, gears: tuple[int, ...]
-) -> OmTensor:
-    raw = dims_info.get("dims", [])
-    count = dims_info.get("dimCount")
-    dims = tuple(int(d) for d in (raw if isinstance(raw, list | tuple) else []))
-    if isinstance(count, int):
-        dims = dims[:count]
-    if any(d < 0 for d in dims[1:]) or (dims and dims[0] < 0 and not gears):
-        raise ModelLoadError(
-            f"model '{model}': tensor '{name}' has dims {list(dims)}; only dynamic batch sizes (ATC "
-            "--dynamic_batch_size) are supported, not dynamic image sizes, dynamic dims or shape ranges"
-        )
-    if gears and dims and dims[0] >= 0:
-        raise ModelLoadError(
-            f"model '{model}': tensor '{name}' has a fixed first dim {dims[0]} in a model with batch gears"
-        )
+def tensor_size(acl_type: int, dims: tuple[int, ...], largest_batch: int) -> int:
+    """Bytes at the largest gear (0 when a dim other than the batch is unknown or the type has no fixed size)."""
     datatype = dtypes.from_acl(acl_type)
-    if datatype is not None and datatype.itemsize is not None:
-        # Trust the dims over the reported size (which may include format padding), and never
-        # allocate less than the dims need.
-        needed = math.prod(max(gears) if d < 0 else d for d in dims) * datatype.itemsize
-        size = max(size, needed)
-    return OmTensor(name, index, acl_type, datatype, dims, size)
+    if datatype is None or not datatype.itemsize or any(d < 0 for d in dims[1:]):
+        return 0
+    resolved = [largest_batch if d < 0 else d for d in dims]
+    return math.prod(resolved) * datatype.itemsize
+
+
+def check_servable(om: OmDescription, model: str, model_file: str) -> None:
+    """Refuse what geserve cannot serve correctly, saying what it is."""
+    where = f"model '{model}': '{model_file}'"
+    if om.gear_kind and om.gear_kind != GEAR_BATCH:
+        raise ModelLoadError(
+            f"{where} was compiled with {om.gear_kind.replace('_', ' ')} gears (ATC {_GEAR_OPTIONS[om.gear_kind]}: "
+            f"{[list(s) for s in om.gear_shapes]}), which geserve does not serve; only batch gears (ATC "
+            "--dynamic_batch_size) are supported"
+        )
+    if om.gear_kind == GEAR_BATCH and om.dynamic_input is None:
+        raise ModelLoadError(f"{where} has batch gears {list(om.gears)} but no '{DYNAMIC_TENSOR_NAME}' input")
+    largest = max(om.gears, default=0)
+    for kind, tensors in (("input", om.inputs), ("output", om.outputs)):
+        for tensor in tensors:
+            dims = list(tensor.dims)
+            if any(d < 0 for d in dims[1:]) or (dims and dims[0] < 0 and not om.gears):
+                raise ModelLoadError(
+                    f"{where}: {kind} '{tensor.name}' has dims {dims}; only dynamic batch sizes (ATC "
+                    "--dynamic_batch_size) are supported, not dynamic image sizes, dynamic dims or shape ranges"
+                )
+            # Inputs of a gear model carry -1 as the batch; outputs carry the largest gear (or -1 on old runtimes).
+            if om.gears and (not dims or dims[0] not in (-1, largest) or (kind == "input" and dims[0] != -1)):
+                raise ModelLoadError(
+                    f"{where}: {kind} '{tensor.name}' has dims {dims} in a model with batch gears {list(om.gears)}; "
+                    f"its first dim must be the batch ({'-1' if kind == 'input' else f'-1 or {largest}'})"
+                )
