@@ -1,16 +1,18 @@
-"""Small ONNX graphs packed as simulated `.om` files, for the Ascend backend's tests."""
+"""Small ONNX graphs as real-format `.om` files (with their ONNX twins), for the Ascend backend's tests."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.fakes.acl.om import tensor, write_om
+from geserve.backends.acl.description import DYNAMIC_TENSOR_NAME
+from tests.fakes.acl.om import twin_path
+from tests.fakes.om_writer import write_om
 
-ACL_FLOAT, ACL_INT32 = 0, 3
 FEATURES = 4
 
 
@@ -49,14 +51,29 @@ def affine_reference(x: np.ndarray) -> dict[str, np.ndarray]:
     return {"y": y, "s": s}
 
 
+def affine_description(gears: list[int] | None = None, static_batch: int | None = None) -> dict[str, Any]:
+    """The affine graph as ATC describes it: outputs renamed `<node>:<index>:<onnx name>`, batch gears
+    with -1 input dims, the largest gear's output dims and the `ascend_mbatch_shape_data` input."""
+    batch = max(gears) if gears else static_batch or 1
+    first = -1 if gears else batch
+    inputs = [{"name": "x", "dtype": "float32", "dims": [first, FEATURES], "format": "ND"}]
+    if gears:
+        inputs.append({"name": DYNAMIC_TENSOR_NAME, "dtype": "int32", "dims": [1], "format": "ND"})
+    return {
+        "name": "affine",
+        "soc_version": "Ascend310P3",
+        "inputs": inputs,
+        "outputs": [
+            {"name": "Add_1:0:y", "dtype": "float32", "dims": [batch, FEATURES], "format": "ND"},
+            {"name": "ReduceSum_2:0:s", "dtype": "float32", "dims": [batch, 1], "format": "ND"},
+        ],
+        "dynamic": {"dynamic_batch": sorted(gears), "data_name_order": ["x"]} if gears else None,
+    }
+
+
 def write_affine_om(path: Path, gears: list[int] | None = None, static_batch: int | None = None) -> Path:
-    """The affine graph as ATC would compile it: with batch gears (dims -1), or for a fixed batch."""
-    first = -1 if gears else static_batch or 1
-    onnx_model = affine_onnx(batch="batch" if gears else first)
-    return write_om(
-        path,
-        onnx_model,
-        inputs=[tensor("x", ACL_FLOAT, [first, FEATURES])],
-        outputs=[tensor("y", ACL_FLOAT, [first, FEATURES]), tensor("s", ACL_FLOAT, [first, 1])],
-        dynamic_batch=gears,
-    )
+    """A real-format `.om` of the affine graph, with its ONNX twin beside it for the simulator to run."""
+    write_om(path, affine_description(gears, static_batch))
+    batch: int | str = "batch" if gears else static_batch or 1
+    twin_path(path).write_bytes(affine_onnx(batch=batch))
+    return path

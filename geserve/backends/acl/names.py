@@ -1,10 +1,9 @@
-"""ATC output names (`<node>:<index>:<onnx name>`, `<node>:<index>`) matched to the names a config uses.
+"""ATC output names (`<node>:<index>:<onnx name>`, `<node>:<index>`) matched to the names a config uses."""
 
-ATC renames outputs (GE's model_introduction.cc; aclmdlGetOutputNameByIndex's doc): an ONNX output
-`prob` comes out as `prob_node:0:prob`, a TensorFlow one as `dense/Softmax:0`. A config may name an
-output by its full ATC name, by the ONNX name after the last `:` of a three-part name, or by the
-node name without `:<index>` of a two-part name.
-"""
+# ATC renames outputs (GE's model_introduction.cc; aclmdlGetOutputNameByIndex's doc): an ONNX output
+# `prob` comes out as `prob_node:0:prob`, a TensorFlow one as `dense/Softmax:0`. A config may name an
+# output by its full ATC name, by the ONNX name after the last `:` of a three-part name, or by the
+# node name without `:<index>` of a two-part name.
 
 from __future__ import annotations
 

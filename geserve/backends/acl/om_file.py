@@ -1,11 +1,10 @@
-"""Reading an ATC `.om` file without CANN or an NPU: header, partition tables, OM2 archives, refusals.
+"""Reading an ATC `.om` file without CANN or an NPU: header, partition tables, OM2 archives, refusals."""
 
-The container follows GE's om_file_helper.cc and model_parser_base.cc (see
-shared/reference/om-format.md): a 256-byte `IMOD` header (v1 or v2), then a partition table
-(12-byte entries, or 24-byte ones when the v2 header sets `model_length` or the model is a flow
-model), then the partitions back to back. The description comes from MODEL_INOUT_INFO when the
-file has it (what `aclmdlGetDesc` reads) and from the MODEL_DEF graph otherwise.
-"""
+# The container follows GE's om_file_helper.cc and model_parser_base.cc (see
+# shared/reference/om-format.md): a 256-byte `IMOD` header (v1 or v2), then a partition table
+# (12-byte entries, or 24-byte ones when the v2 header sets `model_length` or the model is a flow
+# model), then the partitions back to back. The description comes from MODEL_INOUT_INFO when the
+# file has it (what `aclmdlGetDesc` reads) and from the MODEL_DEF graph otherwise.
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The MODEL_DEF partition of an `.om` file (GE's `ge.proto.ModelDef`): inputs, outputs and gears from the graph.
+"""The MODEL_DEF partition of an `.om` file (GE's `ge.proto.ModelDef`): inputs, outputs and gears from the graph."""
 
-Files from before CANN 7 carry no MODEL_INOUT_INFO, so their description comes from here, by the
-rules GE itself uses (model_introduction.cc, davinci_model.cc, multi_batch_clone_pass.cc).
-"""
+# Files from before CANN 7 carry no MODEL_INOUT_INFO, so their description comes from here, by the
+# rules GE itself uses (model_introduction.cc, davinci_model.cc, multi_batch_clone_pass.cc).
 
 from __future__ import annotations
 

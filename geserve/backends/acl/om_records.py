@@ -1,10 +1,9 @@
-"""The MODEL_INOUT_INFO partition of an `.om` file: the I/O records `aclmdlGetDesc*` reads on the host.
+"""The MODEL_INOUT_INFO partition of an `.om` file: the I/O records `aclmdlGetDesc*` reads on the host."""
 
-Layout (GE's model_introduction.cc writes it, model_parser_base.cc reads it): a sequence of
-`{i32 type; u32 length; value}` records; tensors are a 32-byte header `{u64 size; i32 format;
-i32 dtype; u32 name_len; u32 dims_len; u32 dims_v2_len; u32 shape_range_len}` (lengths in bytes)
-followed by the name, dims, dims v2 and shape range. dtype and format use aclDataType / aclFormat.
-"""
+# Layout (GE's model_introduction.cc writes it, model_parser_base.cc reads it): a sequence of
+# `{i32 type; u32 length; value}` records; tensors are a 32-byte header `{u64 size; i32 format;
+# i32 dtype; u32 name_len; u32 dims_len; u32 dims_v2_len; u32 shape_range_len}` (lengths in bytes)
+# followed by the name, dims, dims v2 and shape range. dtype and format use aclDataType / aclFormat.
 
 from __future__ import annotations
 

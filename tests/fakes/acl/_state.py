@@ -48,7 +48,6 @@ GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
 HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 0, 1, 2, 3
 ACL_DEVICE, ACL_HOST = 0, 1
 DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
-MBATCH_BYTES = 8
 
 # Device addresses live in the kernel half of the address space: dereferencing one on the host
 # faults, as it does on hardware. Their bytes are kept in host buffers the simulator maps to.
@@ -90,14 +89,13 @@ class Context:
 class Model:
     model_id: int
     context: int
-    description: dict[str, Any]
-    session: Any
+    om: Any  # om.OmModel: the file's description and how to run it
     weight_bytes: int
     batch: int | None = None  # the gear set by set_dynamic_batch_size
 
     @property
     def gears(self) -> list[int]:
-        return list(self.description["dynamic_batch"])
+        return list(self.om.gears)
 
 
 class Runtime:

@@ -1,4 +1,4 @@
-"""Simulated `acl.mdl`: loading `.om` stand-ins, describing them, datasets, gears and execution."""
+"""Simulated `acl.mdl`: loading real-format `.om` files, describing them, datasets, gears and execution."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from ._state import (
     GE_DYNAMIC_BATCH_SIZE_INVALID,
     INVALID_MODEL_ID,
     INVALID_PARAM,
-    MBATCH_BYTES,
     MODEL_NOT_DYNAMIC,
     READ_MODEL_FAILURE,
     RT_MODEL_CONTEXT,
@@ -25,7 +24,7 @@ from ._state import (
     Model,
     api,
 )
-from .om import read_om
+from . import om as om_files
 
 NUMPY_TYPES = {
     0: np.float32,
@@ -41,7 +40,6 @@ NUMPY_TYPES = {
     11: np.float64,
     12: np.bool_,
 }
-_MBATCH_TENSOR = {"name": DYNAMIC_TENSOR_NAME, "dtype": 9, "format": 2, "dims": [1]}
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -50,25 +48,16 @@ _MBATCH_TENSOR = {"name": DYNAMIC_TENSOR_NAME, "dtype": 9, "format": 2, "dims": 
 @api("mdl.load_from_file", out=(0,))
 def load_from_file(path: str) -> tuple[int, int]:
     context = RUNTIME.current_context()
+    if not Path(path).is_file():
+        raise RUNTIME.fail(READ_MODEL_FAILURE, f"cannot read model file {path}")
     try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise RUNTIME.fail(READ_MODEL_FAILURE, f"cannot read model file {path}: {error.strerror}") from None
-    try:
-        description, onnx_model = read_om(data)
+        loaded = om_files.load(Path(path))
     except ValueError as error:
         raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: {error}") from None
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(onnx_model, sess_options=options, providers=["CPUExecutionProvider"])
-    except Exception as error:
-        raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: the graph does not load: {error}") from None
+    except Exception as error:  # the twin does not load
+        raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: the ONNX twin does not load: {error}") from None
     model_id = next(RUNTIME.model_ids)
-    RUNTIME.models[model_id] = Model(model_id, context.handle, description, session, len(onnx_model))
+    RUNTIME.models[model_id] = Model(model_id, context.handle, loaded, loaded.file_bytes)
     return model_id, SUCCESS
 
 
@@ -128,12 +117,17 @@ def _described(desc: int) -> Model:
 
 
 def _inputs(model: Model) -> list[dict[str, Any]]:
-    tensors: list[dict[str, Any]] = list(model.description["inputs"])
-    return [*tensors, _MBATCH_TENSOR] if model.gears else tensors
+    """As the file has them: the gear input at its own index, batch dims -1."""
+    return list(model.om.inputs)
 
 
 def _outputs(model: Model) -> list[dict[str, Any]]:
-    return list(model.description["outputs"])
+    """As the file has them: a gear model's outputs carry the largest gear's dims."""
+    return list(model.om.outputs)
+
+
+def _dynamic_index(model: Model) -> int | None:
+    return next((i for i, t in enumerate(_inputs(model)) if t["name"] == DYNAMIC_TENSOR_NAME), None)
 
 
 def _tensor(desc: int, index: int, inputs: bool) -> dict[str, Any]:
@@ -145,14 +139,18 @@ def _tensor(desc: int, index: int, inputs: bool) -> dict[str, Any]:
 
 
 def _shape(model: Model, tensor: dict[str, Any], batch: int | None) -> list[int]:
-    gear = batch if batch is not None else max(model.gears, default=1)
-    return [gear if dim == -1 else dim for dim in tensor["dims"]]
+    """The dims at gear `batch` (the largest when None): the first dim of every tensor but the gear input."""
+    dims = list(tensor["dims"])
+    if model.gears and dims and tensor["name"] != DYNAMIC_TENSOR_NAME:
+        dims[0] = batch if batch is not None else max(model.gears)
+    return dims
 
 
 def _nbytes(model: Model, tensor: dict[str, Any], batch: int | None = None) -> int:
-    if tensor["name"] == DYNAMIC_TENSOR_NAME:
-        return MBATCH_BYTES
-    return math.prod(_shape(model, tensor, batch)) * np.dtype(NUMPY_TYPES[tensor["dtype"]]).itemsize
+    dims = _shape(model, tensor, batch)
+    if tensor["dtype"] not in NUMPY_TYPES or any(d < 0 for d in dims):
+        return 0  # as aclmdlGetInputSizeByIndex documents for shapes it cannot size
+    return math.prod(dims) * np.dtype(NUMPY_TYPES[tensor["dtype"]]).itemsize
 
 
 def _dims(tensor: dict[str, Any], dims: list[int]) -> dict[str, Any]:
@@ -254,6 +252,28 @@ def get_dynamic_batch(desc: int) -> tuple[dict[str, Any], int]:
     return {"batchCount": len(gears), "batch": gears}, SUCCESS
 
 
+def _gear_shapes(desc: int, kind: str) -> list[list[int]]:
+    om = _described(desc).om.description
+    return [list(shape) for shape in om.gear_shapes] if om.gear_kind == kind else []
+
+
+@api("mdl.get_dynamic_hw", out=({},))
+def get_dynamic_hw(desc: int, index: int) -> tuple[dict[str, Any], int]:
+    shapes = _gear_shapes(desc, "image_size")
+    return {"hwCount": len(shapes), "hw": shapes}, SUCCESS
+
+
+@api("mdl.get_input_dynamic_gear_count", out=(0,))
+def get_input_dynamic_gear_count(desc: int, index: int) -> tuple[int, int]:
+    return len(_gear_shapes(desc, "dims")), SUCCESS
+
+
+@api("mdl.get_input_dynamic_dims", out=([],))
+def get_input_dynamic_dims(desc: int, index: int, count: int) -> tuple[list[dict[str, Any]], int]:
+    shapes = _gear_shapes(desc, "dims")[:count]
+    return [{"name": "", "dimCount": len(shape), "dims": shape} for shape in shapes], SUCCESS
+
+
 # -- datasets --------------------------------------------------------------------------------
 
 
@@ -312,16 +332,18 @@ def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) 
     model = _model(model_id)
     if not model.gears:
         raise RUNTIME.fail(MODEL_NOT_DYNAMIC, f"model {model_id} was not compiled with dynamic batch sizes")
-    if index != len(_inputs(model)) - 1:
+    if index != _dynamic_index(model):
         raise RUNTIME.fail(INVALID_PARAM, f"input {index} is not '{DYNAMIC_TENSOR_NAME}'")
+    tensor = _inputs(model)[index]
     if batch not in model.gears:
         raise RUNTIME.fail(
             GE_DYNAMIC_BATCH_SIZE_INVALID, f"batch size {batch} is not one of the model's gears {model.gears}"
         )
     address, size = _buffer_at(dataset, index)
-    if size < MBATCH_BYTES:
+    value = np.full(tensor["dims"], batch, dtype=NUMPY_TYPES[tensor["dtype"]]).tobytes()
+    if size < len(value):
         raise RUNTIME.fail(INVALID_PARAM, f"the '{DYNAMIC_TENSOR_NAME}' buffer holds {size} bytes")
-    RUNTIME.write(address, int(batch).to_bytes(MBATCH_BYTES, "little"))  # the runtime fills it, not the caller
+    RUNTIME.write(address, value)  # the runtime fills it, not the caller
     model.batch = batch
     return SUCCESS
 
@@ -359,7 +381,8 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
     for index, tensor in enumerate(inputs):
         address, size = _buffer_at(input_dataset, index)
         if tensor["name"] == DYNAMIC_TENSOR_NAME:
-            written = int.from_bytes(RUNTIME.read(address, MBATCH_BYTES), "little")
+            dtype = NUMPY_TYPES[tensor["dtype"]]
+            written = int(np.frombuffer(RUNTIME.read(address, np.dtype(dtype).itemsize), dtype=dtype)[0])
             if batch is not None and written != batch:
                 raise RUNTIME.fail(INVALID_PARAM, f"'{DYNAMIC_TENSOR_NAME}' was overwritten by the application")
             continue
@@ -370,7 +393,7 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
         array = np.frombuffer(RUNTIME.read(address, need), dtype=NUMPY_TYPES[tensor["dtype"]])
         feeds[tensor["name"]] = array.reshape(_shape(model, tensor, batch))
     RUNTIME.last_inputs = feeds
-    results = model.session.run([t["name"] for t in outputs], feeds)
+    results = om_files.run(model.om, feeds, NUMPY_TYPES)
     for index, (tensor, result) in enumerate(zip(outputs, results, strict=True)):
         address, size = _buffer_at(output_dataset, index)
         _device_only(address, f"output {index}")
@@ -381,7 +404,7 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
     RUNTIME.spend_device_time()
     RUNTIME.busy_ns[device] += time.monotonic_ns() - started
     RUNTIME.executions += 1
-    RUNTIME.rows_executed.append(batch if batch is not None else _shape(model, inputs[0], None)[0])
+    RUNTIME.rows_executed.append(batch if batch is not None else (_shape(model, inputs[0], None) or [1])[0])
 
 
 def _device_only(address: int, what: str) -> None:

@@ -1,52 +1,110 @@
-"""The simulator's stand-in for an ATC-compiled `.om` file: a description, the gears and an ONNX graph.
+"""What the simulator makes of an `.om` file: the description geserve's offline reader gives, and how to run it.
 
-Layout: MAGIC, a 4-byte little-endian length, that many bytes of JSON description, then the ONNX
-model bytes. The simulator runs the graph with onnxruntime, so outputs are real computations.
+Names, dims, dtypes, formats and gears come from the real file (read as om-format.md lays it out),
+so they are ATC's, not the simulator's. A model runs with its ONNX twin when the test supplies one
+(`<file>.twin.onnx` beside the `.om`: the model it was compiled from), else with deterministic
+outputs of the described shape: every element of row r of every output is the sum of row r of the
+first input (the whole tensor's sum without a batch), so each response can still be checked.
 """
 
 from __future__ import annotations
 
-import json
-import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MAGIC = b"GESIM-OM1\x00"
-FORMAT_ND = 2
-FORMAT_NCHW = 0
+import numpy as np
+
+from geserve.backends.acl import names
+from geserve.backends.acl.description import FORMAT_VALUES, OmDescription
+from geserve.backends.acl.om_file import read_description
+from geserve.errors import ModelLoadError
+
+TWIN_SUFFIX = ".twin.onnx"
 
 
-def tensor(name: str, dtype: int, dims: list[int], fmt: int = FORMAT_ND) -> dict[str, Any]:
-    """One input or output as ATC records it: name, aclDataType, aclFormat and dims (-1: batch gear)."""
-    return {"name": name, "dtype": dtype, "format": fmt, "dims": list(dims)}
+def twin_path(om_path: Path) -> Path:
+    return om_path.with_name(om_path.name.removesuffix(".om") + TWIN_SUFFIX)
 
 
-def write_om(
-    path: Path,
-    onnx_model: bytes,
-    inputs: list[dict[str, Any]],
-    outputs: list[dict[str, Any]],
-    dynamic_batch: list[int] | None = None,
-    soc_version: str = "Ascend310P3",
-) -> Path:
-    """Write a simulated `.om`; `dynamic_batch` lists the gears as ATC's --dynamic_batch_size."""
-    description = {
-        "inputs": inputs,
-        "outputs": outputs,
-        "dynamic_batch": sorted(dynamic_batch or []),
-        "soc_version": soc_version,
-    }
-    header = json.dumps(description).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(MAGIC + struct.pack("<I", len(header)) + header + onnx_model)
-    return path
+@dataclass
+class OmModel:
+    """One loaded file, in the simulator's terms: tensors as dicts at their runtime indexes."""
+
+    description: OmDescription
+    inputs: list[dict[str, Any]]  # the gear input included, at its index
+    outputs: list[dict[str, Any]]
+    gears: list[int]
+    session: Any  # onnxruntime session of the twin, or None
+    twin_outputs: list[str]  # the twin's output name for each .om output
+    file_bytes: int
 
 
-def read_om(data: bytes) -> tuple[dict[str, Any], bytes]:
-    """The description and the ONNX bytes; ValueError when `data` is not a simulated `.om`."""
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 4:
-        raise ValueError("not an offline model file")
-    start = len(MAGIC) + 4
-    (length,) = struct.unpack("<I", data[len(MAGIC) : start])
-    description = json.loads(data[start : start + length])
-    return description, data[start + length :]
+def load(path: Path) -> OmModel:
+    """ValueError when the file is not a readable `.om`."""
+    try:
+        om = read_description(path)
+    except ModelLoadError as error:
+        raise ValueError(error.message) from None
+    tensors = sorted((*om.inputs, *([om.dynamic_input] if om.dynamic_input else [])), key=lambda t: t.index)
+    inputs = [_tensor(t.name, t.acl_type, t.format, t.dims) for t in tensors]
+    outputs = [_tensor(t.name, t.acl_type, t.format, t.dims) for t in om.outputs]
+    session, twin_outputs = None, []
+    twin = twin_path(path)
+    if twin.is_file():
+        session = _session(twin)
+        twin_outputs = _match_twin_outputs([t["name"] for t in outputs], [o.name for o in session.get_outputs()])
+    return OmModel(om, inputs, outputs, list(om.gears), session, twin_outputs, path.stat().st_size)
+
+
+def _tensor(name: str, acl_type: int, fmt: str, dims: tuple[int, ...]) -> dict[str, Any]:
+    return {"name": name, "dtype": acl_type, "format": FORMAT_VALUES.get(fmt, -1), "dims": list(dims)}
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def _match_twin_outputs(om_names: list[str], twin_names: list[str]) -> list[str]:
+    """The twin output behind each ATC-named output: same name, the ONNX name ATC kept, or position."""
+    matched = []
+    for index, full in enumerate(om_names):
+        short = names.short_name(full)
+        if full in twin_names:
+            matched.append(full)
+        elif short in twin_names:
+            matched.append(str(short))
+        else:
+            matched.append(twin_names[index])
+    return matched
+
+
+def run(model: OmModel, feeds: dict[str, np.ndarray], numpy_types: dict[int, Any]) -> list[np.ndarray]:
+    """Each output's values, in output order, at the shapes the feeds imply."""
+    if model.session is not None:
+        results = model.session.run(model.twin_outputs, feeds)
+        return [np.asarray(r) for r in results]
+    first = next(iter(feeds.values()))
+    batch = first.shape[0] if model.gears or _batched(model, first) else None
+    outputs = []
+    for tensor in model.outputs:
+        dtype = numpy_types[tensor["dtype"]]
+        dims = list(tensor["dims"])
+        if batch is not None:
+            sums = first.reshape(batch, -1).astype(np.float64).sum(axis=1)
+            dims[0] = batch
+            value = np.broadcast_to(sums.reshape([batch] + [1] * (len(dims) - 1)), dims)
+        else:
+            value = np.full(dims, first.astype(np.float64).sum())
+        outputs.append(np.ascontiguousarray(value).astype(dtype))
+    return outputs
+
+
+def _batched(model: OmModel, first: np.ndarray) -> bool:
+    """A static model whose outputs share the first input's leading dim is run row by row."""
+    return first.ndim > 0 and all(t["dims"] and t["dims"][0] == first.shape[0] for t in model.outputs)

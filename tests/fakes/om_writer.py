@@ -1,0 +1,205 @@
+"""Writes real-format `.om` files (IMOD header, partition table, MODEL_INOUT_INFO, MODEL_DEF) for tests.
+
+It takes a description with the keys of shared/om-samples/expected.json and lays it out as ATC
+does (om-format.md): Data ops with `index` and `_mbatch_origin_input_dims`, the
+`ascend_mbatch_shape_data` input and a `Case` op carrying the gears, a NetOutput whose inputs are
+the outputs, and `attr_model_out_nodes_name` holding their ATC names. Whatever it writes, the
+reader must describe exactly as asked; tests check that for every sample too. It writes no
+weights or kernels: these files describe models, the simulator runs them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from geserve._generated import om_model_def_pb2 as om
+from geserve.backends.acl.description import FORMAT_VALUES, TYPE_NAMES
+
+VERSION_1, VERSION_2 = 0x10000000, 0x20000000
+_ACL_TYPES = {name: value for value, name in TYPE_NAMES.items()}
+# aclDataType -> ge.proto.DataType, the numbering inside MODEL_DEF
+_GRAPH_TYPES = {0: 1, 1: 2, 2: 3, 4: 4, 6: 5, 7: 6, 3: 7, 9: 8, 8: 9, 10: 10, 12: 11, 11: 12, 13: 13, 27: 27}
+_GEAR_KEYS = {"dynamic_batch": (1, 2), "dynamic_image_size": (2, 3), "dynamic_dims": (3, 4)}  # type, TLV
+_GRAPH_API_NAME = re.compile(r"^output_(\d+)_(.+)_(\d+)$")
+
+
+def om_bytes(
+    description: dict[str, Any],
+    *,
+    header_version: int = VERSION_2,
+    wide_table: bool | None = None,
+    inout_info: bool = True,
+    platform_version: str = "1.11.z.0",
+) -> bytes:
+    """A whole `.om` file. `wide_table` (64-bit partition entries) defaults to on for v2 headers;
+    `inout_info` adds the MODEL_INOUT_INFO partition newer ATC versions write."""
+    wide = header_version == VERSION_2 if wide_table is None else wide_table
+    if wide and header_version != VERSION_2:
+        raise ValueError("64-bit partition tables need a v2 header")
+    partitions = [(0, model_def(description).SerializeToString()), (1, b""), (3, b""), (2, b"")]
+    if inout_info:
+        partitions.insert(0, (8, inout_records(description)))
+    table = io.BytesIO()
+    table.write(struct.pack("<II", len(partitions), 0) if wide else struct.pack("<I", len(partitions)))
+    offset = 0
+    for kind, data in partitions:
+        entry = struct.pack("<IIQQ", kind, 0, offset, len(data)) if wide else struct.pack("<III", kind, offset, len(data))
+        table.write(entry)
+        offset += len(data)
+    body = table.getvalue() + b"".join(data for _, data in partitions)
+    header = bytearray(256)
+    struct.pack_into("<III", header, 0, 0x444F4D49, 256, header_version)
+    struct.pack_into("<I", header, 76, 0 if wide else len(body))
+    name = str(description.get("name", "")).encode()[:31]
+    header[84 : 84 + len(name)] = name
+    version = platform_version.encode()[:19]
+    if header_version == VERSION_2:
+        struct.pack_into("<I", header, 156, 1)  # model_num
+        header[160 : 160 + len(version)] = version
+        if wide:
+            struct.pack_into("<Q", header, 184, len(body))
+    else:
+        header[156 : 156 + len(version)] = version
+    return bytes(header) + body
+
+
+def write_om(path: Path, description: dict[str, Any], **options: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(om_bytes(description, **options))
+    return path
+
+
+def om2_bytes(description: dict[str, Any]) -> bytes:
+    """An OM2 archive: model_meta.json with the keys GE's om2_model_executor.cc reads."""
+    dynamic = description.get("dynamic") or {}
+    kind = next((key for key in _GEAR_KEYS if key in dynamic), None)
+
+    def entry(tensor: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": tensor["name"],
+            "shape": _max_gear_dims(tensor["dims"], dynamic),
+            "origin_input_dims": tensor["dims"],
+            "data_type": _ACL_TYPES[tensor["dtype"]],
+            "format": FORMAT_VALUES[tensor["format"]],
+            "size": 0,
+        }
+
+    meta: dict[str, Any] = {
+        "name": description.get("name", ""),
+        "inputs": [entry(tensor) for tensor in description["inputs"]],
+        "outputs": [entry(tensor) for tensor in description["outputs"]],
+    }
+    if kind is not None:
+        values = dynamic[kind]
+        meta["dynamic_type"] = _GEAR_KEYS[kind][0]
+        meta["dynamic_batch_info"] = [[v] for v in values] if kind == "dynamic_batch" else values
+        meta["user_designate_shape_order"] = dynamic.get("data_name_order", [])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("model/model_meta.json", json.dumps(meta))
+    return buffer.getvalue()
+
+
+# -- MODEL_DEF -------------------------------------------------------------------------------
+
+
+def model_def(description: dict[str, Any]) -> om.OmModelDef:
+    model = om.OmModelDef(name=str(description.get("name", "")), version=1)
+    if description.get("soc_version"):
+        model.attr["soc_version"].s = str(description["soc_version"]).encode()
+    dynamic = description.get("dynamic") or {}
+    graph = model.graph.add(name=f"{model.name}_0")
+    for index, tensor in enumerate(description["inputs"]):
+        op = graph.op.add(name=tensor["name"], type="Data")
+        op.attr["index"].i = index
+        desc = _desc(tensor, _max_gear_dims(tensor["dims"], dynamic))
+        op.input_desc.append(desc)
+        op.output_desc.append(desc)
+        if any(d < 0 for d in tensor["dims"]):
+            op.attr["_mbatch_origin_input_dims"].list.i.extend(tensor["dims"])
+    kind = next((key for key in _GEAR_KEYS if key in dynamic), None)
+    if kind is not None:
+        case = graph.op.add(name="ascend_mbatch_shape_case", type="Case")
+        values = dynamic[kind]
+        gears = [[v] for v in values] if kind == "dynamic_batch" else values
+        case.attr["_batch_num"].i = len(gears)
+        for i, gear in enumerate(gears):
+            case.attr[f"_pred_value_{i}"].list.i.extend(gear)
+        case.attr["mbatch_dynamic_type"].i = _GEAR_KEYS[kind][0]
+        case.attr["mbatch-inserted-node"].b = True
+        case.attr["user_designate_shape_order"].list.s.extend(n.encode() for n in dynamic.get("data_name_order", []))
+    net_output = graph.op.add(name="Node_Output", type="NetOutput")
+    out_nodes = []
+    for index, tensor in enumerate(description["outputs"]):
+        net_output.input_desc.append(_desc(tensor, tensor["dims"]))
+        name = tensor["name"]
+        graph_api = _GRAPH_API_NAME.match(name)
+        if graph_api is not None and int(graph_api[1]) == index:
+            net_output.src_name.append(graph_api[2])
+            net_output.src_index.append(int(graph_api[3]))
+        elif ":" in name:
+            node, _, rest = name.partition(":")
+            net_output.src_name.append(node)
+            net_output.src_index.append(int(rest.split(":")[0]) if rest.split(":")[0].isdigit() else 0)
+            out_nodes.append(name)
+        else:
+            raise ValueError(f"ATC never names an output '{name}' (it appends ':<index>')")
+    if out_nodes:
+        if len(out_nodes) != len(description["outputs"]):
+            raise ValueError("mixing graph-API and ATC output names is not something GE writes")
+        model.attr["attr_model_out_nodes_name"].list.s.extend(n.encode() for n in out_nodes)
+    return model
+
+
+def _desc(tensor: dict[str, Any], dims: list[int]) -> om.OmTensorDesc:
+    desc = om.OmTensorDesc(dtype=_GRAPH_TYPES[_ACL_TYPES[tensor["dtype"]]], layout=tensor["format"])
+    desc.shape.dim.extend(dims)
+    return desc
+
+
+def _max_gear_dims(dims: list[int], dynamic: dict[str, Any]) -> list[int]:
+    """Data ops hold the largest gear's shape; the -1s live in _mbatch_origin_input_dims."""
+    largest = max(dynamic.get("dynamic_batch", [1]))
+    return [largest if d < 0 else d for d in dims]
+
+
+# -- MODEL_INOUT_INFO ------------------------------------------------------------------------
+
+
+def inout_records(description: dict[str, Any]) -> bytes:
+    dynamic = description.get("dynamic") or {}
+    records = [(0, _tensors(description["inputs"], dynamic)), (1, _tensors(description["outputs"], dynamic))]
+    kind = next((key for key in _GEAR_KEYS if key in dynamic), None)
+    if kind == "dynamic_batch":
+        values = dynamic[kind]
+        records.append((2, struct.pack(f"<I{len(values)}q", len(values), *values)))
+    elif kind is not None:
+        gears = dynamic[kind]
+        parts = struct.pack(f"<I{len(gears)}I", len(gears), *(len(g) for g in gears))
+        records.append((_GEAR_KEYS[kind][1], parts + b"".join(struct.pack(f"<{len(g)}q", *g) for g in gears)))
+    order = [n.encode() for n in dynamic.get("data_name_order", [])]
+    if order:
+        records.append((6, struct.pack(f"<I{len(order)}I", len(order), *(len(n) for n in order)) + b"".join(order)))
+    return b"".join(struct.pack("<iI", kind, len(value)) + value for kind, value in records)
+
+
+def _tensors(tensors: list[dict[str, Any]], dynamic: dict[str, Any]) -> bytes:
+    out = [struct.pack("<I", len(tensors))]
+    for tensor in tensors:
+        name = tensor["name"].encode()
+        dims = tensor["dims"]
+        acl_type = _ACL_TYPES[tensor["dtype"]]
+        itemsize = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 27: 2}.get(acl_type, 0)
+        size = itemsize
+        for d in _max_gear_dims(dims, dynamic):
+            size *= d
+        packed = struct.pack(f"<{len(dims)}q", *dims)
+        header = struct.pack("<QiiIIII", size, FORMAT_VALUES[tensor["format"]], acl_type, len(name), 8 * len(dims), 8 * len(dims), 0)
+        out.append(header + name + packed + packed)
+    return b"".join(out)
