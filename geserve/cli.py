@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_device_ids,
         default=None,
         metavar="IDS",
-        help="accelerator (NPU) ids instances may use, e.g. 0,1 (default: those in ASCEND_RT_VISIBLE_DEVICES "
-        "or /dev/davinciN)",
+        help="logical NPU ids instances may use, e.g. 0,1, as acl.rt.set_device numbers them (default: 0..n-1 for "
+        "the n devices ASCEND_RT_VISIBLE_DEVICES lists, else for the n /dev/davinciN chips, whatever their numbers)",
     )
     group.add_argument(
         "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"

@@ -19,6 +19,7 @@ from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, available_versions, select_versions
 from geserve.workers.client import InProcessWorker, WorkerClient
+from geserve.workers.devices import VISIBLE_DEVICES, worker_visible_devices
 from geserve.workers.messages import InstanceSpec
 from geserve.workers.process import ProcessWorker
 from geserve.workers.shm import DEFAULT_ARENA_BYTES
@@ -160,7 +161,7 @@ def _group_devices(model: str, group: mc.ModelInstanceGroup, settings: LoadSetti
 
 def _device_environment(device: int) -> tuple[tuple[str, str], ...]:
     # The worker sees only its own NPU, re-indexed as device 0 (pyACL's recommended setup).
-    return (("ASCEND_RT_VISIBLE_DEVICES", str(device)),)
+    return ((VISIBLE_DEVICES, worker_visible_devices(device)),)
 
 
 def _worker(spec: InstanceSpec, settings: LoadSettings) -> WorkerClient:

@@ -1,4 +1,4 @@
-"""Which accelerator devices (Ascend NPUs) this server may place instances on."""
+"""Which NPUs this server may place instances on, as logical ids, and how a worker is shown its one NPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import os
 import re
 from pathlib import Path
 
+# /dev/davinciN are the physical chips mapped into this container; davinci_manager and friends are not chips.
 _DEVICE_FILE = re.compile(r"^davinci(\d+)$")
+VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:
@@ -17,13 +19,37 @@ def parse_device_ids(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
-def discover_devices(dev: Path = Path("/dev")) -> tuple[int, ...]:
-    """NPUs visible to this process: ASCEND_RT_VISIBLE_DEVICES when set, else the /dev/davinciN files."""
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
-    if visible is not None:
-        return parse_device_ids(visible)
+def visible_entries(environ: dict[str, str] | None = None) -> list[str] | None:
+    """ASCEND_RT_VISIBLE_DEVICES as the runtime reads it: ids up to the first one that is not a number."""
+    value = (os.environ if environ is None else environ).get(VISIBLE_DEVICES)
+    if value is None:
+        return None
+    entries = []
+    for item in value.split(","):
+        if not item.strip().isdigit():
+            break
+        entries.append(item.strip())
+    return entries
+
+
+def discover_devices(dev: Path = Path("/dev"), environ: dict[str, str] | None = None) -> tuple[int, ...]:
+    """Logical NPU ids 0..n-1, as acl.rt.set_device takes them: n visible devices when
+    ASCEND_RT_VISIBLE_DEVICES is set, else n /dev/davinciN chips (whatever their physical numbers)."""
+    entries = visible_entries(environ)
+    if entries is not None:
+        return tuple(range(len(entries)))
     try:
-        names = [entry.name for entry in dev.iterdir()]
+        chips = [entry.name for entry in dev.iterdir() if _DEVICE_FILE.match(entry.name)]
     except OSError:
         return ()
-    return tuple(sorted(int(m.group(1)) for name in names if (m := _DEVICE_FILE.match(name))))
+    return tuple(range(len(chips)))
+
+
+def worker_visible_devices(logical_id: int, environ: dict[str, str] | None = None) -> str:
+    """The ASCEND_RT_VISIBLE_DEVICES a worker for `logical_id` gets, so that it sees that NPU alone
+    (as its device 0). The variable takes ids of this process's view: a logical id, or the entry at
+    that position when this process was itself restricted."""
+    entries = visible_entries(environ)
+    if entries is not None and logical_id < len(entries):
+        return entries[logical_id]
+    return str(logical_id)

@@ -266,6 +266,7 @@ class Runtime:
         report = {
             "pid": os.getpid(),
             "visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+            "device_count": len(self.visible_devices()),  # what acl.rt.get_device_count answers
             "run_mode": self.run_mode,
             "finalized": self.finalized,
             "leaks": self.leaks(),

@@ -1,0 +1,106 @@
+"""NPU numbering: logical ids for set_device, whatever /dev/davinciN numbers a container was given."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geserve.backends import registry
+from geserve.core.loader import LoadSettings, _instance_specs
+from geserve.errors import ModelLoadError
+from geserve.repository.config import parse_config_text
+from geserve.repository.scan import ModelSource
+from geserve.workers.devices import discover_devices, worker_visible_devices
+from geserve.workers.process import ProcessWorker
+from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+CONFIG = """
+name: "affine"
+backend: "ge"
+instance_group [ { kind: KIND_GPU count: 1 } ]
+"""
+
+
+def _fake_dev(root: Path, *names: str) -> Path:
+    dev = root / "dev"
+    dev.mkdir()
+    for name in names:
+        (dev / name).touch()
+    return dev
+
+
+def test_a_container_given_davinci3_and_davinci5_has_logical_devices_0_and_1(tmp_path: Path) -> None:
+    dev = _fake_dev(tmp_path, "davinci3", "davinci5", "davinci_manager", "devmm_svm", "hisi_hdc")
+    assert discover_devices(dev, environ={}) == (0, 1)
+    assert [worker_visible_devices(device, environ={}) for device in (0, 1)] == ["0", "1"]
+
+
+def test_visible_devices_set_for_the_server_are_logical_ids_and_pass_through_to_workers(tmp_path: Path) -> None:
+    dev = _fake_dev(tmp_path, "davinci0", "davinci1", "davinci2")
+    environ = {"ASCEND_RT_VISIBLE_DEVICES": "4,6"}
+    assert discover_devices(dev, environ=environ) == (0, 1)
+    assert [worker_visible_devices(device, environ=environ) for device in (0, 1)] == ["4", "6"]
+    # parsing stops at the first id that is not a number, as the runtime's does
+    assert discover_devices(dev, environ={"ASCEND_RT_VISIBLE_DEVICES": "2,x,3"}) == (0,)
+
+
+@pytest.fixture
+def simulated_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Worker processes import the pyACL simulator; the runtime sees the container's two chips."""
+    monkeypatch.syspath_prepend(str(FAKES))  # spawned workers start with this process's sys.path
+    monkeypatch.setenv("ACL_SIM_DEVICE_COUNT", "2")
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.setenv("ACL_SIM_REPORT_DIR", str(reports))
+    return reports
+
+
+async def test_both_devices_get_a_worker_and_each_worker_sees_exactly_one(
+    tmp_path: Path, simulated_container: Path
+) -> None:
+    dev = _fake_dev(tmp_path, "davinci3", "davinci5", "davinci_manager")
+    model_dir = tmp_path / "models" / "affine"
+    write_affine_om(model_dir / "1" / "model.om", gears=[1, 2, 4])
+    config = parse_config_text(CONFIG, "affine")
+    config.default_model_filename = "model.om"
+    settings = LoadSettings(device_ids=discover_devices(dev, environ={}))
+    specs = _instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, settings)
+    assert [(s.device_id, dict(s.environment)["ASCEND_RT_VISIBLE_DEVICES"]) for s in specs] == [(0, "0"), (1, "1")]
+    workers = [ProcessWorker(spec) for spec in specs]
+    try:
+        for worker in workers:
+            await worker.start()
+        x = np.arange(2 * FEATURES, dtype=np.float32).reshape(2, FEATURES)
+        for worker in workers:
+            executed = await worker.execute({"x": [x]}, ("y",))
+            assert executed.error is None and executed.outputs is not None
+            np.testing.assert_array_equal(executed.outputs["y"], affine_reference(x)["y"])
+    finally:
+        for worker in workers:
+            await worker.stop(timeout_s=10)
+    reports = [json.loads(path.read_text()) for path in simulated_container.glob("acl-sim-*.json")]
+    assert sorted(report["visible_devices"] for report in reports) == ["0", "1"]
+    assert all(report["device_count"] == 1 and report["executions"] == 1 for report in reports), reports
+
+
+async def test_a_physical_chip_id_in_visible_devices_hides_the_chip(tmp_path: Path, simulated_container: Path) -> None:
+    """What numbering workers by /dev/davinci5 did: ASCEND_RT_VISIBLE_DEVICES=5 names no device of two."""
+    model_dir = tmp_path / "models" / "affine"
+    write_affine_om(model_dir / "1" / "model.om", gears=[1, 2, 4])
+    config = parse_config_text(CONFIG, "affine")
+    config.default_model_filename = "model.om"
+    spec = _instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, LoadSettings(device_ids=(0,)))[0]
+    worker = ProcessWorker(replace(spec, environment=(("ASCEND_RT_VISIBLE_DEVICES", "5"),)))
+    with pytest.raises(ModelLoadError, match=r"acl.rt.set_device failed with error 107001"):
+        await worker.start()
+    await worker.stop(timeout_s=10)
+
+
+def _ge_backend() -> registry.BackendSpec:
+    return registry.by_name("ge")
