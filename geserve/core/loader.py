@@ -93,19 +93,39 @@ def _prepare(
 
 
 def model_file_path(source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int) -> Path:
-    """The version's model file, or the file the backend's path parameter names inside the model's folder."""
+    """The version's model file, or the file the backend's path parameter names."""
     parameter = config.parameters.get(backend.path_parameter) if backend.path_parameter else None
     if parameter is not None and parameter.string_value:
-        root = source.path.resolve()
-        path = (root / parameter.string_value).resolve()
-        if not path.is_relative_to(root):
-            raise ModelLoadError(
-                f"model '{config.name}': parameter '{backend.path_parameter}' ('{parameter.string_value}') "
-                "must name a file inside the model's folder"
-            )
-        return path
+        return _named_model_file(source, config.name, backend, parameter.string_value)
     version_dir = source.path / str(version)
     return version_dir / config.default_model_filename if config.default_model_filename else version_dir
+
+
+def _named_model_file(source: ModelSource, model: str, backend: registry.BackendSpec, value: str) -> Path:
+    """A path parameter resolved inside the model's folder, then inside the repository (configs written
+    for Triton's GE backend name the file relative to the repository); never outside the repository."""
+    repository = source.path.parent.resolve()
+    looked = []
+    for base in (source.path.resolve(), repository):
+        path = (base / value).resolve()
+        if not path.is_relative_to(repository):
+            raise ModelLoadError(
+                f"model '{model}': parameter '{backend.path_parameter}' ('{value}') must name a file inside the "
+                "model repository"
+            )
+        if path.is_file():
+            return path
+        looked.append(str(path))
+    found = sorted(
+        str(path.relative_to(source.path))
+        for path in source.path.glob(f"*/*{Path(backend.default_filename).suffix}")
+        if path.parent.name.isdigit()
+    )
+    raise ModelLoadError(
+        f"model '{model}': parameter '{backend.path_parameter}' ('{value}') names no file: looked at "
+        f"{' and '.join(repr(p) for p in looked)}; {backend.default_filename.split('.')[-1]} files in the version "
+        f"folders: {found or 'none'}"
+    )
 
 
 def _instance_specs(

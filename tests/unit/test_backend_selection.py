@@ -32,18 +32,47 @@ def _config(text: str) -> mc.ModelConfig:
     return text_format.Parse(f'name: "m" {text}', mc.ModelConfig())
 
 
-def test_model_path_parameter_is_relative_to_the_model_folder(tmp_path: Path) -> None:
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
+
+
+def _model_path(value: str) -> mc.ModelConfig:
+    return _config(f'parameters {{ key: "model_path" value {{ string_value: "{value}" }} }}')
+
+
+def test_model_path_parameter_is_looked_up_in_the_model_folder_first(tmp_path: Path) -> None:
     source = ModelSource("m", tmp_path / "m")
     spec = registry.by_name("ge")
-    config = _config('parameters { key: "model_path" value { string_value: "compiled/net.om" } }')
-    assert model_file_path(source, config, spec, 1) == (tmp_path / "m" / "compiled" / "net.om").resolve()
+    inside = _touch(tmp_path / "m" / "compiled" / "net.om")
+    _touch(tmp_path / "compiled" / "net.om")  # the repository's file of the same name loses
+    assert model_file_path(source, _model_path("compiled/net.om"), spec, 1) == inside.resolve()
+    config = _model_path("compiled/net.om")
     config.default_model_filename = "model.om"
     del config.parameters["model_path"]
     assert model_file_path(source, config, spec, 3) == tmp_path / "m" / "3" / "model.om"
 
 
-@pytest.mark.parametrize("value", ["../other/model.om", "/etc/passwd", "1/../../x.om"])
-def test_model_path_outside_the_model_folder_is_refused(tmp_path: Path, value: str) -> None:
-    config = _config(f'parameters {{ key: "model_path" value {{ string_value: "{value}" }} }}')
-    with pytest.raises(ModelLoadError, match="must name a file inside the model's folder"):
-        model_file_path(ModelSource("m", tmp_path / "m"), config, registry.by_name("ge"), 1)
+def test_model_path_parameter_relative_to_the_repository_as_the_ge_backend_writes_it(tmp_path: Path) -> None:
+    om = _touch(tmp_path / "resnet50_v2" / "resnet50_v2.om")
+    source = ModelSource("resnet50_v2", tmp_path / "resnet50_v2")
+    path = model_file_path(source, _model_path("resnet50_v2/resnet50_v2.om"), registry.by_name("ge"), 1)
+    assert path == om.resolve()
+
+
+def test_a_missing_model_path_names_every_place_looked_and_the_om_files_found(tmp_path: Path) -> None:
+    _touch(tmp_path / "m" / "1" / "model.om")
+    _touch(tmp_path / "m" / "2" / "other.om")
+    with pytest.raises(ModelLoadError) as error:
+        model_file_path(ModelSource("m", tmp_path / "m"), _model_path("net.om"), registry.by_name("ge"), 1)
+    message = error.value.message
+    assert f"'{(tmp_path / 'm' / 'net.om').resolve()}' and '{(tmp_path / 'net.om').resolve()}'" in message
+    assert "om files in the version folders: ['1/model.om', '2/other.om']" in message
+
+
+@pytest.mark.parametrize("value", ["../../other/model.om", "/etc/passwd", "1/../../../x.om"])
+def test_model_path_outside_the_repository_is_refused(tmp_path: Path, value: str) -> None:
+    _touch(tmp_path / "repo" / "m" / "1" / "model.om")
+    with pytest.raises(ModelLoadError, match="must name a file inside the model repository"):
+        model_file_path(ModelSource("m", tmp_path / "repo" / "m"), _model_path(value), registry.by_name("ge"), 1)
