@@ -366,7 +366,17 @@ def _loop_factory() -> asyncio.AbstractEventLoop:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_options(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] in ("inspect", "check"):
+        # Offline tools: no server, no NPU, no pyACL.
+        if arguments[0] == "inspect":
+            from geserve.offline import inspect
+
+            return inspect.main(arguments[1:])
+        from geserve.offline import check
+
+        return check.main(arguments[1:])
+    options = parse_options(arguments)
     if options.log_settings.log_file:
         logging.basicConfig(filename=options.log_settings.log_file)
     else:

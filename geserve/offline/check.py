@@ -1,0 +1,119 @@
+"""`geserve check --model-repository DIR`: every model of a repository checked offline, one line per problem."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends import registry
+from geserve.backends.acl import completion
+from geserve.backends.acl.description import check_servable
+from geserve.backends.acl.om_file import read_description
+from geserve.core.loader import _prepare, model_file_path
+from geserve.errors import GeserveError
+from geserve.repository import config as config_io
+from geserve.repository.scan import ModelSource, scan_repositories
+
+# Which config field a backend's message is about, by the words it uses.
+_FIELDS = (
+    (re.compile(r"config input '"), "input"),
+    (re.compile(r"config output '"), "output"),
+    (re.compile(r"inputs \[.*\] of .* are missing"), "input"),
+    (re.compile(r"max_batch_size"), "max_batch_size"),
+    (re.compile(r"preferred_batch_size"), "dynamic_batching"),
+    (re.compile(r"parameter 'model_path'"), "parameters.model_path"),
+    (re.compile(r"version"), "version_policy"),
+    (re.compile(r"backend|platform"), "backend"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    path: Path
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.field}: {self.message}"
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="geserve check", description=__doc__)
+    parser.add_argument("--model-repository", type=Path, action="append", required=True, metavar="DIR")
+    args = parser.parse_args(argv)
+    problems: list[Problem] = []
+    try:
+        scan = scan_repositories(args.model_repository)
+    except FileNotFoundError as error:
+        sys.stdout.write(f"{error}\n")
+        return 1
+    for name, reason in sorted(scan.conflicts.items()):
+        problems.append(Problem(Path(name), "name", reason))
+    for source in scan.models.values():
+        problems += check_model(source)
+    for problem in problems:
+        sys.stdout.write(f"{problem}\n")
+    if problems:
+        sys.stdout.write(f"{len(problems)} problem(s) in {len(scan.models)} model(s)\n")
+        return 1
+    sys.stdout.write(f"{len(scan.models)} model(s) checked: no problems\n")
+    return 0
+
+
+def check_model(source: ModelSource) -> list[Problem]:
+    """What would keep the model from loading, found without loading it on a device."""
+    config_path = source.path / "config.pbtxt"
+    try:
+        config, backend, versions = _prepare(source)
+        config_io.fill_defaults(config, backend.name, backend.default_filename, mc.ModelInstanceGroup.KIND_CPU)
+    except GeserveError as error:
+        return [Problem(config_path, _field(error.message, "config"), error.message)]
+    problems = []
+    for version in versions:
+        try:
+            path = model_file_path(source, config, backend, version)
+        except GeserveError as error:
+            problems.append(Problem(config_path, "parameters.model_path", error.message))
+            break
+        if backend.default_filename and not path.is_file():
+            problems.append(Problem(path, "default_model_filename", f"version {version}'s model file does not exist"))
+            continue
+        problems += _agreement(config, backend, path, config_path)
+    return problems
+
+
+def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path, config_path: Path) -> list[Problem]:
+    """The config completed from, and checked against, the model file, as the backend would at load."""
+    completed = mc.ModelConfig()
+    completed.CopyFrom(config)
+    try:
+        if backend.name == "ge":
+            om = read_description(path)
+            check_servable(om, config.name, str(path))
+            completion.complete(completed, om, True, str(path))
+        elif backend.name == "onnxruntime":
+            instance = backend.create()
+            try:
+                instance.load(completed, path, 0)
+                instance.complete_config(completed, True)
+            finally:
+                instance.unload()
+        config_io.validate_config(completed)
+    except GeserveError as error:
+        where = path if "' is " in error.message or "cannot be read" in error.message else config_path
+        return [Problem(where, _field(error.message, "model file"), error.message)]
+    except ImportError as error:  # onnxruntime is an optional extra
+        return [Problem(path, "backend", f"cannot be checked here: {error}")]
+    return []
+
+
+def _field(message: str, default: str) -> str:
+    for pattern, field in _FIELDS:
+        if pattern.search(message):
+            return field
+    return default
