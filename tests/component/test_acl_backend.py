@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -165,6 +166,118 @@ def test_device_usage_reads_memory_and_utilization(tmp_path: Path) -> None:
     assert 0 < usage.memory_used_bytes < usage.memory_total_bytes
     assert usage.utilization is not None and 0.0 <= usage.utilization <= 1.0
     backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
+def test_utilization_that_reads_minus_one_is_unknown_not_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACL_SIM_UTILIZATION_UNKNOWN", "1")
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    usage = backend.device_usage()
+    assert usage is not None and usage.memory_total_bytes == 8 << 30
+    assert usage.utilization is None  # exported as no sample, never as 0
+    backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
+def test_outputs_report_the_largest_gear_and_padding_rows_never_reach_the_caller(tmp_path: Path) -> None:
+    """aclmdlGetOutputDims gives [8, 4] for gears 1,2,4,8: the model loads, and a batch of 3 runs at
+    gear 4 and answers 3 rows, read with get_cur_output_dims."""
+    import acl
+
+    backend, config = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    desc = backend._desc
+    y_index = next(i for i in range(acl.mdl.get_num_outputs(desc)) if acl.mdl.get_output_name_by_index(desc, i) == "Add_1:0:y")
+    assert acl.mdl.get_output_dims(desc, y_index)[0]["dims"] == [8, FEATURES]
+    assert acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [-1, FEATURES]
+    assert [t.name for t in config.output] == ["y", "s"]  # shortest unique names
+    assert config.parameters["om_output_name.y"].string_value == "Add_1:0:y"
+    outputs = backend.execute({"x": _rows(3)}, ["y", "s"])
+    assert outputs["y"].shape == (3, FEATURES) and outputs["s"].shape == (3, 1)
+    assert acl.mdl.get_cur_output_dims(desc, y_index)[0]["dims"] == [4, FEATURES]
+    backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("Add_1:0:y", None),
+        ("y", None),
+        ("Add_1:0", "is not in"),
+        ("z", "is not in"),
+    ],
+)
+def test_config_outputs_match_by_full_onnx_or_node_name(tmp_path: Path, name: str, error: str | None) -> None:
+    from google.protobuf import text_format
+
+    config = text_format.Parse(
+        f'name: "affine" max_batch_size: 8 input {{ name: "x" data_type: TYPE_FP32 dims: [4] }} '
+        f'output {{ name: "{name}" data_type: TYPE_FP32 dims: [4] }}',
+        mc.ModelConfig(),
+    )
+    path = write_affine_om(tmp_path / "model.om", gears=GEARS)
+    if error is None:
+        backend, _ = _loaded(path, config)
+        x = _rows(2)
+        np.testing.assert_array_equal(backend.execute({"x": x}, [name])[name], affine_reference(x)["y"])
+        backend.unload()
+    else:
+        with pytest.raises(ModelLoadError, match=error):
+            _loaded(path, config)
+    assert _runtime().leaks() == [] or error is not None
+
+
+@pytest.mark.usefixtures("acl")
+def test_an_ambiguous_output_name_lists_the_candidates(tmp_path: Path) -> None:
+    from google.protobuf import text_format
+
+    from tests.fakes.om_writer import write_om
+
+    description = {
+        "name": "two_heads",
+        "inputs": [{"name": "x", "dtype": "float32", "dims": [1, 4], "format": "ND"}],
+        "outputs": [
+            {"name": "head_a/Conv:0:logits", "dtype": "float32", "dims": [1, 4], "format": "ND"},
+            {"name": "head_b/Conv:0:logits", "dtype": "float32", "dims": [1, 4], "format": "ND"},
+        ],
+    }
+    path = write_om(tmp_path / "model.om", description)
+    backend, config = _loaded(path)
+    assert [t.name for t in config.output] == ["head_a/Conv:0:logits", "head_b/Conv:0:logits"]  # no unique short form
+    backend.unload()
+    config = text_format.Parse(
+        'name: "two_heads" input { name: "x" data_type: TYPE_FP32 dims: [1, 4] } '
+        'output { name: "logits" data_type: TYPE_FP32 dims: [1, 4] }',
+        mc.ModelConfig(),
+    )
+    with pytest.raises(ModelLoadError, match=r"matches several outputs .*\['head_a/Conv:0:logits', 'head_b/Conv:0:logits'\]"):
+        _loaded(path, config)
+
+
+@pytest.mark.usefixtures("acl")
+@pytest.mark.parametrize(
+    ("dynamic", "kind"),
+    [
+        ({"dynamic_image_size": [[224, 224], [448, 448]], "data_name_order": ["x"]}, "image size gears (ATC --dynamic_image_size"),
+        ({"dynamic_dims": [[1, 4], [1, 8]], "data_name_order": ["x"]}, "dims gears (ATC --dynamic_dims"),
+    ],
+)
+def test_image_size_and_dims_gears_are_refused_naming_the_kind(tmp_path: Path, dynamic: dict[str, Any], kind: str) -> None:
+    from tests.fakes.om_writer import write_om
+
+    dims = [1, 3, -1, -1] if "dynamic_image_size" in dynamic else [1, -1]
+    description = {
+        "name": "gears",
+        "inputs": [
+            {"name": "x", "dtype": "float32", "dims": dims, "format": "NCHW"},
+            {"name": "ascend_mbatch_shape_data", "dtype": "int32", "dims": [2], "format": "ND"},
+        ],
+        "outputs": [{"name": "out:0", "dtype": "float32", "dims": [1, 10], "format": "ND"}],
+        "dynamic": dynamic,
+    }
+    with pytest.raises(ModelLoadError, match=re.escape(kind)):
+        _loaded(write_om(tmp_path / "model.om", description))
+    assert _runtime().leaks() == []
 
 
 # -- the simulator keeps the binding's rules ------------------------------------------------------

@@ -68,6 +68,8 @@ def _read_gears(op: om.OmOp, contents: OmContents) -> None:
     kind = _GEAR_KINDS.get(_int(op.attr, "mbatch_dynamic_type", 0))
     if kind is None:  # older files: one value per gear is a batch size
         kind = GEAR_BATCH if all(len(shape) == 1 for shape in shapes) else GEAR_DIMS
+    if kind == GEAR_BATCH and any(len(shape) != 1 or shape[0] <= 0 for shape in shapes):
+        raise OmFormatError(f"gear op '{op.name}' has batch gears {[list(s) for s in shapes]}, not one size each")
     contents.gear_kind = kind
     contents.gear_shapes = shapes
     contents.data_name_order = [s.decode("utf-8", "replace") for s in _list(op.attr, "user_designate_shape_order").s]

@@ -11,6 +11,7 @@ from the environment, since the simulator runs inside geserve's worker processes
 - ACL_SIM_FAULT_FILE     a file holding an error code: the next execute in any process takes it
                          (renames it away) and fails with that code; the device then stays faulty
 - ACL_SIM_REPORT_DIR     where each process writes `acl-sim-<pid>.json` (calls, executions, leaks)
+- ACL_SIM_UTILIZATION_UNKNOWN  1: get_device_utilization_rate reads -1 (unsupported) for the AI Core fields
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ._state import (
@@ -228,9 +229,11 @@ def get_device_utilization_rate(device: int) -> tuple[dict[str, int], int]:
     previous_at, previous_busy = _last_utilization.get(device, (now, busy))
     _last_utilization[device] = (now, busy)
     share = 0 if now <= previous_at else min(100, round(100 * (busy - previous_busy) / (now - previous_at)))
+    # A field the chip cannot measure reads -1 while the call still succeeds (pyacl.md, first section).
+    unknown = os.environ.get("ACL_SIM_UTILIZATION_UNKNOWN") == "1"
     rates = {
-        "cube_utilization": share,
-        "vector_utilization": share,
+        "cube_utilization": -1 if unknown else share,
+        "vector_utilization": -1 if unknown else share,
         "aicpu_utilization": 0,
         "memory_utilization": 0,
         "utilization_extend": 0,
