@@ -21,9 +21,12 @@ from geserve.repository.scan import ModelSource, scan_repositories
 
 # Which config field a backend's message is about, by the words it uses.
 _FIELDS = (
+    (re.compile(r"failed to parse"), "config"),
     (re.compile(r"config input '"), "input"),
     (re.compile(r"config output '"), "output"),
     (re.compile(r"inputs \[.*\] of .* are missing"), "input"),
+    (re.compile(r"\binput '"), "input"),
+    (re.compile(r"\boutput '"), "output"),
     (re.compile(r"max_batch_size"), "max_batch_size"),
     (re.compile(r"preferred_batch_size"), "dynamic_batching"),
     (re.compile(r"parameter 'model_path'"), "parameters.model_path"),
@@ -105,7 +108,7 @@ def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path
                 instance.unload()
         config_io.validate_config(completed)
     except GeserveError as error:
-        where = path if "' is " in error.message or "cannot be read" in error.message else config_path
+        where = path if error.message.startswith(f"'{path}'") else config_path  # the file itself is unreadable
         return [Problem(where, _field(error.message, "model file"), error.message)]
     except ImportError as error:  # onnxruntime is an optional extra
         return [Problem(path, "backend", f"cannot be checked here: {error}")]

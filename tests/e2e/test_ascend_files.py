@@ -1,0 +1,182 @@
+"""Real `.om` files and configs as users write them, served through tritonclient against the pyACL simulator."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.test_ascend import _simulator_env
+from tests.fakes.om_writer import write_om
+from tests.support import ROOT, GeserveProcess
+
+pytestmark = pytest.mark.e2e
+
+SAMPLES = ROOT.parent / "shared" / "om-samples"
+needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"the real .om samples are not here ({SAMPLES})")
+
+DDNET_SHORT_NAMES = """
+name: "ddnet_short"
+backend: "ge"
+max_batch_size: 1
+input [
+  { name: "Input" data_type: TYPE_FP32 dims: [ 32, 105 ] },
+  { name: "Input_1" data_type: TYPE_FP32 dims: [ 32, 15, 2 ] }
+]
+output [ { name: "model_1/dense_2/Softmax" data_type: TYPE_FP32 dims: [ 21 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 } ]
+"""
+# The shape of the Triton GE backend's example configs: platform and backend both "ge", no
+# max_batch_size, FORMAT_NCHW, short output names, model_path relative to the repository.
+GE_BACKEND_CONFIG = """
+name: "resnet50_v2"
+platform: "ge"
+backend: "ge"
+input [
+  {
+    name: "input"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 224, 224 ]
+  }
+]
+output [
+  {
+    name: "output"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8, 16 ]
+  max_queue_delay_microseconds: 100
+}
+instance_group [ { count: 1 kind: KIND_GPU } ]
+parameters {
+  key: "model_path"
+  value: { string_value: "resnet50_v2/resnet50_v2.om" }
+}
+"""
+
+
+def _resnet_description(gears: list[int]) -> dict[str, object]:
+    """ResNet-50 as ATC compiles its ONNX export with --dynamic_batch_size: the output renamed."""
+    return {
+        "name": "resnet50_v2",
+        "soc_version": "Ascend310P3",
+        "inputs": [
+            {"name": "input", "dtype": "float32", "dims": [-1, 3, 224, 224], "format": "NCHW"},
+            {"name": "ascend_mbatch_shape_data", "dtype": "int32", "dims": [1], "format": "ND"},
+        ],
+        "outputs": [{"name": "Gemm_174:0:output", "dtype": "float32", "dims": [max(gears), 1000], "format": "ND"}],
+        "dynamic": {"dynamic_batch": gears, "data_name_order": ["input"]},
+    }
+
+
+def _readme_config() -> str:
+    """The example config.pbtxt of the README's "Serving on Ascend" section, as printed there."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("**Configure**") :]
+    block = re.search(r"```\n(.*?)```", section, re.S)
+    assert block is not None
+    return block.group(1)
+
+
+def _repository(root: Path) -> Path:
+    repository = root / "models"
+    if SAMPLES.is_dir():
+        for name, file in (("synthetic", "synthetic_dynbatch.om"), ("ddnet_auto", "ddnet_out.om")):
+            (repository / name / "1").mkdir(parents=True)
+            shutil.copy(SAMPLES / file, repository / name / "1" / "model.om")
+        (repository / "ddnet_short" / "1").mkdir(parents=True)
+        shutil.copy(SAMPLES / "ddnet_out.om", repository / "ddnet_short" / "1" / "model.om")
+        (repository / "ddnet_short" / "config.pbtxt").write_text(DDNET_SHORT_NAMES)
+    write_om(repository / "resnet50_v2" / "resnet50_v2.om", _resnet_description([1, 2, 4, 8, 16]))
+    (repository / "resnet50_v2" / "1").mkdir(parents=True)
+    (repository / "resnet50_v2" / "config.pbtxt").write_text(GE_BACKEND_CONFIG)
+    write_om(repository / "resnet50" / "1" / "resnet50_bs16.om", _resnet_description([1, 2, 4, 8, 16]))
+    (repository / "resnet50" / "config.pbtxt").write_text(_readme_config())
+    return repository
+
+
+@pytest.fixture(scope="module")
+def files_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]:
+    root = tmp_path_factory.mktemp("ascend-files")
+    process = GeserveProcess(
+        root / "geserve.log", f"--model-repository={_repository(root)}", "--device-ids=0,1", env=_simulator_env(root)
+    ).wait_live()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _row_sums(x: np.ndarray) -> np.ndarray:
+    """What the simulator answers without an ONNX twin: each output row filled with its input row's sum."""
+    return x.reshape(x.shape[0], -1).astype(np.float64).sum(axis=1).astype(np.float32)
+
+
+def _infer_both(server: GeserveProcess, model: str, inputs: dict[str, np.ndarray], output: str) -> list[np.ndarray]:
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    http_inputs, grpc_inputs = [], []
+    for name, array in inputs.items():
+        http_inputs.append(httpclient.InferInput(name, list(array.shape), "FP32"))
+        http_inputs[-1].set_data_from_numpy(array, binary_data=True)
+        grpc_inputs.append(grpcclient.InferInput(name, list(array.shape), "FP32"))
+        grpc_inputs[-1].set_data_from_numpy(array)
+    return [
+        http.infer(model, http_inputs).as_numpy(output),
+        grpc.infer(model, grpc_inputs).as_numpy(output),
+    ]
+
+
+@needs_samples
+def test_synthetic_gear_model_at_every_gear_and_between(files_server: GeserveProcess) -> None:
+    config = httpclient.InferenceServerClient(files_server.url).get_model_config("synthetic")
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4, 8]
+    assert [(t["name"], t["dims"]) for t in config["output"]] == [("prob", [1000])]
+    assert config["parameters"]["om_output_name.prob"]["string_value"] == "prob:0:prob"
+    for rows in range(1, 9):
+        x = np.random.default_rng(rows).normal(size=(rows, 3, 224, 224)).astype(np.float32)
+        for answer in _infer_both(files_server, "synthetic", {"input": x}, "prob"):
+            assert answer.shape == (rows, 1000)  # padding rows never reach the client
+            np.testing.assert_allclose(answer, np.repeat(_row_sums(x)[:, None], 1000, axis=1), rtol=1e-6)
+
+
+@needs_samples
+@pytest.mark.parametrize("model", ["ddnet_short", "ddnet_auto"])
+def test_ddnet_with_short_names_and_without_a_config(files_server: GeserveProcess, model: str) -> None:
+    http = httpclient.InferenceServerClient(files_server.url)
+    metadata = http.get_model_metadata(model)
+    assert [(t["name"], t["shape"]) for t in metadata["inputs"]] == [("Input", [-1, 32, 105]), ("Input_1", [-1, 32, 15, 2])]
+    assert [(t["name"], t["shape"]) for t in metadata["outputs"]] == [("model_1/dense_2/Softmax", [-1, 21])]
+    rng = np.random.default_rng(5)
+    inputs = {
+        "Input": rng.normal(size=(1, 32, 105)).astype(np.float32),
+        "Input_1": rng.normal(size=(1, 32, 15, 2)).astype(np.float32),
+    }
+    for answer in _infer_both(files_server, model, inputs, "model_1/dense_2/Softmax"):
+        assert answer.shape == (1, 21)
+        np.testing.assert_allclose(answer, np.repeat(_row_sums(inputs["Input"])[:, None], 21, axis=1), rtol=1e-6)
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 1"):
+        two = {name: np.concatenate([a, a]) for name, a in inputs.items()}
+        _infer_both(files_server, model, two, "model_1/dense_2/Softmax")
+
+
+@pytest.mark.parametrize("model", ["resnet50_v2", "resnet50"])
+def test_configs_written_for_the_ge_backend_and_the_readme_load_as_they_are(files_server: GeserveProcess, model: str) -> None:
+    http = httpclient.InferenceServerClient(files_server.url)
+    config = http.get_model_config(model)
+    assert config["max_batch_size"] == 16  # completed from the gears where the config gives none
+    assert [t["name"] for t in config["output"]] == ["output"]
+    x = np.random.default_rng(1).normal(size=(1, 3, 224, 224)).astype(np.float32)
+    for answer in _infer_both(files_server, model, {"input": x}, "output"):
+        assert answer.shape == (1, 1000)
+        np.testing.assert_allclose(answer[0], np.full(1000, _row_sums(x)[0]), rtol=1e-6)
