@@ -61,10 +61,14 @@ def describe_text(om: OmDescription, path: Path) -> str:
     tensors = sorted((*om.inputs, *([om.dynamic_input] if om.dynamic_input else [])), key=lambda t: t.index)
     for tensor in tensors:
         note = "  (filled by the runtime with the gear)" if tensor is om.dynamic_input else ""
-        lines.append(f"  {tensor.index}: {tensor.name}  {type_name(tensor.acl_type)}  {list(tensor.dims)}  {tensor.format}{note}")
+        lines.append(
+            f"  {tensor.index}: {tensor.name}  {type_name(tensor.acl_type)}  {list(tensor.dims)}  {tensor.format}{note}"
+        )
     lines.append("outputs:")
     for tensor in om.outputs:
-        lines.append(f"  {tensor.index}: {tensor.name}  {type_name(tensor.acl_type)}  {list(tensor.dims)}  {tensor.format}")
+        lines.append(
+            f"  {tensor.index}: {tensor.name}  {type_name(tensor.acl_type)}  {list(tensor.dims)}  {tensor.format}"
+        )
     if om.gear_kind:
         values = list(om.gears) if om.gears else [list(s) for s in om.gear_shapes]
         lines.append(f"gears: {om.gear_kind.replace('_', ' ')} {values} (inputs {list(om.data_name_order)})")

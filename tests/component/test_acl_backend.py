@@ -186,7 +186,9 @@ def test_outputs_report_the_largest_gear_and_padding_rows_never_reach_the_caller
 
     backend, config = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
     desc = backend._desc
-    y_index = next(i for i in range(acl.mdl.get_num_outputs(desc)) if acl.mdl.get_output_name_by_index(desc, i) == "Add_1:0:y")
+    y_index = next(
+        i for i in range(acl.mdl.get_num_outputs(desc)) if acl.mdl.get_output_name_by_index(desc, i) == "Add_1:0:y"
+    )
     assert acl.mdl.get_output_dims(desc, y_index)[0]["dims"] == [8, FEATURES]
     assert acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [-1, FEATURES]
     assert [t.name for t in config.output] == ["y", "s"]  # shortest unique names
@@ -250,7 +252,9 @@ def test_an_ambiguous_output_name_lists_the_candidates(tmp_path: Path) -> None:
         'output { name: "logits" data_type: TYPE_FP32 dims: [1, 4] }',
         mc.ModelConfig(),
     )
-    with pytest.raises(ModelLoadError, match=r"matches several outputs .*\['head_a/Conv:0:logits', 'head_b/Conv:0:logits'\]"):
+    with pytest.raises(
+        ModelLoadError, match=r"matches several outputs .*\['head_a/Conv:0:logits', 'head_b/Conv:0:logits'\]"
+    ):
         _loaded(path, config)
 
 
@@ -258,11 +262,16 @@ def test_an_ambiguous_output_name_lists_the_candidates(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("dynamic", "kind"),
     [
-        ({"dynamic_image_size": [[224, 224], [448, 448]], "data_name_order": ["x"]}, "image size gears (ATC --dynamic_image_size"),
+        (
+            {"dynamic_image_size": [[224, 224], [448, 448]], "data_name_order": ["x"]},
+            "image size gears (ATC --dynamic_image_size",
+        ),
         ({"dynamic_dims": [[1, 4], [1, 8]], "data_name_order": ["x"]}, "dims gears (ATC --dynamic_dims"),
     ],
 )
-def test_image_size_and_dims_gears_are_refused_naming_the_kind(tmp_path: Path, dynamic: dict[str, Any], kind: str) -> None:
+def test_image_size_and_dims_gears_are_refused_naming_the_kind(
+    tmp_path: Path, dynamic: dict[str, Any], kind: str
+) -> None:
     from tests.fakes.om_writer import write_om
 
     dims = [1, 3, -1, -1] if "dynamic_image_size" in dynamic else [1, -1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ async def test_both_devices_get_a_worker_and_each_worker_sees_exactly_one(
     finally:
         for worker in workers:
             await worker.stop(timeout_s=10)
-    reports = [json.loads(path.read_text()) for path in simulated_container.glob("acl-sim-*.json")]
+    reports = _reports(simulated_container)
     assert sorted(report["visible_devices"] for report in reports) == ["0", "1"]
     assert all(report["device_count"] == 1 and report["executions"] == 1 for report in reports), reports
 
@@ -100,6 +101,10 @@ async def test_a_physical_chip_id_in_visible_devices_hides_the_chip(tmp_path: Pa
     with pytest.raises(ModelLoadError, match=r"acl.rt.set_device failed with error 107001"):
         await worker.start()
     await worker.stop(timeout_s=10)
+
+
+def _reports(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in folder.glob("acl-sim-*.json")]
 
 
 def _ge_backend() -> registry.BackendSpec:

@@ -155,7 +155,10 @@ def test_synthetic_gear_model_at_every_gear_and_between(files_server: GeservePro
 def test_ddnet_with_short_names_and_without_a_config(files_server: GeserveProcess, model: str) -> None:
     http = httpclient.InferenceServerClient(files_server.url)
     metadata = http.get_model_metadata(model)
-    assert [(t["name"], t["shape"]) for t in metadata["inputs"]] == [("Input", [-1, 32, 105]), ("Input_1", [-1, 32, 15, 2])]
+    assert [(t["name"], t["shape"]) for t in metadata["inputs"]] == [
+        ("Input", [-1, 32, 105]),
+        ("Input_1", [-1, 32, 15, 2]),
+    ]
     assert [(t["name"], t["shape"]) for t in metadata["outputs"]] == [("model_1/dense_2/Softmax", [-1, 21])]
     rng = np.random.default_rng(5)
     inputs = {
@@ -171,7 +174,9 @@ def test_ddnet_with_short_names_and_without_a_config(files_server: GeserveProces
 
 
 @pytest.mark.parametrize("model", ["resnet50_v2", "resnet50"])
-def test_configs_written_for_the_ge_backend_and_the_readme_load_as_they_are(files_server: GeserveProcess, model: str) -> None:
+def test_configs_written_for_the_ge_backend_and_the_readme_load_as_they_are(
+    files_server: GeserveProcess, model: str
+) -> None:
     http = httpclient.InferenceServerClient(files_server.url)
     config = http.get_model_config(model)
     assert config["max_batch_size"] == 16  # completed from the gears where the config gives none

@@ -49,7 +49,9 @@ def om_bytes(
     table.write(struct.pack("<II", len(partitions), 0) if wide else struct.pack("<I", len(partitions)))
     offset = 0
     for kind, data in partitions:
-        entry = struct.pack("<IIQQ", kind, 0, offset, len(data)) if wide else struct.pack("<III", kind, offset, len(data))
+        entry = (
+            struct.pack("<IIQQ", kind, 0, offset, len(data)) if wide else struct.pack("<III", kind, offset, len(data))
+        )
         table.write(entry)
         offset += len(data)
     body = table.getvalue() + b"".join(data for _, data in partitions)
@@ -200,6 +202,8 @@ def _tensors(tensors: list[dict[str, Any]], dynamic: dict[str, Any]) -> bytes:
         for d in _max_gear_dims(dims, dynamic):
             size *= d
         packed = struct.pack(f"<{len(dims)}q", *dims)
-        header = struct.pack("<QiiIIII", size, FORMAT_VALUES[tensor["format"]], acl_type, len(name), 8 * len(dims), 8 * len(dims), 0)
+        header = struct.pack(
+            "<QiiIIII", size, FORMAT_VALUES[tensor["format"]], acl_type, len(name), 8 * len(dims), 8 * len(dims), 0
+        )
         out.append(header + name + packed + packed)
     return b"".join(out)

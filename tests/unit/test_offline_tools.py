@@ -100,7 +100,9 @@ def _break(repository: Path, name: str) -> None:
         (folder / "config.pbtxt").write_text(text.replace("dims: [ 16 ]", "dims: [ 8 ]", 1))
     elif name == "missing_path":
         write_affine_om(folder / "1" / "model.om", gears=[1, 2, 4])
-        (folder / "config.pbtxt").write_text(affine + ' parameters { key: "model_path" value { string_value: "x.om" } }')
+        (folder / "config.pbtxt").write_text(
+            affine + ' parameters { key: "model_path" value { string_value: "x.om" } }'
+        )
     elif name == "not_an_om":
         (folder / "1").mkdir(parents=True)
         (folder / "1" / "model.om").write_bytes(b"\x00" * 512)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import struct
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +12,8 @@ import pytest
 from geserve.backends.acl.om_file import describe_bytes, read_description
 from geserve.backends.acl.om_records import OmFormatError
 from geserve.errors import ModelLoadError
-from tests.support import ROOT
 from tests.fakes.om_writer import VERSION_1, VERSION_2, om2_bytes, om_bytes
+from tests.support import ROOT
 
 SAMPLES = ROOT.parent / "shared" / "om-samples"
 EXPECTED: dict[str, Any] = json.loads((SAMPLES / "expected.json").read_text()) if SAMPLES.is_dir() else {}
@@ -41,7 +40,7 @@ def test_each_sample_is_described_as_its_description_says(name: str) -> None:
 def test_a_written_file_is_described_the_same_as_each_sample(name: str, inout_info: bool) -> None:
     expected = EXPECTED[name]
     version = int(expected["header_version"], 16)
-    for wide in ([False, True] if version == VERSION_2 else [False]):
+    for wide in [False, True] if version == VERSION_2 else [False]:
         data = om_bytes(expected, header_version=version, wide_table=wide, inout_info=inout_info)
         assert describe_bytes(data).to_json() == expected
 

@@ -45,7 +45,7 @@ def _auto_complete(config: mc.ModelConfig, om: OmDescription, model_file: str) -
             if shown != full:
                 config.parameters[names.FULL_NAME_PARAMETER.format(shown)].string_value = full
     inputs = {tensor.name: tensor for tensor in om.inputs}
-    _complete_tensors(config.input, lambda name: inputs.get(name), skip)
+    _complete_tensors(config.input, inputs.get, skip)
     outputs = {tensor.name: tensor for tensor in om.outputs}
     full_names = list(outputs)
 
@@ -113,10 +113,10 @@ def check(config: mc.ModelConfig, om: OmDescription, model_file: str) -> dict[st
         _check_tensor(name, "input", tensor, om_tensor, skip=skip, model_file=model_file)
     outputs = {tensor.name: tensor for tensor in om.outputs}
     matched: dict[str, OmTensor] = {}
-    for tensor in config.output:
-        om_tensor = outputs[names.resolve(tensor.name, list(outputs), name, model_file)]
-        _check_tensor(name, "output", tensor, om_tensor, skip=skip, model_file=model_file)
-        matched[tensor.name] = om_tensor
+    for output in config.output:
+        om_output = outputs[names.resolve(output.name, list(outputs), name, model_file)]
+        _check_tensor(name, "output", output, om_output, skip=skip, model_file=model_file)
+        matched[output.name] = om_output
     missing = sorted(set(inputs) - {t.name for t in config.input})
     if missing:
         raise ModelLoadError(f"model '{name}': inputs {missing} of '{model_file}' are missing from the config")

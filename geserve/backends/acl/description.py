@@ -114,7 +114,9 @@ class OmDescription:
         dynamic: dict[str, Any] | None = None
         if self.gear_kind:
             key = {GEAR_BATCH: "dynamic_batch", GEAR_IMAGE_SIZE: "dynamic_image_size", GEAR_DIMS: "dynamic_dims"}
-            values: list[Any] = list(self.gears) if self.gear_kind == GEAR_BATCH else [list(s) for s in self.gear_shapes]
+            values: list[Any] = (
+                list(self.gears) if self.gear_kind == GEAR_BATCH else [list(s) for s in self.gear_shapes]
+            )
             dynamic = {key[self.gear_kind]: values, "data_name_order": list(self.data_name_order)}
         inputs = sorted((*self.inputs, *([self.dynamic_input] if self.dynamic_input else [])), key=lambda t: t.index)
         return {

@@ -37,12 +37,16 @@ def parse_model_def(data: bytes) -> OmContents:
     except DecodeError as error:
         raise OmFormatError(f"MODEL_DEF is not a GE ModelDef protobuf ({error})") from None
     if not model.graph:
-        raise OmFormatError("MODEL_DEF holds no graph: this is not an Ascend ATC model (HiAI/Kirin .om files, for example)")
+        raise OmFormatError(
+            "MODEL_DEF holds no graph: this is not an Ascend ATC model (HiAI/Kirin .om files, for example)"
+        )
     graph = model.graph[0]  # the root graph; the others are subgraphs such as gear branches
     contents = OmContents(soc_version=_string(model.attr, "soc_version") or None)
     found = [op for op in graph.op if op.type in _INPUT_OPS]
     # Inputs are ordered by their `index` attr; files without it list them in graph order.
-    data_ops = [op for _, op in sorted(enumerate(found), key=lambda item: (_int(item[1].attr, "index", item[0]), item[0]))]
+    data_ops = [
+        op for _, op in sorted(enumerate(found), key=lambda item: (_int(item[1].attr, "index", item[0]), item[0]))
+    ]
     gear_op = next((op for op in graph.op if op.type in _GEAR_OPS and "_batch_num" in op.attr), None)
     if gear_op is not None:
         _read_gears(gear_op, contents)

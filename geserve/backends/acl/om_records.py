@@ -47,7 +47,9 @@ class Cursor:
 
     def take(self, count: int) -> bytes:
         if count < 0 or count > self.left:
-            raise OmFormatError(f"{self.what} is truncated: {count} bytes wanted at offset {self.offset}, {self.left} left")
+            raise OmFormatError(
+                f"{self.what} is truncated: {count} bytes wanted at offset {self.offset}, {self.left} left"
+            )
         chunk = self.data[self.offset : self.offset + count]
         self.offset += count
         return chunk

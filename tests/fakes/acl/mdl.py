@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import om as om_files
 from ._state import (
     DESERIALIZE_MODEL,
     DYNAMIC_TENSOR_NAME,
@@ -24,7 +25,6 @@ from ._state import (
     Model,
     api,
 )
-from . import om as om_files
 
 NUMPY_TYPES = {
     0: np.float32,
