@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-peers clean
+.PHONY: run test lint typecheck unit protos models bench bench-peers npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,14 @@ bench: $(STAMP_TEST)
 # The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
 bench-peers: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_peers
+
+# On an Ascend host, after `source /usr/local/Ascend/ascend-toolkit/set_env.sh`:
+#   make npu-check GESERVE_NPU_OM=/path/model.om [GESERVE_NPU_ONNX=/path/model.onnx] [GESERVE_NPU_DEVICES=0,1]
+npu-check: $(STAMP_TEST)
+	@test -n "$(GESERVE_NPU_OM)" || { echo "make npu-check: set GESERVE_NPU_OM=/path/to/model.om" >&2; exit 2; }
+	$(BIN)/geserve inspect "$(GESERVE_NPU_OM)"
+	GESERVE_NPU_REQUIRED=1 GESERVE_NPU_OM="$(GESERVE_NPU_OM)" $(BIN)/python -m pytest -m npu -p no:cacheprovider \
+		-o timeout=1800 -v -rs tests/e2e/test_npu.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

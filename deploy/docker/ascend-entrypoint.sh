@@ -11,4 +11,5 @@ done
 if [ ! -d /usr/local/Ascend/driver/lib64 ]; then
     echo "geserve: the NPU driver is not mounted at /usr/local/Ascend/driver; .om models will not load" >&2
 fi
+mkdir -p "${ASCEND_PROCESS_LOG_PATH:-/tmp/ascend/log}" 2>/dev/null || true
 exec geserve "$@"

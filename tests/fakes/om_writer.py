@@ -36,25 +36,17 @@ def om_bytes(
     wide_table: bool | None = None,
     inout_info: bool = True,
     platform_version: str = "1.11.z.0",
+    sub_models: tuple[dict[str, Any], ...] = (),
 ) -> bytes:
     """A whole `.om` file. `wide_table` (64-bit partition entries) defaults to on for v2 headers;
-    `inout_info` adds the MODEL_INOUT_INFO partition newer ATC versions write."""
+    `inout_info` adds the MODEL_INOUT_INFO partition newer ATC versions write; `sub_models` follow
+    the root model as a dynamic-shape root model's do (one table and its partitions each)."""
     wide = header_version == VERSION_2 if wide_table is None else wide_table
     if wide and header_version != VERSION_2:
         raise ValueError("64-bit partition tables need a v2 header")
-    partitions = [(0, model_def(description).SerializeToString()), (1, b""), (3, b""), (2, b"")]
-    if inout_info:
-        partitions.insert(0, (8, inout_records(description)))
-    table = io.BytesIO()
-    table.write(struct.pack("<II", len(partitions), 0) if wide else struct.pack("<I", len(partitions)))
-    offset = 0
-    for kind, data in partitions:
-        entry = (
-            struct.pack("<IIQQ", kind, 0, offset, len(data)) if wide else struct.pack("<III", kind, offset, len(data))
-        )
-        table.write(entry)
-        offset += len(data)
-    body = table.getvalue() + b"".join(data for _, data in partitions)
+    if sub_models and header_version != VERSION_2:
+        raise ValueError("sub-models need a v2 header (model_num)")
+    body = b"".join(_model_body(model, wide, inout_info) for model in (description, *sub_models))
     header = bytearray(256)
     struct.pack_into("<III", header, 0, 0x444F4D49, 256, header_version)
     struct.pack_into("<I", header, 76, 0 if wide else len(body))
@@ -62,13 +54,30 @@ def om_bytes(
     header[84 : 84 + len(name)] = name
     version = platform_version.encode()[:19]
     if header_version == VERSION_2:
-        struct.pack_into("<I", header, 156, 1)  # model_num
+        struct.pack_into("<I", header, 156, 1 + len(sub_models))  # model_num
         header[160 : 160 + len(version)] = version
         if wide:
             struct.pack_into("<Q", header, 184, len(body))
     else:
         header[156 : 156 + len(version)] = version
     return bytes(header) + body
+
+
+def _model_body(description: dict[str, Any], wide: bool, inout_info: bool) -> bytes:
+    """One model's partition table and its partitions, back to back."""
+    partitions = [(0, model_def(description).SerializeToString()), (1, b""), (3, b""), (2, b"")]
+    if inout_info:
+        partitions.insert(0, (8, inout_records(description)))
+    table = io.BytesIO()
+    table.write(struct.pack("<II", len(partitions), 0) if wide else struct.pack("<I", len(partitions)))
+    offset = 0
+    for kind, data in partitions:
+        if wide:
+            table.write(struct.pack("<IIQQ", kind, 0, offset, len(data)))
+        else:
+            table.write(struct.pack("<III", kind, offset, len(data)))
+        offset += len(data)
+    return table.getvalue() + b"".join(data for _, data in partitions)
 
 
 def write_om(path: Path, description: dict[str, Any], **options: Any) -> Path:

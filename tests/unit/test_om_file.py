@@ -90,6 +90,13 @@ def test_the_reader_describes_exactly_what_the_writer_wrote(options: dict[str, A
     assert [t.size for t in om.outputs] == [16 * 10 * 4, 16 * 8]
 
 
+@pytest.mark.parametrize("wide", [True, False])
+def test_a_root_model_with_sub_models_is_described_by_its_first_table(wide: bool) -> None:
+    sub = {**WRITTEN, "name": "sub", "outputs": [{"name": "sub_out:0", "dtype": "int32", "dims": [2], "format": "ND"}]}
+    om = describe_bytes(om_bytes(WRITTEN, wide_table=wide, sub_models=(sub, sub)))
+    assert {k: v for k, v in om.to_json().items() if k != "header_version"} == WRITTEN
+
+
 def test_graph_api_names_and_other_gear_kinds_round_trip() -> None:
     for dynamic, dims in (
         ({"dynamic_image_size": [[224, 224], [320, 320]], "data_name_order": ["x"]}, [1, 3, -1, -1]),
@@ -145,6 +152,17 @@ def test_a_model_def_that_is_not_a_ge_graph_is_refused() -> None:
     assert kind == 0
     data[start : start + size] = b"\x0a\x03abc" + b"\xff" * (size - 5)
     with pytest.raises(OmFormatError, match="MODEL_DEF"):
+        describe_bytes(bytes(data))
+
+
+def test_a_hiai_model_is_named_as_such() -> None:
+    """HiAI (Kirin) files share the IMOD magic and v1 header, with their own fields at 177-204."""
+    data = bytearray(om_bytes(WRITTEN, header_version=VERSION_1, inout_info=False))
+    data[180] = 1  # custom_data_len and friends, which ATC leaves zero
+    start = 256 + 4 + 12 * 4
+    size = struct.unpack_from("<III", data, 256 + 4)[2]
+    data[start : start + size] = b"\xff" * size  # HiAI's partitions are not a GE ModelDef
+    with pytest.raises(OmFormatError, match=r"a HiAI \(Kirin NPU\) model, not Ascend ATC output"):
         describe_bytes(bytes(data))
 
 

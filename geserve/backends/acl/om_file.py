@@ -93,7 +93,17 @@ def _describe(stream: BinaryIO, size: int) -> OmDescription:
     partitions = dict(entries)
     if MODEL_DEF not in partitions and MODEL_INOUT_INFO not in partitions:
         raise OmFormatError(f"no MODEL_DEF partition (partition types {[kind for kind, _ in entries]})")
-    graph = parse_model_def(_read(stream, *partitions[MODEL_DEF])) if MODEL_DEF in partitions else None
+    try:
+        graph = parse_model_def(_read(stream, *partitions[MODEL_DEF])) if MODEL_DEF in partitions else None
+    except OmFormatError as error:
+        # HiAI (Kirin) files share the magic and the v1 header, and add their own fields at 177-204,
+        # which ATC leaves zero (G1 base/common/helper/mobile/model_buffer_helper.cc).
+        if header.version == VERSION_1 and any(head[177:205]):
+            raise OmFormatError(
+                f"a HiAI (Kirin NPU) model, not Ascend ATC output: its header carries HiAI fields and its "
+                f"partitions are not GE's ({error})"
+            ) from None
+        raise
     if MODEL_INOUT_INFO in partitions:
         contents = parse_inout_info(_read(stream, *partitions[MODEL_INOUT_INFO]))
         contents.soc_version = graph.soc_version if graph is not None else None
