@@ -50,7 +50,7 @@ async def load_model(source: ModelSource, settings: LoadSettings, override: mc.M
     replaces config.pbtxt (the repository API's `config` parameter); auto-complete fills what it omits."""
     model = Model(source.name)
     try:
-        config, spec, versions = await asyncio.to_thread(_prepare, source, override)
+        config, spec, versions = await asyncio.to_thread(prepare_model, source, override)
         config_io.fill_defaults(config, spec.name, spec.default_filename, settings.default_kind)
         loaded = await asyncio.gather(
             *(_load_version(source, config, spec, version, settings) for version in versions),
@@ -73,9 +73,10 @@ async def load_model(source: ModelSource, settings: LoadSettings, override: mc.M
     return model
 
 
-def _prepare(
+def prepare_model(
     source: ModelSource, override: mc.ModelConfig | None = None
 ) -> tuple[mc.ModelConfig, registry.BackendSpec, list[int]]:
+    """The model's config (or `override`), its backend and the versions its policy serves; no file is opened."""
     if override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(override)

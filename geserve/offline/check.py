@@ -14,7 +14,7 @@ from geserve.backends import registry
 from geserve.backends.acl import completion
 from geserve.backends.acl.description import check_servable
 from geserve.backends.acl.om_file import read_description
-from geserve.core.loader import _prepare, model_file_path
+from geserve.core.loader import model_file_path, prepare_model
 from geserve.errors import GeserveError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, scan_repositories
@@ -72,7 +72,7 @@ def check_model(source: ModelSource) -> list[Problem]:
     """What would keep the model from loading, found without loading it on a device."""
     config_path = source.path / "config.pbtxt"
     try:
-        config, backend, versions = _prepare(source)
+        config, backend, versions = prepare_model(source)
         config_io.fill_defaults(config, backend.name, backend.default_filename, mc.ModelInstanceGroup.KIND_CPU)
     except GeserveError as error:
         return [Problem(config_path, _field(error.message, "config"), error.message)]
