@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import threading
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 from geserve.errors import (
@@ -24,15 +25,23 @@ RESERVED_PREFIXES = ("triton_python_backend_shm_region_", SHM_PREFIX)
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
+# Where POSIX shared memory lives on Linux: shm_open("/key") opens SHM_DIRECTORY/key.
+SHM_DIRECTORY = "/dev/shm"
 
 
 @dataclass(slots=True)
 class _Region:
+    """A registered region. The segment is read and written through its file descriptor, never
+    through a mapping: a client that shrinks its segment would turn a read of mapped memory past the
+    new end into SIGBUS in this process, while pread/pwrite just come up short."""
+
     name: str
     key: str
     offset: int
     byte_size: int
-    segment: shared_memory.SharedMemory
+    fd: int
+    path: str
+    inode: int
 
 
 def _integer(value: Any, what: str) -> int:
@@ -81,17 +90,17 @@ class SharedMemoryManager:
         with self._lock:
             if name in self._regions:
                 raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+            path = os.path.join(SHM_DIRECTORY, stripped)
             try:
-                segment = shared_memory.SharedMemory(name=stripped, create=False)
-            except (FileNotFoundError, ValueError, OSError):
+                # As shm_open does: no symlinks (the directory is world-writable), close on exec.
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except (OSError, ValueError):
                 raise InvalidArgumentError(f"Unable to open shared memory region: '{key}'") from None
-            # The client owns the segment: this process must never unlink it at exit.
-            with contextlib.suppress(Exception):
-                resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-            if offset < 0 or byte_size <= 0 or offset + byte_size > segment.size:
-                segment.close()
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or offset < 0 or byte_size <= 0 or offset + byte_size > info.st_size:
+                os.close(fd)
                 raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid args")
-            self._regions[name] = _Region(name, key, offset, byte_size, segment)
+            self._regions[name] = _Region(name, key, offset, byte_size, fd, path, info.st_ino)
 
     def unregister(self, name: str = "") -> None:
         """One region, or all of them when `name` is empty; an unknown name is not an error."""
@@ -102,8 +111,8 @@ class SharedMemoryManager:
             for item in names:
                 region = self._regions.pop(item, None)
                 if region is not None:
-                    with contextlib.suppress(BufferError):
-                        region.segment.close()
+                    with contextlib.suppress(OSError):
+                        os.close(region.fd)
 
     def close(self) -> None:
         if self.allowed:
@@ -126,17 +135,20 @@ class SharedMemoryManager:
             raise InvalidArgumentError(f"Unable to find system shared memory region: '{name}'")
         if offset < 0 or offset > region.byte_size:
             raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
-        if size < 0 or offset + size > region.byte_size or region.offset + offset + size > region.segment.size:
+        if size < 0 or offset + size > region.byte_size:
             raise InvalidArgumentError(f"Invalid offset + byte size for shared memory region: '{name}'")
-        return region, region.offset + offset, size
+        start = region.offset + offset
+        _check_segment(region, start + size)
+        return region, start, size
 
     def read(self, parameters: Parameters, what: str) -> memoryview:
         """A copy of an input's bytes: the client may rewrite or unregister the region meanwhile."""
         with self._lock:
             region, start, size = self._span(parameters, what)
-            buffer = region.segment.buf
-            assert buffer is not None
-            return memoryview(bytes(buffer[start : start + size]))
+            data = os.pread(region.fd, size, start) if size else b""
+            if len(data) != size:  # shrunk between the check and the read
+                raise _shrunk(region, os.fstat(region.fd).st_size, start + size)
+            return memoryview(data)
 
     def write(self, parameters: Parameters, what: str, data: bytes | memoryview) -> int:
         """Copy an output into its region; returns the bytes written."""
@@ -147,10 +159,36 @@ class SharedMemoryManager:
                     f"shared memory size specified with the request for {what} ({size} bytes) should be at least "
                     f"{len(data)} bytes to hold the results"
                 )
-            buffer = region.segment.buf
-            assert buffer is not None
-            buffer[start : start + len(data)] = data
-            return len(data)
+            view = memoryview(data).cast("B")
+            written = 0
+            while written < len(view):
+                written += os.pwrite(region.fd, view[written:], start + written)
+            return written
+
+
+def _check_segment(region: _Region, end: int) -> None:
+    """The segment behind `region` still exists, is the one registered, and holds `end` bytes."""
+    try:
+        current = os.stat(region.path, follow_symlinks=False)
+    except OSError:
+        raise InvalidArgumentError(
+            f"shared memory region '{region.name}' no longer exists: its segment '{region.key}' was removed"
+        ) from None
+    if current.st_ino != region.inode:
+        raise InvalidArgumentError(
+            f"shared memory region '{region.name}' was replaced: '{region.key}' is another segment than the one "
+            "registered; register it again"
+        )
+    size = os.fstat(region.fd).st_size
+    if size < end:
+        raise _shrunk(region, size, end)
+
+
+def _shrunk(region: _Region, size: int, end: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"shared memory region '{region.name}' shrank to {size} bytes: its segment '{region.key}' no longer "
+        f"holds the {end} bytes the request uses"
+    )
 
 
 class CudaSharedMemory:

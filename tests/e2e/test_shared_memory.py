@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,7 +37,8 @@ def regions() -> Iterator[Callable[[int], tuple[str, Any]]]:
 
     yield create
     for handle in handles:
-        shm.destroy_shared_memory_region(handle)
+        with contextlib.suppress(FileNotFoundError):  # a test removed the segment itself
+            shm.destroy_shared_memory_region(handle)
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +239,58 @@ def test_perf_analyzer_with_system_shared_memory(shm_server: GeserveProcess, per
     output = run_briefly(perf_analyzer, "http", shm_server.url, "--shared-memory", "system")
     assert "Server:" in output and "compute infer" in output
     assert httpclient.InferenceServerClient(shm_server.url).get_system_shared_memory_status() == []
+
+
+def _shrink(key: str) -> None:
+    os.truncate(f"/dev/shm/{key.strip('/')}", 0)
+
+
+def _replace(key: str) -> None:
+    path = f"/dev/shm/{key.strip('/')}"
+    os.unlink(path)
+    with open(path, "wb") as replacement:
+        replacement.truncate(1 << 20)
+
+
+def _remove(key: str) -> None:
+    os.unlink(f"/dev/shm/{key.strip('/')}")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("side", ["input", "output"])
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [(_shrink, "shrank to 0 bytes"), (_remove, "no longer exists"), (_replace, "was replaced")],
+    ids=["shrunk", "removed", "replaced"],
+)
+def test_a_region_that_shrinks_disappears_or_is_replaced_is_a_400_and_the_server_lives(
+    shm_server: GeserveProcess, regions: Any, protocol: str, side: str, damage: Any, words: str
+) -> None:
+    """Reading or writing mapped memory past a shrunk segment's end would raise SIGBUS in the server."""
+    module: Any = httpclient if protocol == "http" else grpcclient
+    url = shm_server.url if protocol == "http" else f"127.0.0.1:{shm_server.grpc_port}"
+    client = module.InferenceServerClient(url)
+    key, handle = regions(1 << 20)
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    shm.set_shared_memory_region(handle, [data], offset=8192)
+    name = f"damaged-{protocol}-{side}-{uuid.uuid4().hex[:6]}"
+    client.register_system_shared_memory(name, key, 1 << 20)
+    try:
+        damage(key)
+        inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        outputs = [module.InferRequestedOutput("OUTPUT0")]
+        if side == "input":
+            inputs[0].set_shared_memory(name, 64, offset=8192)
+            inputs[1].set_data_from_numpy(data)
+        else:
+            for tensor in inputs:
+                tensor.set_data_from_numpy(data)
+            outputs[0].set_shared_memory(name, 64, offset=8192)
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("simple", inputs, outputs=outputs)
+        assert error.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+        assert f"shared memory region '{name}'" in error.value.message() and words in error.value.message()
+        assert shm_server.process.poll() is None, shm_server.log()
+        _good_request(shm_server)
+    finally:
+        client.unregister_system_shared_memory(name)
