@@ -27,7 +27,7 @@ from geserve.http.app import DEFAULT_MAX_INPUT_SIZE, create_app
 from geserve.metrics.config import MetricsConfig
 from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
-from geserve.workers.shm import DEFAULT_ARENA_BYTES
+from geserve.workers.shm import DEFAULT_ARENA_BYTES, sweep_orphaned_segments
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,9 @@ class Server:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.request_stop)
+        orphans = await asyncio.to_thread(sweep_orphaned_segments)
+        if orphans:
+            logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
         try:
             failures = await self.service.load_models()
         except FileNotFoundError as error:

@@ -41,6 +41,7 @@ from geserve.workers.shm import (
     create_segment,
     read_tensor,
     segment_name,
+    unlink_quietly,
 )
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,9 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
             try:
                 message = connection.recv()
             except EOFError:
+                # The front-end is gone without a Shutdown (killed): nobody else will remove the arenas.
+                for name in spec.arenas:
+                    unlink_quietly(name)
                 break
             if isinstance(message, Shutdown):
                 break

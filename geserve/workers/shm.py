@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import multiprocessing
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from pathlib import Path
 
 import numpy as np
 
@@ -24,9 +28,48 @@ DEFAULT_ARENA_BYTES = 16 << 20
 _ALIGNMENT = 64
 
 
+_OWNED_NAME = re.compile(rf"^{SHM_PREFIX}(\d+)_[0-9a-f]{{32}}_")
+SHM_DIRECTORY = Path("/dev/shm")
+
+
 def segment_name(role: str) -> str:
-    """A fresh name: the reserved prefix, 128 random bits, and the segment's role."""
-    return f"{SHM_PREFIX}{secrets.token_hex(16)}_{role}"
+    """A fresh name: the reserved prefix, the server's pid, 128 random bits, and the segment's role.
+    The pid lets a later server remove what a server killed outright left behind."""
+    return f"{SHM_PREFIX}{_server_pid()}_{secrets.token_hex(16)}_{role}"
+
+
+def _server_pid() -> int:
+    """The front-end's pid, in the front-end and in its spawned workers alike."""
+    parent = multiprocessing.parent_process()
+    return parent.pid if parent is not None and parent.pid is not None else os.getpid()
+
+
+def sweep_orphaned_segments(directory: Path = SHM_DIRECTORY) -> list[str]:
+    """Unlink segments of geserve servers that no longer run (killed with their workers and the
+    resource tracker, as a container's or cgroup's OOM kill does); returns their names."""
+    removed: list[str] = []
+    try:
+        names = [entry.name for entry in directory.iterdir()]
+    except OSError:
+        return removed
+    for name in names:
+        match = _OWNED_NAME.match(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: not ours to judge
+    return True
 
 
 def create_segment(name: str, size: int) -> shared_memory.SharedMemory:

@@ -1,0 +1,100 @@
+"""A front-end killed outright: its workers exit, and no shared-memory segment of it survives."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support import GeserveProcess, copy_model
+
+pytestmark = pytest.mark.e2e
+
+Launch = Callable[..., GeserveProcess]
+SHM = Path("/dev/shm")
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid`: the workers and multiprocessing's resource tracker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _segments_of(pid: int) -> list[str]:
+    return [entry.name for entry in SHM.iterdir() if entry.name.startswith(f"geserve_{pid}_")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def _server(launch: Launch, tmp_path: Path) -> tuple[GeserveProcess, list[int]]:
+    repository = tmp_path / "models"
+    copy_model("simple", repository)
+    copy_model("simple_identity", repository)
+    server = launch(f"--model-repository={repository}").wait_live()
+    pid = server.process.pid
+    assert _segments_of(pid), "segments carry the server's pid"
+    children = _children(pid)
+    assert len(children) >= 2
+    return server, children
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGBUS])
+def test_workers_exit_and_segments_go_when_the_front_end_is_killed(launch: Launch, tmp_path: Path, signum: int) -> None:
+    server, children = _server(launch, tmp_path)
+    pid = server.process.pid
+    os.kill(pid, signum)
+    server.process.wait(timeout=30)
+    assert _wait_until(lambda: not any(_alive(child) for child in children)), "workers outlived the front-end"
+    assert _wait_until(lambda: not _segments_of(pid)), _segments_of(pid)
+
+
+def test_a_new_server_removes_what_a_server_killed_with_all_its_processes_left(launch: Launch, tmp_path: Path) -> None:
+    """The OOM killer or a container stop kills the workers and the resource tracker too."""
+    server, children = _server(launch, tmp_path / "first")
+    pid = server.process.pid
+    for process in (pid, *children):
+        os.kill(process, signal.SIGKILL)
+    server.process.wait(timeout=30)
+    assert _wait_until(lambda: not any(_alive(child) for child in children))
+    left = _segments_of(pid)
+    assert left, "nothing was left to clean up: the test proves nothing"
+    second = launch(f"--model-repository={tmp_path / 'first' / 'models'}").wait_live()
+    assert not _segments_of(pid), _segments_of(pid)
+    removed = re.search(
+        r"removed (\d+) shared-memory segment\(s\) left by geserve servers that were killed", second.log()
+    )
+    assert removed is not None and int(removed.group(1)) >= len(left), second.log()
+    assert second.stop() == 0
