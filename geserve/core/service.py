@@ -159,11 +159,16 @@ class InferenceService:
             if not version.isdigit():
                 raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
             found = model.versions.get(int(version))
-            if found is None or not found.ready:
+            if found is None:
                 raise NotFoundError(f"Request for unknown model: '{name}' version {int(version)} is not found")
+            if not found.ready:
+                # Known but restarting or failed: clients should retry, not give up on a missing model.
+                raise UnavailableError(f"'{name}' version {int(version)} is not at ready state")
             return found
         ready = model.ready_versions()
         if not ready:
+            if model.versions:
+                raise UnavailableError(f"'{name}' version {max(model.versions)} is not at ready state")
             raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
         return ready[-1]
 
@@ -171,7 +176,7 @@ class InferenceService:
         """Whether the model (version) can serve; unknown model names are an error, as in Triton."""
         try:
             self.model_version(name, version)
-        except NotFoundError:
+        except (NotFoundError, UnavailableError):
             return False
         return True
 

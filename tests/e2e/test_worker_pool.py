@@ -128,6 +128,36 @@ def test_killed_worker_under_load(launch: Launch, repository: Path) -> None:
     assert f"instance '{victim}' of model 'pool' version 1 exited unexpectedly" in server.log()
 
 
+def test_a_model_whose_only_worker_restarts_is_unavailable_not_unknown(launch: Launch, repository: Path) -> None:
+    """While its one instance restarts, a known model answers 503 / UNAVAILABLE, so clients retry."""
+    write_identity_model(repository, "lonely", dtype="TYPE_INT32", dims="4", max_batch_size=8)
+    server = launch(f"--model-repository={repository}").wait_live()
+    ((victim, victim_pid),) = worker_pids(server, "lonely").items()
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    data = np.arange(4, dtype=np.int32).reshape(1, 4)
+    http_input = httpclient.InferInput("INPUT0", [1, 4], "INT32")
+    http_input.set_data_from_numpy(data)
+    grpc_input = grpcclient.InferInput("INPUT0", [1, 4], "INT32")
+    grpc_input.set_data_from_numpy(data)
+    os.kill(victim_pid, signal.SIGKILL)
+    seen: set[tuple[str, str]] = set()
+    deadline = time.monotonic() + 30
+    while worker_pids(server, "lonely").get(victim) == victim_pid or not http.is_model_ready("lonely"):
+        assert time.monotonic() < deadline, "the worker was not restarted"
+        for call in (lambda: http.infer("lonely", [http_input]), lambda: grpc.infer("lonely", [grpc_input])):
+            try:
+                call()
+            except InferenceServerException as error:
+                seen.add((str(error.status()), error.message()))
+        time.sleep(0.05)
+    assert seen, "no request met the restart"
+    assert ("503", "'lonely' version 1 is not at ready state") in seen, seen
+    for status, message in seen:  # a request caught in flight may fail with the instance's own 503
+        assert status in ("503", "StatusCode.UNAVAILABLE") and "unknown model" not in message, (status, message)
+    np.testing.assert_array_equal(http.infer("lonely", [http_input]).as_numpy("OUTPUT0"), data)
+
+
 def test_sigterm_during_load_finishes_accepted_requests(launch: Launch, repository: Path) -> None:
     write_identity_model(
         repository,
