@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from geserve._generated import grpc_service_pb2_grpc as pb_grpc
-from geserve._generated import health_pb2_grpc
+from geserve._generated import grpc_service_pb2, health_pb2
 from geserve.core.restrictions import Restriction
 from geserve.core.service import InferenceService
+from geserve.grpc.decoding import add_service
 from geserve.grpc.restrictions import RestrictionInterceptor
 from geserve.grpc.servicer import HealthServicer, InferenceServicer
 
@@ -49,8 +49,10 @@ def create_server(
     """A grpc.aio server bound to its port (not started); returns it and the bound port."""
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else []
     server = grpc.aio.server(options=options.channel_options(), interceptors=interceptors)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), server)
+    add_service(
+        server, grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceServicer(service)
+    )
+    add_service(server, health_pb2.DESCRIPTOR.services_by_name["Health"], HealthServicer(service))
     host = f"[{options.address}]" if ":" in options.address else options.address
     port = server.add_insecure_port(f"{host}:{options.port}")
     return server, port

@@ -15,8 +15,9 @@ from geserve._generated import grpc_service_pb2 as pb
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2, health_pb2_grpc
 from geserve.core.service import DECOUPLED_UNARY_RPC_REFUSAL, InferenceService
-from geserve.errors import GeserveError, UnsupportedError
+from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.grpc import convert
+from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
 from geserve.types import StreamedResponse
 
@@ -145,11 +146,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 slots.release()
 
         async def read() -> None:
-            async for request in request_iterator:
-                await slots.acquire()
-                task = asyncio.create_task(answer(request))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+            try:
+                async for request in decoded(request_iterator):
+                    await slots.acquire()
+                    task = asyncio.create_task(answer(request))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+            except ValueError as error:  # a message that does not parse ends the stream
+                await answers.put(_StreamEnd(InvalidArgumentError(str(error))))
+                return
             await asyncio.gather(*in_flight)
             await answers.put(_StreamEnd())
 

@@ -263,3 +263,37 @@ def test_many_concurrent_streams_with_interleaved_requests(server: GeserveProces
     for thread in threads:
         thread.join(120)
     assert not failures
+
+
+GARBAGE = [b"\xff\xff\xff\xff\x0f", b"\x0a\xff\xff\xff\xff\xff\xff", b"\x12\x05abc", bytes(range(256))]
+
+
+def test_undecodable_messages_are_invalid_argument_without_tracebacks(
+    launch: Callable[..., GeserveProcess], repository: Path
+) -> None:
+    copy_model("simple", repository)
+    server = launch(f"--model-repository={repository}").wait_live()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    for method in ("ModelInfer", "ServerLive", "ModelMetadata", "RepositoryModelLoad", "SystemSharedMemoryRegister"):
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        for data in GARBAGE:
+            with pytest.raises(grpc.RpcError) as error:
+                call(data, timeout=10)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, data)
+            assert "unable to parse the request as inference." in str(error.value.details())
+    health = channel.unary_unary("/grpc.health.v1.Health/Check")
+    with pytest.raises(grpc.RpcError) as error:
+        health(GARBAGE[0], timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    with pytest.raises(grpc.RpcError) as error:
+        list(stream(iter([GARBAGE[0]]), timeout=10))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    channel.close()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    data = np.ones((1, 16), dtype=np.int32)
+    inputs = [grpcclient.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(data)
+    np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), data * 2)
+    assert "Traceback" not in server.log() and "Exception deserializing" not in server.log()

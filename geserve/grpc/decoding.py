@@ -1,0 +1,73 @@
+"""Service registration whose request decoding cannot fail: a message that does not parse is INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor, message_factory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What a request deserializer returns instead of raising: grpc answers a raising deserializer
+    with UNKNOWN and logs two tracebacks per message."""
+
+    message: str
+
+
+def add_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor, servicer: Any) -> None:
+    """Register every method of `service` on `servicer`, with lenient request decoding."""
+    handlers = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        implementation = getattr(servicer, method.name)
+        parse = _lenient(request_class)
+        serialize = response_class.SerializeToString
+        if method.client_streaming and method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                implementation, request_deserializer=parse, response_serializer=serialize
+            )
+        elif not method.client_streaming and not method.server_streaming:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _refusing_undecodable(implementation), request_deserializer=parse, response_serializer=serialize
+            )
+        else:
+            raise ValueError(f"{service.full_name}.{method.name}: half-streaming methods are not served")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _lenient(request_class: Any) -> Callable[[bytes], Any]:
+    name = request_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return request_class.FromString(data)
+        except Exception as error:  # DecodeError, and RuntimeWarning-like failures of the C parser
+            return Undecodable(f"unable to parse the request as {name}: {error}")
+
+    return parse
+
+
+def _refusing_undecodable(implementation: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, Undecodable):
+            logger.debug("refused a gRPC request: %s", request.message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await implementation(request, context)
+
+    return handle
+
+
+async def decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A stream's requests; an undecodable one ends it with ValueError."""
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise ValueError(request.message)
+        yield request
