@@ -120,7 +120,7 @@ def _named_model_file(source: ModelSource, model: str, backend: registry.Backend
     found = sorted(
         str(path.relative_to(source.path))
         for path in source.path.glob(f"*/*{Path(backend.default_filename).suffix}")
-        if path.parent.name.isdigit()
+        if path.parent.name.isascii() and path.parent.name.isdigit()
     )
     raise ModelLoadError(
         f"model '{model}': parameter '{backend.path_parameter}' ('{value}') names no file: looked at "

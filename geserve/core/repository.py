@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
 import logging
 import shutil
 import tempfile
@@ -230,14 +231,21 @@ class ModelRepository:
         folder.mkdir()
         try:
             for relative, content in files.items():
+                _check_override_path(name, relative)
                 target = (folder / relative).resolve()
                 if not relative or not target.is_relative_to(folder) or target == folder:
                     raise InvalidArgumentError(
                         f"failed to load '{name}': file override '{FILE_PREFIX}{relative}' must name a file inside "
                         "the model folder"
                     )
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
+                except OSError as error:  # the message names the file as the client did, not our folder
+                    raise InvalidArgumentError(
+                        f"failed to load '{name}': file override '{FILE_PREFIX}{relative}' cannot be written: "
+                        f"{error.strerror or type(error).__name__}"
+                    ) from None
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -261,6 +269,28 @@ class ModelRepository:
             self._drop_override_folder(name)
 
 
+# Limits of Linux file systems, checked before anything is written: one name, a whole path, and depth.
+_MAX_NAME_BYTES = 255
+_MAX_PATH_BYTES = 1024
+_MAX_DEPTH = 32
+
+
+def _check_override_path(name: str, relative: str) -> None:
+    """A `file:` override path a file system can hold, refused with the client's own words otherwise."""
+    shown = f"{FILE_PREFIX}{relative[:64]}{'...' if len(relative) > 64 else ''}"
+    problem = ""
+    if "\x00" in relative:
+        problem = "contains a NUL character"
+    elif len(relative.encode("utf-8", "surrogatepass")) > _MAX_PATH_BYTES:
+        problem = f"is longer than {_MAX_PATH_BYTES} bytes"
+    elif relative.count("/") >= _MAX_DEPTH:
+        problem = f"is more than {_MAX_DEPTH} folders deep"
+    elif any(len(part.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES for part in relative.split("/")):
+        problem = f"has a file or folder name longer than {_MAX_NAME_BYTES} bytes"
+    if problem:
+        raise InvalidArgumentError(f"failed to load '{name}': file override '{shown}' {problem}")
+
+
 def _config_override(name: str, text: Any) -> mc.ModelConfig:
     """The `config` load parameter: ModelConfig JSON; numeric strings are accepted for integer fields."""
     config = mc.ModelConfig()
@@ -268,8 +298,10 @@ def _config_override(name: str, text: Any) -> mc.ModelConfig:
         if not isinstance(text, str):
             raise TypeError("the 'config' parameter must be a string")
         if text.strip():
+            if not isinstance(json.loads(text), dict):
+                raise TypeError("the 'config' parameter must be a JSON object")
             json_format.Parse(text, config)
-    except (json_format.ParseError, TypeError) as error:
+    except (json_format.ParseError, TypeError, ValueError, RecursionError) as error:
         raise InvalidArgumentError(
             f"failed to load '{name}', the 'config' parameter is not a model config: {error}"
         ) from None

@@ -156,7 +156,7 @@ class InferenceService:
         if model is None:
             raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
         if version:
-            if not version.isdigit():
+            if not (version.isascii() and version.isdigit()):
                 raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
             found = model.versions.get(int(version))
             if found is None:

@@ -48,8 +48,11 @@ def loads(data: bytes | memoryview) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as error:
         try:  # orjson is strict JSON; the standard library also takes NaN / Infinity
-            return json.loads(bytes(data))
-        except (ValueError, RecursionError):
+            value = json.loads(bytes(data))
+            # ...and lone surrogate escapes ("\ud800"), which no response could encode: orjson says so.
+            orjson.dumps(value)
+            return value
+        except (ValueError, RecursionError, TypeError, orjson.JSONEncodeError):
             raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
 
 
@@ -88,7 +91,8 @@ def _flatten(data: Any) -> list[Any]:
     return flat
 
 
-_ACCEPTS = {"b": "b", "i": "biu", "u": "biu", "f": "biuf"}
+# JSON element kinds each datatype takes: as Triton's, numbers are not booleans and booleans not numbers.
+_ACCEPTS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
 def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
@@ -110,6 +114,8 @@ def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], n
             parsed = np.asarray(data)
         except ValueError as error:
             raise InvalidArgumentError(f"unable to parse 'data' of input '{name}': {error}") from None
+        if parsed.dtype.kind in "iuf" and any(isinstance(item, bool) for item in _flatten(data)):
+            parsed = parsed.astype(np.bool_)  # numpy read [1, true] as integers: refused below as booleans
         if parsed.size and parsed.dtype.kind not in _ACCEPTS[datatype.numpy.kind]:
             raise InvalidArgumentError(
                 f"unable to parse 'data' of input '{name}': expected {datatype.wire} values, got {parsed.dtype.kind!r} "

@@ -25,7 +25,7 @@ def _json(content: Any) -> Response:
 async def _body(request: Request, limit: int) -> dict[str, Any]:
     """The JSON object a control request carries; an empty body is an empty object."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise InvalidArgumentError(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     raw = await request.body()
     if len(raw) > limit:
@@ -159,7 +159,7 @@ def build_extension_router(service: InferenceService, limit: int) -> APIRouter:
     @router.get("/v2/models/{model_name}/versions/{version}/trace/setting")
     @router.post("/v2/models/{model_name}/versions/{version}/trace/setting")
     async def versioned_trace(model_name: str, version: str) -> Response:
-        if not version.isdigit():
+        if not (version.isascii() and version.isdigit()):
             raise HTTPException(404, "Not Found")
         raise InvalidArgumentError("trace settings are per model, not per model version")
 

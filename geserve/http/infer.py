@@ -59,7 +59,7 @@ class InferEndpoint:
         view = memoryview(body)
         if header_length is None:
             header_size = len(body)
-        elif not header_length.isdigit() or int(header_length) > len(body):
+        elif not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise InvalidArgumentError(
                 f"inference header size should be in range (0, {len(body)}), got: {header_length}"
             )

@@ -23,7 +23,7 @@ def _version(version: str | None) -> str:
     # Triton's route regex only matches numeric versions; anything else is an unknown path.
     if version is None:
         return ""
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):
         raise HTTPException(404, "Not Found")
     return version
 

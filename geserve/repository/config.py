@@ -74,9 +74,20 @@ def fill_defaults(config: mc.ModelConfig, backend: str, default_filename: str, d
         config.model_transaction_policy.decoupled = False
 
 
+# Each instance is a process: a config asking for more in one group is refused before any starts.
+MAX_INSTANCES_PER_GROUP = 64
+
+
 def refuse_unsupported(config: mc.ModelConfig) -> None:
-    """Schedulers geserve does not have fail the load at once, before any worker starts."""
+    """Schedulers geserve does not have, and instance counts no machine could start, fail the load at
+    once, before any worker starts."""
     name = config.name
+    for group in config.instance_group:
+        if not 0 <= group.count <= MAX_INSTANCES_PER_GROUP:
+            raise ModelLoadError(
+                f"instance group '{group.name or name}' of model '{name}' asks for {group.count} instances; "
+                f"count must be between 1 and {MAX_INSTANCES_PER_GROUP}"
+            )
     if config.HasField("sequence_batching"):
         raise ModelLoadError(
             f"model '{name}': sequence batching (sequence_batching in the config) is not supported by geserve; "

@@ -26,7 +26,7 @@ def visible_entries(environ: dict[str, str] | None = None) -> list[str] | None:
         return None
     entries = []
     for item in value.split(","):
-        if not item.strip().isdigit():
+        if not (item.strip().isascii() and item.strip().isdigit()):
             break
         entries.append(item.strip())
     return entries

@@ -174,7 +174,7 @@ def test_binary_sizes_beyond_the_body(server: GeserveProcess, client: httpclient
     assert_still_serving(client)
 
 
-@pytest.mark.parametrize("header_length", ["100000", "-1", "abc"])
+@pytest.mark.parametrize("header_length", ["100000", "-1", "abc", "\u00b2", "\u00b9\u00b2"])
 def test_bad_inference_header_length(
     server: GeserveProcess, client: httpclient.InferenceServerClient, header_length: str
 ) -> None:
@@ -203,6 +203,11 @@ def test_bad_inference_header_length(
         ),
         (b'{"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16]}]}', "exactly one of 'data'"),
         (b'{"inputs": [' + b"[" * 5000 + b"]" * 5000 + b"]}", "failed to parse the request JSON buffer"),
+        # Lone surrogate escapes in names, ids and strings: no response could encode them.
+        (b'{"id": "\\ud800", "inputs": []}', "no low surrogate in string"),
+        (b'{"inputs": [{"name": "\\udfff", "datatype": "INT32", "shape": [1], "data": [1]}]}', "surrogate"),
+        (b'{"inputs": [], "outputs": [{"name": "OUTPUT0\\ud800"}]}', "no low surrogate in string"),
+        (b'{"inputs": [], "parameters": {"k": "\\ud800"}, "x": NaN}', "no low surrogate in string"),
     ],
 )
 def test_malformed_request_json(
@@ -221,6 +226,9 @@ def test_malformed_request_json(
         ("INT32", ["a"] * 16, "expected INT32 values"),
         ("INT32", [2**40] * 16, "value out of range for INT32"),
         ("INT32", [[1, 2], [3]], "unable to parse 'data' of input 'INPUT0'"),
+        ("INT32", [True] * 16, "expected INT32 values, got 'b' elements"),
+        ("INT32", [1] * 15 + [False], "expected INT32 values, got 'b' elements"),
+        ("FP32", [0.5] * 15 + [True], "expected FP32 values, got 'b' elements"),
     ],
 )
 def test_bad_json_tensor_data(
@@ -348,4 +356,27 @@ def test_nan_and_infinity_survive_json(client: httpclient.InferenceServerClient)
         "digits", [tensor], outputs=[httpclient.InferRequestedOutput("probabilities", binary_data=False)]
     )
     assert np.isnan(result.as_numpy("probabilities")).all()
+    assert_still_serving(client)
+
+
+def test_bytes_element_with_a_lone_surrogate(server: GeserveProcess, client: httpclient.InferenceServerClient) -> None:
+    strings = b'["\\ud800"' + b', "1"' * 15 + b"]"
+    ones = b'["1"' + b', "1"' * 15 + b"]"
+    body = (
+        b'{"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, 16], "data": ' + strings + b"}, "
+        b'{"name": "INPUT1", "datatype": "BYTES", "shape": [1, 16], "data": ' + ones + b"}]}"
+    )
+    status, answer = post(server, "/v2/models/simple_string/infer", body)
+    assert status == 400 and "no low surrogate in string" in answer["error"], answer
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("version", ["%C2%B2", "%D9%A3", "1%C2%B2"])
+def test_non_ascii_digits_are_not_a_version(
+    server: GeserveProcess, client: httpclient.InferenceServerClient, version: str
+) -> None:
+    status, _ = post(
+        server, f"/v2/models/simple/versions/{version}/infer", orjson.dumps({"inputs": good_json_inputs()})
+    )
+    assert status in (400, 404)
     assert_still_serving(client)

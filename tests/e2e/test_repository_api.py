@@ -143,6 +143,14 @@ def test_file_overrides_load_into_a_fresh_model_folder(explicit: GeserveProcess)
         ("escape", {"file:1/model.onnx": "AAAA"}, 400, "file overrides need a 'config' parameter too"),
         ("escape", {"config": "{not json"}, 400, "the 'config' parameter is not a model config"),
         ("escape", {"config": "{}", "file:1/model.onnx": "%%%"}, 400, "is not valid base64"),
+        ("simple", {"config": "[]"}, 400, "the 'config' parameter must be a JSON object"),
+        ("simple", {"config": '"text"'}, 400, "the 'config' parameter must be a JSON object"),
+        ("simple", {"config": '{"instance_group": [{"count": -3}]}'}, 400, "asks for -3 instances"),
+        ("simple", {"config": '{"instance_group": [{"count": 100000}]}'}, 400, "asks for 100000 instances"),
+        ("long", {"config": "{}", f"file:1/{'a' * 300}.onnx": "AAAA"}, 400, "name longer than 255 bytes"),
+        ("nul", {"config": "{}", "file:1/a\u0000b.onnx": "AAAA"}, 400, "contains a NUL character"),
+        ("deep", {"config": "{}", "file:" + "d/" * 2000 + "m.onnx": "AAAA"}, 400, "is longer than 1024 bytes"),
+        ("deep", {"config": "{}", "file:" + "d/" * 40 + "m.onnx": "AAAA"}, 400, "is more than 32 folders deep"),
     ],
 )
 def test_load_refusals_then_a_good_request(
@@ -151,6 +159,7 @@ def test_load_refusals_then_a_good_request(
     answer_status, answer = _post(explicit, f"/v2/repository/models/{name}/load", {"parameters": parameters})
     assert answer_status == status
     assert isinstance(answer, dict) and message in answer["error"]
+    assert "geserve-model-" not in answer["error"]  # never the server's own temporary paths
     assert not list(Path("/").glob("outside.onnx"))
     _infer_simple(httpclient.InferenceServerClient(explicit.url))
 
