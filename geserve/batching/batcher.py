@@ -169,6 +169,8 @@ class Scheduler:
             self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
             self._schedule()
         elif request.sink is not None:
+            # Running in the model: it is told, and the request ends as Triton ends it, a CANCELED failure.
+            self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
             for instance in self._instances:
                 instance.cancel_stream(request.sink)
 

@@ -375,6 +375,13 @@ def test_decoupled_stream_over_asyncio_client(python_server: GeserveProcess) -> 
 
 def test_a_stream_the_client_cancels_is_cancelled_in_the_model(python_server: GeserveProcess) -> None:
     client = _grpc(python_server)
+    http = httpclient.InferenceServerClient(python_server.url)
+
+    def outcomes() -> tuple[int, int]:
+        stats = http.get_inference_statistics("cancellable")["model_stats"][0]["inference_stats"]
+        return stats["success"]["count"], stats["fail"]["count"]
+
+    before = outcomes()
     received: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: received.put(error or result))
     count = _grpc_input("COUNT", np.array([500], dtype=np.int32), "INT32")
@@ -388,3 +395,9 @@ def test_a_stream_the_client_cancels_is_cancelled_in_the_model(python_server: Ge
         time.sleep(0.1)
     sent = int(re.search(r"request goes-away cancelled after (\d+) responses", python_server.log()).group(1))
     assert 3 <= sent < 500
+    assert outcomes() == (before[0], before[1] + 1)  # a failure, as Triton counts a cancelled request
+    with urllib.request.urlopen(f"http://127.0.0.1:{python_server.metrics_port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert re.search(
+        r'nv_inference_request_failure\{model="cancellable",reason="CANCELED",version="1"\} [1-9]', metrics
+    )
