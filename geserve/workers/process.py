@@ -130,7 +130,7 @@ class ProcessWorker:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        return _pid(self._process)
 
     @property
     def segments(self) -> list[str]:
@@ -187,15 +187,16 @@ class ProcessWorker:
             self._restarter.cancel()
         loop = asyncio.get_running_loop()
         connection, process = self._connection, self._process
-        if connection is not None and process is not None and process.is_alive():
+        if connection is not None and process is not None and _alive(process):
             with contextlib.suppress(OSError, ValueError):  # the worker may be gone already
                 connection.send(Shutdown())
         if process is not None:
-            await loop.run_in_executor(None, process.join, timeout_s)
-            if process.is_alive():
+            await loop.run_in_executor(None, _join, process, timeout_s)
+            if _alive(process):
                 logger.warning("instance %s did not stop in %.0fs; killing it", self.spec.instance_name, timeout_s)
                 process.kill()
-                await loop.run_in_executor(None, process.join, 5.0)
+                await loop.run_in_executor(None, _join, process, 5.0)
+            _close(process)
         if connection is not None:
             self._forget(connection)
         self._spawner.shutdown(wait=False)
@@ -213,7 +214,7 @@ class ProcessWorker:
     def kill(self) -> None:
         """Forced exit: no drain, no waiting."""
         self._state = InstanceState.STOPPED
-        if self._process is not None and self._process.is_alive():
+        if self._process is not None and _alive(self._process):
             self._process.kill()
         self.release_segments()
 
@@ -394,8 +395,13 @@ class ProcessWorker:
 
     async def _reap(self, process: multiprocessing.process.BaseProcess) -> None:
         # Let the exit code settle so the error can report it.
-        await asyncio.get_running_loop().run_in_executor(None, process.join, 1.0)
-        self._on_exit(process, process.exitcode)
+        await asyncio.get_running_loop().run_in_executor(None, _join, process, 1.0)
+        try:
+            exit_code = process.exitcode
+        except ValueError:
+            return  # closed by stop(): this instance was stopped on purpose
+        self._on_exit(process, exit_code)
+        _close(process)
 
     def _on_message(self, message: object) -> None:
         if isinstance(message, BatchDone):
@@ -489,3 +495,29 @@ class ProcessWorker:
             if attempt >= self._restart_policy.max_crashes:
                 self._give_up(f"restart failed: {result.message}")
                 return
+
+
+def _join(process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
+    with contextlib.suppress(ValueError):  # closed: already reaped
+        process.join(timeout_s)
+
+
+def _alive(process: multiprocessing.process.BaseProcess) -> bool:
+    try:
+        return process.is_alive()
+    except ValueError:  # closed: it exited and was reaped
+        return False
+
+
+def _pid(process: multiprocessing.process.BaseProcess | None) -> int | None:
+    try:
+        return process.pid if process is not None else None
+    except ValueError:
+        return None
+
+
+def _close(process: multiprocessing.process.BaseProcess) -> None:
+    """Release the process object's pipe (its sentinel) once it has exited; the garbage collector
+    would, but only now and then, so a model reloaded in a loop held ever more of them."""
+    with contextlib.suppress(ValueError):  # still running: the object keeps its pipe until reaped
+        process.close()

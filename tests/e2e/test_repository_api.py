@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import MODEL_REPOSITORY, GeserveProcess, copy_model
+from tests.support import MODEL_REPOSITORY, GeserveProcess, copy_model, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -283,3 +283,28 @@ def test_poll_mode_follows_the_repository_without_failing_requests(launch: Launc
         http.get_model_repository_index()
     )
     assert server.stop() == 0
+
+
+def test_file_descriptors_do_not_grow_across_reloads(launch: Callable[..., GeserveProcess], tmp_path: Path) -> None:
+    """Each load starts a worker with pipes and shared memory; each unload must give all of it back."""
+    repository = tmp_path / "models"
+    write_identity_model(repository, "cycled", dtype="TYPE_INT32", dims="4", max_batch_size=4)
+    server = launch(f"--model-repository={repository}", "--model-control-mode=explicit").wait_live()
+    http = httpclient.InferenceServerClient(server.url)
+    fds = Path(f"/proc/{server.process.pid}/fd")
+
+    def cycle(times: int) -> None:
+        for _ in range(times):
+            http.load_model("cycled")
+            http.unload_model("cycled")
+        deadline = time.monotonic() + 10
+        while http.get_model_repository_index()[0].get("state") == "UNLOADING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    cycle(3)  # warm-up: lazily created executors and listeners
+    time.sleep(0.5)
+    before = len(list(fds.iterdir()))
+    cycle(25)
+    time.sleep(0.5)
+    after = len(list(fds.iterdir()))
+    assert after - before <= 3, f"{before} file descriptors before 25 load/unload cycles, {after} after"
