@@ -12,6 +12,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.batching.batcher import Scheduler
 from geserve.batching.policy import BatchingPolicy
+from geserve.codecs.digits import is_decimal
 from geserve.core.classification import read_labels
 from geserve.core.models import Model, ModelVersion
 from geserve.core.stats import ModelStats
@@ -120,7 +121,7 @@ def _named_model_file(source: ModelSource, model: str, backend: registry.Backend
     found = sorted(
         str(path.relative_to(source.path))
         for path in source.path.glob(f"*/*{Path(backend.default_filename).suffix}")
-        if path.parent.name.isascii() and path.parent.name.isdigit()
+        if is_decimal(path.parent.name)
     )
     raise ModelLoadError(
         f"model '{model}': parameter '{backend.path_parameter}' ('{value}') names no file: looked at "

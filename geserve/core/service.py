@@ -15,6 +15,7 @@ import numpy as np
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.codecs import bytes as bytes_codec
+from geserve.codecs.digits import is_decimal
 from geserve.core import validation
 from geserve.core.classification import classification_count, classify
 from geserve.core.loader import LoadSettings
@@ -156,7 +157,7 @@ class InferenceService:
         if model is None:
             raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
         if version:
-            if not (version.isascii() and version.isdigit()):
+            if not is_decimal(version):
                 raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
             found = model.versions.get(int(version))
             if found is None:

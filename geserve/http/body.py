@@ -6,6 +6,7 @@ import asyncio
 import zlib
 from typing import Any
 
+from geserve.codecs.digits import is_decimal
 from geserve.errors import InvalidArgumentError
 
 # Above this size, (de)compression runs on a thread so the event loop keeps serving.
@@ -25,12 +26,7 @@ def too_large(size: int, limit: int) -> InvalidArgumentError:
 
 async def read_body(receive: Any, declared_length: str | None, encoding: str, limit: int) -> bytes:
     """The whole request body, decompressed; bodies over `limit` bytes (either way) are refused early."""
-    if (
-        declared_length is not None
-        and declared_length.isascii()
-        and declared_length.isdigit()
-        and int(declared_length) > limit
-    ):
+    if declared_length is not None and is_decimal(declared_length) and int(declared_length) > limit:
         raise too_large(int(declared_length), limit)
     chunks: list[bytes] = []
     size = 0

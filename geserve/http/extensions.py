@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from geserve.codecs.digits import is_decimal
 from geserve.core.repository import FILE_PREFIX
 from geserve.core.service import InferenceService
 from geserve.errors import InvalidArgumentError, UnsupportedError
@@ -25,7 +26,7 @@ def _json(content: Any) -> Response:
 async def _body(request: Request, limit: int) -> dict[str, Any]:
     """The JSON object a control request carries; an empty body is an empty object."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+    if declared is not None and is_decimal(declared) and int(declared) > limit:
         raise InvalidArgumentError(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     raw = await request.body()
     if len(raw) > limit:
@@ -159,7 +160,7 @@ def build_extension_router(service: InferenceService, limit: int) -> APIRouter:
     @router.get("/v2/models/{model_name}/versions/{version}/trace/setting")
     @router.post("/v2/models/{model_name}/versions/{version}/trace/setting")
     async def versioned_trace(model_name: str, version: str) -> Response:
-        if not (version.isascii() and version.isdigit()):
+        if not is_decimal(version):
             raise HTTPException(404, "Not Found")
         raise InvalidArgumentError("trace settings are per model, not per model version")
 

@@ -6,6 +6,7 @@ import logging
 import re
 from typing import Any
 
+from geserve.codecs.digits import is_decimal
 from geserve.core.service import InferenceService
 from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.http import binary
@@ -59,7 +60,7 @@ class InferEndpoint:
         view = memoryview(body)
         if header_length is None:
             header_size = len(body)
-        elif not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
+        elif not is_decimal(header_length) or int(header_length) > len(body):
             raise InvalidArgumentError(
                 f"inference header size should be in range (0, {len(body)}), got: {header_length}"
             )

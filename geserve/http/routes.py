@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from geserve.codecs.digits import is_decimal
 from geserve.core.service import InferenceService
 from geserve.errors import InvalidArgumentError
 from geserve.repository.config import config_to_json
@@ -23,7 +24,7 @@ def _version(version: str | None) -> str:
     # Triton's route regex only matches numeric versions; anything else is an unknown path.
     if version is None:
         return ""
-    if not (version.isascii() and version.isdigit()):
+    if not is_decimal(version):
         raise HTTPException(404, "Not Found")
     return version
 

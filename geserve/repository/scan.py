@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.codecs.digits import is_decimal
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def available_versions(model_dir: Path) -> list[int]:
     versions = []
     for entry in model_dir.iterdir():
         name = entry.name
-        if entry.is_dir() and name.isascii() and name.isdigit() and not name.startswith("0"):
+        if entry.is_dir() and is_decimal(name) and not name.startswith("0"):
             versions.append(int(name))
     return sorted(versions)
 

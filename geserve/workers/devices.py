@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from geserve.codecs.digits import is_decimal
+
 # /dev/davinciN are the physical chips mapped into this container; davinci_manager and friends are not chips.
 _DEVICE_FILE = re.compile(r"^davinci(\d+)$")
 VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
@@ -26,7 +28,7 @@ def visible_entries(environ: dict[str, str] | None = None) -> list[str] | None:
         return None
     entries = []
     for item in value.split(","):
-        if not (item.strip().isascii() and item.strip().isdigit()):
+        if not is_decimal(item.strip()):
             break
         entries.append(item.strip())
     return entries

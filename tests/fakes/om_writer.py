@@ -20,6 +20,7 @@ from typing import Any
 
 from geserve._generated import om_model_def_pb2 as om
 from geserve.backends.acl.description import FORMAT_VALUES, TYPE_NAMES
+from geserve.codecs import dtypes
 
 VERSION_1, VERSION_2 = 0x10000000, 0x20000000
 _ACL_TYPES = {name: value for value, name in TYPE_NAMES.items()}
@@ -206,8 +207,8 @@ def _tensors(tensors: list[dict[str, Any]], dynamic: dict[str, Any]) -> bytes:
         name = tensor["name"].encode()
         dims = tensor["dims"]
         acl_type = _ACL_TYPES[tensor["dtype"]]
-        itemsize = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 27: 2}.get(acl_type, 0)
-        size = itemsize
+        datatype = dtypes.from_acl(acl_type)
+        size = (datatype.itemsize or 0) if datatype is not None else 0
         for d in _max_gear_dims(dims, dynamic):
             size *= d
         packed = struct.pack(f"<{len(dims)}q", *dims)

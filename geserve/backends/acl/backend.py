@@ -134,9 +134,8 @@ class AclBackend:
             if not runtime_filled:
                 self._inputs[tensor.name] = buffer
         self._output_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
-        for tensor in om.outputs:
-            buffer = self._device_buffer(tensor, tensor.size, self._output_dataset, self._output_buffers)
-            self._outputs[tensor.name] = buffer
+        for tensor in om.outputs:  # keyed by the config's names in complete_config
+            self._device_buffer(tensor, tensor.size, self._output_dataset, self._output_buffers)
 
     def _device_buffer(
         self, tensor: OmTensor | None, size: int, dataset: int, owned: list[_DeviceBuffer]
