@@ -17,6 +17,7 @@ from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.grpc.server import GrpcOptions
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
+from geserve.http.connections import ConnectionLimits
 from geserve.metrics.config import MetricsConfig
 from geserve.server import Server, ServerOptions
 from geserve.workers.devices import discover_devices, parse_device_ids
@@ -53,6 +54,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
 
 
@@ -178,6 +186,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_INPUT_SIZE,
         metavar="BYTES",
         help=f"largest request body, also after decompression (default: {DEFAULT_MAX_INPUT_SIZE})",
+    )
+    limits = ConnectionLimits()
+    group.add_argument(
+        "--http-header-timeout-secs",
+        type=_positive_float,
+        default=limits.header_timeout_s,
+        metavar="SECONDS",
+        help="time from a request's first byte to the end of its headers; past it the answer is 408 and the "
+        f"connection closes (default: {limits.header_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-body-timeout-secs",
+        type=_positive_float,
+        default=limits.body_timeout_s,
+        metavar="SECONDS",
+        help=f"longest silence while a request body arrives; past it, 408 (default: {limits.body_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-keepalive-timeout-secs",
+        type=_positive,
+        default=limits.keep_alive_s,
+        metavar="SECONDS",
+        help=f"an idle connection is closed after this (default: {limits.keep_alive_s})",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="open HTTP connections at most; past it a new connection is answered 503 and closed (default: half "
+        "the file-descriptor limit, which geserve raises to its hard limit)",
     )
 
     group = parser.add_argument_group("gRPC")
@@ -325,6 +364,12 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_limits=ConnectionLimits(
+            header_timeout_s=args.http_header_timeout_secs,
+            body_timeout_s=args.http_body_timeout_secs,
+            keep_alive_s=args.http_keepalive_timeout_secs,
+            max_connections=args.http_max_connections or 0,
+        ),
         allow_grpc=args.allow_grpc,
         grpc=GrpcOptions(
             address=args.grpc_address,

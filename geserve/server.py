@@ -24,6 +24,7 @@ from geserve.core.shared_memory import SharedMemoryManager
 from geserve.core.trace import TraceController
 from geserve.grpc.server import GrpcOptions, create_server
 from geserve.http.app import DEFAULT_MAX_INPUT_SIZE, create_app
+from geserve.http.connections import ConnectionLimits, protocol_for, raise_descriptor_limit
 from geserve.metrics.config import MetricsConfig
 from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
@@ -46,6 +47,7 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    http_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     allow_grpc: bool = True
     grpc: GrpcOptions = field(default_factory=GrpcOptions)
     allow_metrics: bool = True
@@ -143,6 +145,7 @@ class Server:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.request_stop)
+        raise_descriptor_limit()
         orphans = await asyncio.to_thread(sweep_orphaned_segments)
         if orphans:
             logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
@@ -210,20 +213,23 @@ class Server:
                     "HTTPService",
                     options.http_address,
                     options.http_port,
-                    self._uvicorn(app, options.http_address, options.http_port),
+                    self._uvicorn("HTTPService", app, options.http_address, options.http_port),
                 )
             )
         if self.registry is not None:
             metrics_app = create_metrics_app(self.registry)
-            server = self._uvicorn(metrics_app, options.metrics_address, options.metrics_port)
+            server = self._uvicorn("Metrics Service", metrics_app, options.metrics_address, options.metrics_port)
             listeners.append(_Listener("Metrics Service", options.metrics_address, options.metrics_port, server))
         return listeners
 
-    def _uvicorn(self, app: Any, host: str, port: int) -> _EmbeddedUvicorn:
+    def _uvicorn(self, name: str, app: Any, host: str, port: int) -> _EmbeddedUvicorn:
+        limits = self.options.http_limits
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
+            http=protocol_for(name, limits),
+            timeout_keep_alive=limits.keep_alive_s,
             lifespan="off",
             log_config=None,
             access_log=self.options.log_verbose > 0,

@@ -102,6 +102,7 @@ class ProcessWorker:
         self._slots: list[tuple[str, str]] = []  # (input arena, output arena) per slot
         self._free_slots: asyncio.Queue[int] = asyncio.Queue()
         self._process: multiprocessing.process.BaseProcess | None = None
+        self._exited: asyncio.Future[None] | None = None  # the current process's exit, reaped once
         self._connection: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Starting a spawned interpreter blocks; it happens on this thread, off the event loop.
@@ -172,8 +173,9 @@ class ProcessWorker:
         await loop.run_in_executor(self._spawner, process.start)
         child.close()
         self._process, self._connection = process, parent
+        self._exited = exited = _watch_exit(process)
         # Answers are small control messages: read them on the loop when the pipe is readable.
-        loop.add_reader(parent.fileno(), self._on_readable, parent, process)
+        loop.add_reader(parent.fileno(), self._on_readable, parent, process, exited)
         result = await self._started
         if isinstance(result, Loaded):
             logger.info(
@@ -185,18 +187,19 @@ class ProcessWorker:
         self._state = InstanceState.STOPPED
         if self._restarter is not None:
             self._restarter.cancel()
-        loop = asyncio.get_running_loop()
-        connection, process = self._connection, self._process
+        connection, process, exited = self._connection, self._process, self._exited
         if connection is not None and process is not None and _alive(process):
             with contextlib.suppress(OSError, ValueError):  # the worker may be gone already
                 connection.send(Shutdown())
-        if process is not None:
-            await loop.run_in_executor(None, _join, process, timeout_s)
-            if _alive(process):
-                logger.warning("instance %s did not stop in %.0fs; killing it", self.spec.instance_name, timeout_s)
+        if process is not None and exited is not None:
+            started = time.monotonic()
+            if not await _wait(exited, timeout_s):
+                logger.warning(
+                    "instance %s did not stop in %.1fs; killing it", self.spec.instance_name, time.monotonic() - started
+                )
                 process.kill()
-                await loop.run_in_executor(None, _join, process, 5.0)
-            _close(process)
+                await _wait(exited, 5.0)
+            _close(process, exited)
         if connection is not None:
             self._forget(connection)
         self._spawner.shutdown(wait=False)
@@ -380,28 +383,30 @@ class ProcessWorker:
 
     # -- the pipe ----------------------------------------------------------------------------
 
-    def _on_readable(self, connection: Connection, process: multiprocessing.process.BaseProcess) -> None:
+    def _on_readable(
+        self, connection: Connection, process: multiprocessing.process.BaseProcess, exited: asyncio.Future[None]
+    ) -> None:
         try:
             while connection.poll():
                 self._on_message(connection.recv())
         except (EOFError, OSError):
             self._forget(connection)
-            asyncio.get_running_loop().create_task(self._reap(process))
+            asyncio.get_running_loop().create_task(self._reap(process, exited))
 
     def _forget(self, connection: Connection) -> None:
         with contextlib.suppress(ValueError, OSError):  # already closed
             asyncio.get_running_loop().remove_reader(connection.fileno())
         connection.close()
 
-    async def _reap(self, process: multiprocessing.process.BaseProcess) -> None:
+    async def _reap(self, process: multiprocessing.process.BaseProcess, exited: asyncio.Future[None]) -> None:
         # Let the exit code settle so the error can report it.
-        await asyncio.get_running_loop().run_in_executor(None, _join, process, 1.0)
+        await _wait(exited, 1.0)
         try:
             exit_code = process.exitcode
         except ValueError:
             return  # closed by stop(): this instance was stopped on purpose
         self._on_exit(process, exit_code)
-        _close(process)
+        _close(process, exited)
 
     def _on_message(self, message: object) -> None:
         if isinstance(message, BatchDone):
@@ -497,9 +502,40 @@ class ProcessWorker:
                 return
 
 
-def _join(process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
+def _watch_exit(process: multiprocessing.process.BaseProcess) -> asyncio.Future[None]:
+    """A future done once the process has exited and been reaped.
+
+    Exactly one waiter reaps each process: of two threads in waitpid() on one child, the loser gets
+    ECHILD, which multiprocessing reports as "still running" (and stop() then killed a worker that had
+    already exited cleanly). The sentinel becomes readable as the process exits, so no thread waits
+    on a live worker.
+    """
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+    sentinel = process.sentinel
+
+    def on_sentinel() -> None:
+        loop.remove_reader(sentinel)
+        # The exit status follows the sentinel by a moment; the blocking waitpid runs off the loop.
+        reaped = loop.run_in_executor(None, _join, process)
+        reaped.add_done_callback(lambda _: None if exited.done() else exited.set_result(None))
+
+    loop.add_reader(sentinel, on_sentinel)
+    return exited
+
+
+async def _wait(exited: asyncio.Future[None], timeout_s: float) -> bool:
+    """Whether the process exited within the timeout; the watch itself goes on either way."""
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _join(process: multiprocessing.process.BaseProcess) -> None:
     with contextlib.suppress(ValueError):  # closed: already reaped
-        process.join(timeout_s)
+        process.join()
 
 
 def _alive(process: multiprocessing.process.BaseProcess) -> bool:
@@ -516,8 +552,10 @@ def _pid(process: multiprocessing.process.BaseProcess | None) -> int | None:
         return None
 
 
-def _close(process: multiprocessing.process.BaseProcess) -> None:
+def _close(process: multiprocessing.process.BaseProcess, exited: asyncio.Future[None]) -> None:
     """Release the process object's pipe (its sentinel) once it has exited; the garbage collector
     would, but only now and then, so a model reloaded in a loop held ever more of them."""
+    if not exited.done():
+        return  # the exit watch still has the sentinel registered on the loop
     with contextlib.suppress(ValueError):  # still running: the object keeps its pipe until reaped
         process.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,30 @@ async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorke
         np.testing.assert_array_equal(executed.outputs["OUTPUT0"], data + i)
     await worker.stop(timeout_s=10)
     assert not worker.alive
+
+
+async def test_workers_stopping_together_are_each_reaped_once_and_never_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker's pipe closes as it exits, which starts a reaper while stop() waits on the same process.
+    # Two waitpid() calls on one child made the loser (ECHILD) report a cleanly exited worker as "did not
+    # stop in 30s" and kill it. A reaping that takes a moment longer, as on a busy host, made it certain.
+    real_waitpid = os.waitpid
+
+    def slow_waitpid(pid: int, options: int) -> tuple[int, int]:
+        result = real_waitpid(pid, options)
+        if result[0] == pid:
+            time.sleep(0.2)
+        return result
+
+    monkeypatch.setattr(os, "waitpid", slow_waitpid)
+    for _ in range(3):
+        workers = [ProcessWorker(spec(tmp_path)) for _ in range(3)]
+        await asyncio.gather(*(worker.start() for worker in workers))
+        processes = [worker._process for worker in workers]
+        await asyncio.gather(*(worker.stop(timeout_s=30) for worker in workers))
+        assert not [record.message for record in caplog.records if "did not stop" in record.message]
+        assert all(process is not None and process._closed for process in processes)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("kind", [ProcessWorker, InProcessWorker])

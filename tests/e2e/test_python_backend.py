@@ -382,6 +382,7 @@ def test_a_stream_the_client_cancels_is_cancelled_in_the_model(python_server: Ge
         return stats["success"]["count"], stats["fail"]["count"]
 
     before = outcomes()
+    log_before = len(python_server.log())
     received: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: received.put(error or result))
     count = _grpc_input("COUNT", np.array([500], dtype=np.int32), "INT32")
@@ -401,3 +402,35 @@ def test_a_stream_the_client_cancels_is_cancelled_in_the_model(python_server: Ge
     assert re.search(
         r'nv_inference_request_failure\{model="cancellable",reason="CANCELED",version="1"\} [1-9]', metrics
     )
+    assert "Traceback" not in python_server.log()[log_before:]  # a cancelled stream is routine, not an error
+
+
+def test_streams_cancelled_mid_response_leave_no_traceback(python_server: GeserveProcess) -> None:
+    """Calls cancelled while the server is writing responses: routine for gRPC, never a library traceback."""
+    log_before = len(python_server.log())
+
+    async def run() -> None:
+        client = grpcclient_aio.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+        try:
+            for attempt in range(20):
+
+                async def requests(request_id: str) -> Any:
+                    count = _grpc_input("COUNT", np.array([500], dtype=np.int32), "INT32")
+                    yield {"model_name": "cancellable", "inputs": [count], "request_id": request_id}
+                    await asyncio.sleep(30)  # keep the request side open: the cancel ends the call
+
+                stream = client.stream_infer(requests(f"cut-{attempt}"))
+                received = 0
+                async for _, error in stream:
+                    assert error is None, error
+                    received += 1
+                    if received == 1 + attempt % 3:
+                        break
+                stream.cancel()
+                await asyncio.sleep(0.02 * (attempt % 3))
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    assert _one(python_server, "async_echo", 7).tolist() == [107]
+    assert "Traceback" not in python_server.log()[log_before:]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from geserve.cli import parse_options
+from geserve.http.connections import ConnectionLimits
 from tests.support import ROOT
 
 
@@ -21,6 +22,7 @@ def test_defaults_are_tritonservers() -> None:
     assert options.grpc.http2_max_pings_without_data == 2 and options.grpc.http2_max_ping_strikes == 2
     assert options.http_address == "0.0.0.0"
     assert options.http_max_input_size == 1 << 26
+    assert options.http_limits == ConnectionLimits(header_timeout_s=30.0, body_timeout_s=60.0, keep_alive_s=5)
     assert options.strict_readiness and options.exit_on_error and options.auto_complete
     assert options.server_id == "triton"
     assert options.log_level == logging.INFO
@@ -41,6 +43,10 @@ def test_flags() -> None:
             "--grpc-port=9001",
             "--grpc-keepalive-time=1000",
             "--grpc-keepalive-permit-without-calls=true",
+            "--http-header-timeout-secs=2.5",
+            "--http-body-timeout-secs=7",
+            "--http-keepalive-timeout-secs=9",
+            "--http-max-connections=100",
         ]
     )  # fmt: skip
     assert options.model_repositories == [Path("/a"), Path("/b")]
@@ -53,12 +59,23 @@ def test_flags() -> None:
     assert options.grpc.port == 9001 and options.grpc.keepalive_time_ms == 1000
     assert options.grpc.keepalive_permit_without_calls
     assert ("grpc.max_receive_message_length", 2**31 - 1) in options.grpc.channel_options()
+    assert options.http_limits == ConnectionLimits(
+        header_timeout_s=2.5, body_timeout_s=7.0, keep_alive_s=9, max_connections=100
+    )
     assert not parse_options(["--model-repository=/a", "--disable-auto-complete-config"]).auto_complete
     assert parse_options(["--model-repository=/a", "--exit-on-error"]).exit_on_error
 
 
 @pytest.mark.parametrize(
-    "argv", [[], ["--model-repository=/a", "--http-port=70000"], ["--model-repository=/a", "--strict-readiness=maybe"]]
+    "argv",
+    [
+        [],
+        ["--model-repository=/a", "--http-port=70000"],
+        ["--model-repository=/a", "--strict-readiness=maybe"],
+        ["--model-repository=/a", "--http-header-timeout-secs=0"],
+        ["--model-repository=/a", "--http-body-timeout-secs=nan"],
+        ["--model-repository=/a", "--http-max-connections=-1"],
+    ],
 )
 def test_bad_flags_exit(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as error:

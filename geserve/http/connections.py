@@ -1,0 +1,254 @@
+"""HTTP/1.1 connections: read deadlines, a connection cap, and closes that never reset a request."""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from geserve.http.errors import error_body
+
+logger = logging.getLogger(__name__)
+
+# Once the server has sent its FIN, how long it keeps reading (and dropping) what the client still
+# sends. Closing a socket with unread bytes makes the kernel answer them with a reset, which the
+# client sees as ECONNRESET instead of a clean end of the connection.
+LINGER_S = 2.0
+# On shutdown, how long an idle keep-alive connection stays open for a request already on its way.
+SHUTDOWN_GRACE_S = 0.5
+# Warnings about refused or timed-out connections are summed up at most this often.
+WARN_INTERVAL_S = 60.0
+
+
+def default_max_connections() -> int:
+    """Half the process's file-descriptor limit: the other half stays for models, workers and gRPC."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(soft // 2, 1) if soft != resource.RLIM_INFINITY else 1 << 16
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft file-descriptor limit to the hard one, as servers with many sockets do; returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+        return hard
+    return soft
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one client connection may hold: time to send headers, silence within a body, and how many."""
+
+    header_timeout_s: float = 30.0  # first byte of a request to the end of its headers
+    body_timeout_s: float = 60.0  # longest silence while a request body is arriving
+    keep_alive_s: int = 5  # an idle connection (a new one, or between requests) is closed after this
+    max_connections: int = 0  # 0: half the file-descriptor limit
+
+
+def _raw_response(status: int, message: str, *extra: tuple[bytes, bytes]) -> bytes:
+    body = error_body(message)
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    headers.append((b"connection", b"close"))
+    head += [name + b": " + value + b"\r\n" for name, value in headers]
+    return b"".join([*head, b"\r\n", body])
+
+
+class _Tally:
+    """Counts refused and timed-out connections; logs a summary now and then, never one line each."""
+
+    def __init__(self, listener: str) -> None:
+        self.listener = listener
+        self.counts: dict[str, int] = {}
+        self._last_warning = float("-inf")
+
+    def add(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+        now = time.monotonic()
+        if now - self._last_warning >= WARN_INTERVAL_S:
+            self._last_warning = now
+            summary = ", ".join(f"{count} {name}" for name, count in sorted(self.counts.items()))
+            logger.warning("%s: closed slow or excess connections so far: %s", self.listener, summary)
+
+
+class _GentleTransport:
+    """The transport as uvicorn's request cycles see it: their close() lingers instead of resetting."""
+
+    __slots__ = ("_protocol", "_raw")
+
+    def __init__(self, raw: asyncio.Transport, protocol: GuardedHttpProtocol) -> None:
+        self._raw = raw
+        self._protocol = protocol
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._raw.write(data)
+
+    def close(self) -> None:
+        self._protocol.close_gently()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._raw.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with deadlines, a connection cap and lingering closes.
+
+    Subclassed per listener by `protocol_for`, which binds the limits and the set of admitted connections.
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    max_connections: ClassVar[int] = 1
+    admitted: ClassVar[set[GuardedHttpProtocol]]
+    tally: ClassVar[_Tally]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lingering = False
+        self._raw: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._reading_head = False  # between a request's first byte and the end of its headers
+        self._last_body_at = 0.0
+        self._shutting_down = False
+        self._linger_timer: asyncio.TimerHandle | None = None
+
+    # -- connection ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._raw = transport
+        self.transport = cast(asyncio.Transport, _GentleTransport(transport, self))
+        if len(self.admitted) >= self.max_connections:
+            self.tally.add("over the connection cap")
+            message = f"the server has reached its limit of {self.max_connections} HTTP connections; retry later"
+            transport.write(_raw_response(503, message, (b"retry-after", b"1")))
+            self.close_gently()
+            return
+        self.admitted.add(self)
+        # uvicorn arms its keep-alive timer only after a response; a connection that never sends is idle too.
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.admitted.discard(self)
+        self._cancel_deadline()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self.lingering = True  # nothing more is read or written
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # after our FIN: read only so that the kernel has nothing to reset
+        if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
+            # The first byte of a request, even bytes the parser skips (blank lines), starts the header clock.
+            self._reading_head = True
+            self._deadline = self.loop.call_later(self.limits.header_timeout_s, self._headers_too_slow)
+        super().data_received(data)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def on_headers_complete(self) -> None:
+        self._cancel_deadline()
+        self._reading_head = False
+        super().on_headers_complete()
+        if self.cycle is None:
+            return
+        if self._shutting_down:
+            self.cycle.keep_alive = False  # answered, then closed
+        if self.cycle.more_body and not self.cycle.response_complete:
+            self._last_body_at = self.loop.time()
+            self._deadline = self.loop.call_later(self.limits.body_timeout_s, self._body_too_slow)
+
+    def on_body(self, body: bytes) -> None:
+        self._last_body_at = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._cancel_deadline()
+        super().on_message_complete()
+
+    def timeout_keep_alive_handler(self) -> None:
+        self.close_gently()
+
+    def shutdown(self) -> None:
+        """Server shutdown: a request in progress is answered and then closed; an idle connection gets a
+        moment for a request already on its way, then a lingering close."""
+        self._shutting_down = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+        else:
+            self.loop.call_later(SHUTDOWN_GRACE_S, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        if not self._reading_head and (self.cycle is None or self.cycle.response_complete):
+            self.close_gently()
+
+    # -- deadlines ---------------------------------------------------------------------------
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._deadline = None
+        self.tally.add("slow request headers")
+        message = f"request headers did not arrive within {self.limits.header_timeout_s:g} seconds"
+        self._give_up(_raw_response(408, message))
+
+    def _body_too_slow(self) -> None:
+        self._deadline = None
+        silent_for = self.loop.time() - self._last_body_at
+        if silent_for < self.limits.body_timeout_s:
+            self._deadline = self.loop.call_later(self.limits.body_timeout_s - silent_for, self._body_too_slow)
+            return
+        self.tally.add("stalled request bodies")
+        message = f"the request body stopped arriving for {self.limits.body_timeout_s:g} seconds"
+        self._give_up(_raw_response(408, message))
+
+    def _give_up(self, response: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if not cycle.response_started and self._raw is not None:
+                self._raw.write(response)
+            # The handler waiting for the body sees a disconnect and answers nothing more.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        elif self._raw is not None:
+            self._raw.write(response)
+        self.close_gently()
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def close_gently(self) -> None:
+        """FIN after what is queued, then read and drop until the client closes or LINGER_S passes."""
+        raw = self._raw
+        if raw is None or self.lingering or raw.is_closing():
+            return
+        self.lingering = True
+        self._cancel_deadline()
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if not raw.can_write_eof():
+            raw.close()
+            return
+        raw.write_eof()
+        self._linger_timer = self.loop.call_later(LINGER_S, raw.close)
+
+
+def protocol_for(listener: str, limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+    """A protocol class for one listener: its own limits and its own count of admitted connections."""
+    cap = limits.max_connections or default_max_connections()
+    attributes = {"limits": limits, "max_connections": cap, "admitted": set(), "tally": _Tally(listener)}
+    return cast(type[GuardedHttpProtocol], type(f"GuardedHttpProtocol[{listener}]", (GuardedHttpProtocol,), attributes))

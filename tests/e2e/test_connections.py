@@ -1,0 +1,171 @@
+"""HTTP connections against a live server: read deadlines, the connection cap, and a shutdown without resets."""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support import GeserveProcess, http_status, write_identity_model
+
+DEADLINES = ("--http-header-timeout-secs=1", "--http-body-timeout-secs=1", "--http-keepalive-timeout-secs=2")
+
+
+def start(launch: Callable[..., GeserveProcess], repository: Path, *flags: str) -> GeserveProcess:
+    write_identity_model(repository, "echo")
+    return launch(f"--model-repository={repository}", *flags).wait_live()
+
+
+def connect(server: GeserveProcess) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.http_port))
+    sock.settimeout(15)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until its FIN; a reset fails the test here."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    sock.close()
+    return received
+
+
+def infer_body(values: list[float]) -> bytes:
+    tensor = {"name": "INPUT0", "shape": [1, len(values)], "datatype": "FP32", "data": values}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def assert_serving(server: GeserveProcess) -> None:
+    assert http_status(f"http://{server.url}/v2/health/ready") == 200
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_headers_that_trickle_in_get_408_and_the_connection_closes(
+    launch: Callable[..., GeserveProcess], repository: Path
+) -> None:
+    server = start(launch, repository, *DEADLINES)
+    sock = connect(server)
+    sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\n")
+    started = time.monotonic()
+    for _ in range(20):  # one header line every 0.2 s: never finished
+        time.sleep(0.2)
+        try:
+            sock.sendall(b"X-Slow: 1\r\n")
+        except BrokenPipeError:
+            break
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert b'{"error":"request headers did not arrive within 1 seconds"}' in answer
+    assert time.monotonic() - started < 10
+    assert_serving(server)
+
+
+def test_a_body_that_stops_arriving_gets_408(launch: Callable[..., GeserveProcess], repository: Path) -> None:
+    server = start(launch, repository, *DEADLINES)
+    sock = connect(server)
+    body = infer_body([1.0, 2.0])
+    head = f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body[:10])
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert b'{"error":"the request body stopped arriving for 1 seconds"}' in answer
+    assert_serving(server)
+    assert "Traceback" not in server.log()
+
+
+def test_a_connection_that_sends_nothing_is_closed(launch: Callable[..., GeserveProcess], repository: Path) -> None:
+    server = start(launch, repository, *DEADLINES)
+    assert read_until_closed(connect(server)) == b""
+    assert_serving(server)
+
+
+def test_past_the_connection_cap_a_new_connection_gets_503_and_slowloris_cannot_hold_descriptors(
+    launch: Callable[..., GeserveProcess], repository: Path
+) -> None:
+    server = start(launch, repository, *DEADLINES, "--http-max-connections=20")
+    baseline = open_descriptors(server.process.pid)
+    held = [connect(server) for _ in range(20)]
+    for sock in held:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\n")  # started, never finished
+    time.sleep(0.2)
+    refused = [connect(server) for _ in range(200)]
+    for sock in refused:
+        answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert b"retry-after: 1\r\n" in answer
+        assert b'{"error":"the server has reached its limit of 20 HTTP connections; retry later"}' in answer
+    # Every slow connection ends at its header deadline, so the cap frees itself.
+    for sock in held:
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 408 ")
+    assert_serving(server)
+    deadline = time.monotonic() + 10
+    while open_descriptors(server.process.pid) > baseline + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert open_descriptors(server.process.pid) <= baseline + 2
+
+
+def test_sigterm_under_keep_alive_load_answers_every_request_it_read_and_resets_none(
+    launch: Callable[..., GeserveProcess], repository: Path
+) -> None:
+    server = start(launch, repository)
+    outcomes: collections.Counter[str] = collections.Counter()
+    wrong: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(index: int) -> None:
+        connection: http.client.HTTPConnection | None = None
+        sent = 0
+        while not stop.is_set():
+            values = [float(index), float(sent)]
+            sent += 1
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=15)
+                connection.request("POST", "/v2/models/echo/infer", infer_body(values))
+                response = connection.getresponse()
+                payload = response.read()
+                outcome = f"HTTP {response.status}"
+                if response.status == 200 and json.loads(payload)["outputs"][0]["data"] != values:
+                    wrong.append(payload.decode())
+                if response.getheader("connection", "").lower() == "close":
+                    connection.close()
+                    connection = None
+            except ConnectionRefusedError:
+                outcome, connection = "refused (listener closed)", None
+                time.sleep(0.01)
+            except OSError as error:  # resets, broken pipes
+                outcome, connection = type(error).__name__, None
+            except http.client.HTTPException as error:  # the server closed without an answer
+                outcome, connection = type(error).__name__, None
+            with lock:
+                outcomes[outcome] += 1
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    server.process.send_signal(signal.SIGTERM)
+    status = server.process.wait(60)
+    time.sleep(0.3)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert status == 0
+    assert outcomes["HTTP 200"] > 100, outcomes
+    # Requests read before the listener closed are answered (200, or 503 once the server stops
+    # admitting); everything after that is refused at connect. Nothing is reset or dropped unanswered.
+    assert set(outcomes) <= {"HTTP 200", "HTTP 503", "refused (listener closed)"}, outcomes
+    assert not wrong
+    assert "did not stop" not in server.log()
