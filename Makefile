@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-peers npu-check clean
+.PHONY: run test lint typecheck unit protos models bench bench-peers soak chaos npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,18 @@ bench: $(STAMP_TEST)
 # The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
 bench-peers: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_peers
+
+# Reliability runs, never part of `make test`; each writes a JSON report under build/ and fails on a lost or
+# wrong answer. soak: mixed checked traffic for SOAK_SECS, with RSS, descriptors and /dev/shm sampled.
+# chaos: workers killed, SIGTERM, a nearly full /dev/shm (private mount namespace), a shrunk client region.
+SOAK_SECS ?= 600
+soak: $(STAMP_TEST)
+	@mkdir -p build
+	SOAK_SECS=$(SOAK_SECS) SOAK_REPORT=build/soak-report.json $(BIN)/python -m tests.reliability.soak
+
+chaos: $(STAMP_TEST)
+	@mkdir -p build
+	CHAOS_REPORT=build/chaos-report.json $(BIN)/python -m tests.reliability.chaos
 
 # On an Ascend host, after `source /usr/local/Ascend/ascend-toolkit/set_env.sh`:
 #   make npu-check GESERVE_NPU_OM=/path/model.om [GESERVE_NPU_ONNX=/path/model.onnx] [GESERVE_NPU_DEVICES=0,1]

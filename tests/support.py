@@ -35,13 +35,17 @@ def http_status(url: str) -> int:
 class GeserveProcess:
     """`python -m geserve` on free loopback ports, its output kept in a log file."""
 
-    def __init__(self, log_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, log_path: Path, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+    ) -> None:
+        """`prefix` runs the server under another command that execs it (e.g. `unshare ...`), so the pid is geserve's."""
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
         self.log_path = log_path
         self._args = args
         command = [
+            *prefix,
             sys.executable,
             "-m",
             "geserve",

@@ -1,0 +1,33 @@
+"""`make soak` and `make chaos` in miniature, so the harnesses themselves stay working between full runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability import chaos, soak
+from tests.reliability.load import MIXED
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_short_soak_passes_with_every_kind_of_traffic_checked(tmp_path: Path) -> None:
+    report = soak.run(8.0, tmp_path)
+    assert report["passed"], report["failures"]
+    assert set(report["by_kind"]) == {kind.name for kind in MIXED}
+    assert all(counts["ok"] > 0 for counts in report["by_kind"].values())
+    assert len(report["samples"]) >= 2 and report["last"]["workers"] >= 5
+    assert "| **all," in soak.table(report)
+
+
+def test_sigterm_under_load_loses_nothing(tmp_path: Path) -> None:
+    result = chaos.sigterm_under_load(tmp_path)
+    assert result["passed"], result["checks"]
+    assert result["ok"] > 0 and result["lost"] == 0
+
+
+def test_a_shrunk_region_is_refused_by_name_and_served_again_once_replaced(tmp_path: Path) -> None:
+    result = chaos.shrunk_region(tmp_path, phase_s=1.5)
+    assert result["passed"], result["checks"]
+    assert result["phases"]["shrunk"]["HTTP / simple, inputs in the region"]["failed"] > 0
