@@ -113,13 +113,14 @@ class ProcessWorker:
         self._crashes: collections.deque[float] = collections.deque()
         self._restarter: asyncio.Task[None] | None = None
         self._retiring = ""  # why the worker said it is exiting on purpose
+        self._pipe_lost = False  # the current worker's pipe ended: it is gone, even before its exit is reaped
         self._streams: dict[int, ResponseSink] = {}  # open streamed requests, by stream id
         self._status: asyncio.Future[InstanceStatus | None] | None = None
         self.model_ready = True
 
     @property
     def alive(self) -> bool:
-        return self._state is InstanceState.READY
+        return self._state is InstanceState.READY and not self._pipe_lost
 
     @property
     def recoverable(self) -> bool:
@@ -162,6 +163,7 @@ class ProcessWorker:
 
     async def _spawn(self) -> Loaded | LoadFailed:
         loop = asyncio.get_running_loop()
+        self._pipe_lost = False
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=worker_main.run_worker,
@@ -269,7 +271,7 @@ class ProcessWorker:
     ) -> Executed:
         connection, loop = self._connection, self._loop
         if not self.alive or connection is None or loop is None or not self._arenas:
-            raise UnavailableError(self._unavailable())
+            raise UnavailableError(self._exited_message())
         input_name, output_name = self._slots[slot]
         arena = self._arenas[input_name]
         layout = TensorLayout()
@@ -293,8 +295,9 @@ class ProcessWorker:
             connection.send(RunBatch(request_id, refs, output_names, output_name, flight.output_overflow, requests))
             done = await flight.future
             return await self._collect(done)
-        except (OSError, ValueError) as error:
-            raise UnavailableError(f"{self._unavailable()}: {error}") from None
+        except (OSError, ValueError):
+            # The pipe broke (or was closed on EOF) before the exit was reaped: the worker is gone.
+            raise UnavailableError(self._exited_message()) from None
         finally:
             self._in_flight.pop(request_id, None)
             self._release_flight(flight)
@@ -374,12 +377,17 @@ class ProcessWorker:
                 flight.input_overflow.unlink()
         unlink_quietly(flight.output_overflow)  # left behind when the worker died mid-write
 
+    def _exited_message(self) -> str:
+        if self._state is InstanceState.READY and self._pipe_lost:
+            return f"{self._instance()} exited unexpectedly"
+        return self._unavailable()
+
+    def _instance(self) -> str:
+        return f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version {self.spec.model_version}"
+
     def _unavailable(self) -> str:
         reason = f" ({self.reason})" if self.reason else ""
-        return (
-            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version "
-            f"{self.spec.model_version} is {self._state.value}{reason}"
-        )
+        return f"{self._instance()} is {self._state.value}{reason}"
 
     # -- the pipe ----------------------------------------------------------------------------
 
@@ -390,6 +398,8 @@ class ProcessWorker:
             while connection.poll():
                 self._on_message(connection.recv())
         except (EOFError, OSError):
+            if process is self._process:
+                self._pipe_lost = True
             self._forget(connection)
             asyncio.get_running_loop().create_task(self._reap(process, exited))
 
@@ -441,9 +451,7 @@ class ProcessWorker:
         if process is not self._process:
             return  # an earlier process of this instance
         retiring, self._retiring = self._retiring, ""
-        instance = (
-            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version {self.spec.model_version}"
-        )
+        instance = self._instance()
         if retiring:
             reason = f"{instance} exited after a device failure ({retiring})"
         else:

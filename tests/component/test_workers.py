@@ -130,6 +130,23 @@ async def test_killed_worker_fails_in_flight_requests_at_once_and_restarts(tmp_p
     await worker.stop(timeout_s=5)
 
 
+async def test_a_worker_whose_pipe_ended_takes_no_batch_and_says_it_exited(tmp_path: Path) -> None:
+    worker = ProcessWorker(spec(tmp_path), restart=RestartPolicy(first_delay_s=0.5))
+    await worker.start()
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGKILL)
+    while worker.alive:  # noqa: ASYNC110  (until the loop has seen the pipe end)
+        await asyncio.sleep(0.001)
+    # Between the pipe's end and the exit being reaped the state still read "ready": a batch sent then
+    # failed with "instance ... is ready: [Errno 32] Broken pipe".
+    with pytest.raises(UnavailableError) as error:
+        await worker.execute({"INPUT0": [np.ones((1, 3), np.float32)]}, ("OUTPUT0",))
+    assert "echo_0' of model 'echo' version 1 exited unexpectedly" in error.value.message
+    assert "is ready" not in error.value.message and "Errno" not in error.value.message
+    await wait_for_state(worker, InstanceState.READY)
+    await worker.stop(timeout_s=5)
+
+
 async def test_crash_loop_gives_up_with_the_reason(tmp_path: Path) -> None:
     worker = ProcessWorker(spec(tmp_path), restart=RestartPolicy(first_delay_s=0.05, max_crashes=2))
     await worker.start()

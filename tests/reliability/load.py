@@ -107,7 +107,9 @@ def classify(error: BaseException) -> tuple[str, str]:
     if isinstance(error, InferenceServerException):
         text = error.message() or ""
         status = str(error.status() or "")
-        if "DEADLINE_EXCEEDED" in status or any(part in text for part in _TRANSPORT_TEXTS):
+        # Only a call-level status can mean "never answered"; an error the server sent inside a stream has none.
+        transport = "UNAVAILABLE" in status and any(part in text for part in _TRANSPORT_TEXTS)
+        if "DEADLINE_EXCEEDED" in status or transport:
             return ("refused" if "failed to connect" in text or "refused" in text else "lost"), f"{status} {text}"
         return "failed", f"{status} {text}".strip()
     if isinstance(error, OSError | http.client.HTTPException | TimeoutError | queue.Empty):
