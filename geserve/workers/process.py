@@ -383,7 +383,9 @@ class ProcessWorker:
         return self._unavailable()
 
     def _instance(self) -> str:
-        return f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version {self.spec.model_version}"
+        return (
+            f"instance '{self.spec.instance_name}' of model '{self.spec.model_name}' version {self.spec.model_version}"
+        )
 
     def _unavailable(self) -> str:
         reason = f" ({self.reason})" if self.reason else ""
