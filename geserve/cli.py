@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from geserve import triton_flags
 from geserve.core.log_control import FORMATS, LogSettings
 from geserve.core.repository import ControlMode
 from geserve.core.restrictions import GROUPS, parse_restrictions
@@ -54,6 +55,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
     return value
 
 
@@ -115,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=30,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests and workers (default: 30)",
+    )
+    group.add_argument(
+        "--drain-delay-secs",
+        type=_non_negative,
+        default=0,
+        metavar="SECONDS",
+        help="on SIGTERM, report not ready at once but keep accepting and serving this long before stopping, "
+        "while load balancers take the server out of rotation (default: 0)",
     )
     group.add_argument(
         "--worker-arena-size",
@@ -179,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{', '.join(GROUPS)}); repeatable",
     )
     group.add_argument("--http-address", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
+    _boolean(group, "--reuse-http-port", False, "let several servers listen on the HTTP port (SO_REUSEPORT)")
     group.add_argument("--http-port", type=_port, default=8000, help="HTTP port (default: 8000)")
     group.add_argument(
         "--http-max-input-size",
@@ -244,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         group.add_argument(flag, type=int, default=default, metavar="N", help=f"{meaning} (default: {default})")
     _boolean(group, "--grpc-keepalive-permit-without-calls", False, "allow keepalive pings with no call open")
+    _boolean(group, "--reuse-grpc-port", False, "let several servers listen on the gRPC port (SO_REUSEPORT)")
+    for flag, meaning in (
+        ("--grpc-max-connection-age", "ms a connection may live before the server asks the client to reconnect"),
+        ("--grpc-max-connection-age-grace", "ms a connection past its age has to finish its calls"),
+    ):
+        group.add_argument(flag, type=_non_negative, default=0, metavar="MS", help=f"{meaning} (default: unset)")
 
     group = parser.add_argument_group("metrics")
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
@@ -286,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[triton,]KEY=VALUE",
         help="level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N; traces go to the log; repeatable",
     )
+    triton_flags.add_flags(parser)
     return parser
 
 
@@ -330,6 +354,9 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         TraceController(trace_settings)  # checks the values
     except GeserveError as error:
         parser.error(error.message)
+    warnings, refusal = triton_flags.check(args)
+    if refusal is not None:
+        parser.error(refusal)
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.error("--load-model=* must be the only --load-model")
     if args.load_model and args.model_control_mode != "explicit":
@@ -359,10 +386,13 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
+        drain_delay_secs=args.drain_delay_secs,
+        warnings=tuple(warnings),
         auto_complete=auto_complete,
         allow_http=args.allow_http,
         http_address=args.http_address,
         http_port=args.http_port,
+        reuse_http_port=args.reuse_http_port,
         http_max_input_size=args.http_max_input_size,
         http_limits=ConnectionLimits(
             header_timeout_s=args.http_header_timeout_secs,
@@ -380,6 +410,9 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
             http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
             http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
             http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+            reuse_port=args.reuse_grpc_port,
+            max_connection_age_ms=args.grpc_max_connection_age,
+            max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         ),
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
@@ -412,6 +445,9 @@ def _loop_factory() -> asyncio.AbstractEventLoop:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] == "tritonserver":
+        # Triton's runtimes start the image as `tritonserver --model-repository=...`.
+        arguments = arguments[1:]
     if arguments and arguments[0] in ("inspect", "check"):
         # Offline tools: no server, no NPU, no pyACL.
         if arguments[0] == "inspect":

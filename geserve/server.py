@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +43,13 @@ class ServerOptions:
     strict_readiness: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: int = 30
+    drain_delay_secs: int = 0
+    warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
     auto_complete: bool = True
     allow_http: bool = True
     http_address: str = "0.0.0.0"
     http_port: int = 8000
+    reuse_http_port: bool = False
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     allow_grpc: bool = True
@@ -67,6 +71,21 @@ class ServerOptions:
     trace_settings: dict[str, str | list[str]] = field(default_factory=dict)
 
 
+def _bind(address: str, port: int, reuse_port: bool) -> socket.socket:
+    """A TCP socket bound to the address (not yet listening, so connections are refused until it serves)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn inside our own loop: signals belong to the Server lifecycle, not to uvicorn."""
 
@@ -83,10 +102,13 @@ class _Listener:
     address: str
     port: int
     server: _EmbeddedUvicorn
+    reuse_port: bool = False
+    socket: socket.socket | None = None  # bound before the models load; uvicorn listens on it
     task: asyncio.Task[None] | None = None
 
     async def start(self) -> bool:
-        self.task = asyncio.create_task(self.server.serve())
+        sockets = [self.socket] if self.socket is not None else None
+        self.task = asyncio.create_task(self.server.serve(sockets=sockets))
         # uvicorn exposes startup only as a flag.
         while not self.server.started and not self.task.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
@@ -101,6 +123,11 @@ class _Listener:
         if self.task is not None:
             with contextlib.suppress(BaseException):
                 await self.task
+        self.close()
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
 
 
 class Server:
@@ -146,38 +173,47 @@ class Server:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.request_stop)
         raise_descriptor_limit()
+        for warning in self.options.warnings:
+            logger.warning("%s", warning)
         orphans = await asyncio.to_thread(sweep_orphaned_segments)
         if orphans:
             logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
+        # Every port is bound before any model loads: a taken port is a clear error at once, with
+        # nothing started that would need cleaning up.
+        bound = self._bind_front_ends()
+        if bound is None:
+            return 1
+        listeners, grpc_server = bound
         try:
             failures = await self.service.load_models()
         except FileNotFoundError as error:
             logger.error("%s", error)
-            await self.service.shutdown()
+            await self._release(listeners, grpc_server)
             return 1
         if failures and self.options.exit_on_error:
             logger.error("exiting: %d model(s) failed to load and --exit-on-error is true", len(failures))
-            await self.service.shutdown()
+            await self._release(listeners, grpc_server)
             return 1
-        listeners: list[_Listener] = []
-        grpc_server: grpc.aio.Server | None = None
         self.monitor.start()
         try:
-            if self.options.allow_grpc:
-                grpc_server = await self._start_grpc()
-                if grpc_server is None:
-                    return 1
-            for listener in self._listeners():
-                listeners.append(listener)
+            if grpc_server is not None:
+                await grpc_server.start()
+                logger.info("Started GRPCInferenceService at %s:%d", self.options.grpc.address, self.options.grpc.port)
+            for listener in listeners:
                 if not await listener.start():
                     return 1
             waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stop.wait())]
             waiters += [listener.task for listener in listeners if listener.task is not None]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             waiters[0].cancel()
+            if self._stop.is_set() and self.options.drain_delay_secs > 0:
+                # Load balancers see "not ready" and stop routing here; what still arrives is served.
+                self.service.start_draining()
+                logger.info("draining: not ready, still serving for %ds", self.options.drain_delay_secs)
+                await asyncio.sleep(self.options.drain_delay_secs)
             logger.info("shutting down")
         finally:
-            # Not ready first, then stop accepting and drain, then stop the workers.
+            # Not ready, stop accepting, finish what is in flight, then stop the workers.
             self.service.stop_accepting()
             await self.monitor.stop()
             await self._stop_front_ends(listeners, grpc_server)
@@ -185,16 +221,38 @@ class Server:
             self.service.shared_memory.close()
         return 0
 
-    async def _start_grpc(self) -> grpc.aio.Server | None:
+    def _bind_front_ends(self) -> tuple[list[_Listener], grpc.aio.Server | None] | None:
+        """Bind the HTTP, metrics and gRPC ports (not yet listening); None, with the error logged, if one is taken."""
+        listeners: list[_Listener] = []
+        try:
+            for listener in self._listeners():
+                listener.socket = _bind(listener.address, listener.port, listener.reuse_port)
+                listeners.append(listener)
+        except OSError as error:
+            where = f"{listener.address}:{listener.port}"
+            logger.error("the %s cannot listen on %s: %s", listener.name, where, error.strerror)
+            for bound in listeners:
+                bound.close()
+            return None
+        if not self.options.allow_grpc:
+            return listeners, None
         options = self.options.grpc
         try:
-            server, _ = create_server(self.service, options, self.options.grpc_restrictions)
-            await server.start()
-        except RuntimeError as error:
-            logger.error("the gRPC service failed to start on %s:%d: %s", options.address, options.port, error)
+            grpc_server, _ = create_server(self.service, options, self.options.grpc_restrictions)
+        except RuntimeError:
+            reason = "address already in use" if not options.reuse_port else "cannot bind"
+            logger.error("the GRPCInferenceService cannot listen on %s:%d: %s", options.address, options.port, reason)
+            for bound in listeners:
+                bound.close()
             return None
-        logger.info("Started GRPCInferenceService at %s:%d", options.address, options.port)
-        return server
+        return listeners, grpc_server
+
+    async def _release(self, listeners: list[_Listener], grpc_server: grpc.aio.Server | None) -> None:
+        for listener in listeners:
+            listener.close()
+        if grpc_server is not None:
+            await grpc_server.stop(None)
+        await self.service.shutdown()
 
     async def _stop_front_ends(self, listeners: list[_Listener], grpc_server: grpc.aio.Server | None) -> None:
         for listener in listeners:
@@ -214,6 +272,7 @@ class Server:
                     options.http_address,
                     options.http_port,
                     self._uvicorn("HTTPService", app, options.http_address, options.http_port),
+                    reuse_port=options.reuse_http_port,
                 )
             )
         if self.registry is not None:

@@ -17,10 +17,34 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now, distinct from each other and from every port handed out before in this process.
+
+    All are held open together while they are picked, so one server's HTTP, gRPC and metrics ports
+    cannot coincide; and a port handed to one server is never handed to a later one, which might
+    otherwise get it back before the first has bound it."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                ports.append(port)
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def http_status(url: str) -> int:
@@ -39,9 +63,7 @@ class GeserveProcess:
         self, log_path: Path, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
     ) -> None:
         """`prefix` runs the server under another command that execs it (e.g. `unshare ...`), so the pid is geserve's."""
-        self.http_port = free_port()
-        self.grpc_port = free_port()
-        self.metrics_port = free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = log_path
         self._args = args
         command = [

@@ -95,6 +95,7 @@ class InferenceService:
         self.traces = traces or TraceController()
         self.log_settings = log_settings or LogSettings()
         self._accepting = False
+        self._draining = False
         # Called with every version that finishes loading (metrics subscribe to its statistics).
         self.version_listeners: list[Callable[[ModelVersion], None]] = self.repository.listeners
 
@@ -118,8 +119,13 @@ class InferenceService:
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await self.repository.unload(name, unload_dependents)
 
+    def start_draining(self) -> None:
+        """Report not ready from now on, while still serving (the first step of shutdown)."""
+        self._draining = True
+
     def stop_accepting(self) -> None:
-        """Report not ready from now on (the first step of shutdown)."""
+        """Refuse new inference requests from now on; those already admitted finish."""
+        self._draining = True
         self._accepting = False
 
     def kill(self) -> None:
@@ -142,7 +148,7 @@ class InferenceService:
 
     @property
     def ready(self) -> bool:
-        if not self._accepting:
+        if not self._accepting or self._draining:
             return False
         if not self.strict_readiness:
             return True

@@ -29,9 +29,21 @@ class GrpcOptions:
     http2_max_pings_without_data: int = 2
     http2_min_recv_ping_interval_without_data_ms: int = 300_000
     http2_max_ping_strikes: int = 2
+    # Triton's SO_REUSEPORT switch: off, so a second server on a taken port fails instead of splitting traffic.
+    reuse_port: bool = False
+    # GOAWAY after this long, so long-lived channels reconnect and spread over new replicas (0: never).
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
 
     def channel_options(self) -> list[tuple[str, int]]:
+        age = []
+        if self.max_connection_age_ms > 0:
+            age.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
+            if self.max_connection_age_grace_ms > 0:
+                age.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
         return [
+            ("grpc.so_reuseport", int(self.reuse_port)),
+            *age,
             ("grpc.max_send_message_length", INT32_MAX),
             ("grpc.max_receive_message_length", INT32_MAX),
             ("grpc.keepalive_time_ms", self.keepalive_time_ms),

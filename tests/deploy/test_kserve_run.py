@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.deploy.manifests import by_kind, containers_of, kserve_objects
-from tests.support import GeserveProcess, copy_model, free_port, write_identity_model
+from tests.support import GeserveProcess, copy_model, free_ports, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +79,7 @@ def test_kubelet_style_run(tmp_path: Path) -> None:
     write_identity_model(
         repository, "sleepy", dims="1", extra='parameters { key: "execute_delay_ms" value { string_value: "2000" } }'
     )
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     args = _runtime_args(repository, http_port, grpc_port, metrics_port)
     server = GeserveProcess(tmp_path / "geserve.log", *args)
     # GeserveProcess adds its own ports first; the runtime's flags come later and win.

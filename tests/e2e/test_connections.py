@@ -151,6 +151,8 @@ def test_sigterm_under_keep_alive_load_answers_every_request_it_read_and_resets_
                 outcome, connection = type(error).__name__, None
             with lock:
                 outcomes[outcome] += 1
+        if connection is not None:
+            connection.close()
 
     threads = [threading.Thread(target=client, args=(index,)) for index in range(8)]
     for thread in threads:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.perf import models
 from tests.perf.bench_server import CONCURRENCY, RESULTS, find_perf_analyzer, input_data, run_perf_analyzer
-from tests.support import GeserveProcess, free_port, http_status
+from tests.support import GeserveProcess, free_ports, http_status
 
 CACHE = Path(os.environ.get("GESERVE_BENCH_CACHE", Path.home() / ".cache" / "geserve-bench"))
 VENV = CACHE / "mlserver-venv"
@@ -68,7 +68,7 @@ def mlserver_repository(folder: Path, source: Path, inputs: dict[str, dict[str, 
 
 class MLServerProcess:
     def __init__(self, python: Path, folder: Path, log: Path) -> None:
-        self.http_port, self.grpc_port, metrics_port = free_port(), free_port(), free_port()
+        self.http_port, self.grpc_port, metrics_port = free_ports(3)
         settings = {"host": "127.0.0.1", "http_port": self.http_port, "grpc_port": self.grpc_port,
                     "metrics_port": metrics_port, "parallel_workers": 1}  # fmt: skip
         (folder / "settings.json").write_text(json.dumps(settings))

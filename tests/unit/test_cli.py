@@ -99,3 +99,67 @@ def test_help_documents_the_flags() -> None:
         "--id",
     ):
         assert flag in result.stdout
+
+
+def test_deployment_flags() -> None:
+    options = parse_options(
+        [
+            "--model-repository=/a",
+            "--drain-delay-secs=10",
+            "--reuse-http-port=true",
+            "--reuse-grpc-port",
+            "--grpc-max-connection-age=60000",
+            "--grpc-max-connection-age-grace=5000",
+        ]
+    )
+    assert options.drain_delay_secs == 10 and options.reuse_http_port and options.grpc.reuse_port
+    channel_options = dict(options.grpc.channel_options())
+    assert channel_options["grpc.so_reuseport"] == 1
+    assert channel_options["grpc.max_connection_age_ms"] == 60000
+    assert channel_options["grpc.max_connection_age_grace_ms"] == 5000
+    defaults = parse_options(["--model-repository=/a"])
+    assert defaults.drain_delay_secs == 0 and not defaults.reuse_http_port
+    default_channel = dict(defaults.grpc.channel_options())
+    assert default_channel["grpc.so_reuseport"] == 0  # grpc's own default would share the port silently
+    assert "grpc.max_connection_age_ms" not in default_channel
+
+
+def test_tritonserver_tuning_flags_are_ignored_with_a_warning() -> None:
+    options = parse_options(
+        [
+            "--model-store=/a",
+            "--backend-directory=/opt/tritonserver/backends",
+            "--cuda-memory-pool-byte-size=0:0",
+            "--pinned-memory-pool-byte-size", "0",
+            "--http-thread-count=8",
+            "--backend-config=tensorrt,coalesce-request-input=true",
+            "--grpc-use-ssl=false",
+            "--rate-limit=off",
+        ]
+    )  # fmt: skip
+    assert options.warnings == (
+        "ignoring --backend-directory: geserve's backends are built in",
+        "ignoring --pinned-memory-pool-byte-size: geserve has no pinned memory pool",
+        "ignoring --cuda-memory-pool-byte-size: geserve has no CUDA memory pool",
+        "ignoring --http-thread-count: HTTP is served by one event loop",
+        "ignoring --backend-config=tensorrt,coalesce-request-input=true: only tuning of Triton's own backends",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--grpc-use-ssl=true", "--grpc-use-ssl=true is not supported: geserve serves plain gRPC"),
+        ("--rate-limit=execution_count", "--rate-limit=execution_count is not supported: geserve has no rate limiter"),
+        ("--http-header-forward-pattern=.*", "--http-header-forward-pattern=.* is not supported"),
+        ("--model-namespacing=true", "--model-namespacing=true is not supported"),
+        ("--backend-config=default-max-batch-size=8", "--backend-config=default-max-batch-size=8 is not supported"),
+    ],
+)
+def test_tritonserver_flags_that_would_change_behaviour_exit_2_naming_the_flag(
+    flag: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as error:
+        parse_options(["--model-repository=/a", flag])
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err

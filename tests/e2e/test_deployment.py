@@ -1,0 +1,214 @@
+"""Deployment behaviour of a live server: drain on SIGTERM, ports not shared by accident, Triton's command line."""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.conftest import geserve_segments
+from tests.support import ROOT, GeserveProcess, free_ports, http_status, write_identity_model
+
+pytestmark = pytest.mark.e2e
+
+Launch = Callable[..., GeserveProcess]
+
+
+def _body(values: list[float]) -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": values}]}).encode()
+
+
+def test_sigterm_drains_a_steady_load_with_no_failed_request(launch: Launch, repository: Path) -> None:
+    write_identity_model(repository, "echo")
+    drain_s = 3
+    server = launch(f"--model-repository={repository}", f"--drain-delay-secs={drain_s}").wait_live()
+    outcomes: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(index: int) -> None:
+        connection: http.client.HTTPConnection | None = None
+        sent = 0
+        while not stop.is_set():
+            values = [float(index), float(sent)]
+            sent += 1
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=15)
+                connection.request("POST", "/v2/models/echo/infer", _body(values))
+                response = connection.getresponse()
+                payload = response.read()
+                ok = response.status == 200 and json.loads(payload)["outputs"][0]["data"] == values
+                outcome = "ok" if ok else f"HTTP {response.status} {payload[:80]!r}"
+            except (OSError, http.client.HTTPException) as error:
+                outcome, connection = type(error).__name__, None
+            with lock:
+                outcomes[outcome] += 1
+            time.sleep(0.005)
+        if connection is not None:
+            connection.close()
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    ready_while_draining = http_status(f"http://{server.url}/v2/health/ready")
+    time.sleep(drain_s - 1.0)  # traffic keeps arriving for most of the window, as while endpoints propagate
+    stop.set()
+    for thread in threads:
+        thread.join()
+    server.process.wait(60)
+    took_s = time.monotonic() - started
+    status = server.stop()  # exited already: collects the status and closes the log
+    print(f"\ndrain: {sum(outcomes.values())} requests, {outcomes} ; exit {status} after {took_s:.2f} s")
+    assert ready_while_draining != 200  # out of rotation at once ...
+    assert set(outcomes) == {"ok"}, outcomes  # ... yet every request during the window was served
+    assert status == 0
+    assert drain_s <= took_s < drain_s + 10
+
+
+def test_a_second_server_on_a_taken_port_exits_with_a_clear_error(launch: Launch, repository: Path) -> None:
+    write_identity_model(repository, "echo")
+    first = launch(f"--model-repository={repository}").wait_live()
+    http_port, grpc_port, metrics_port = free_ports(3)
+    for name, flags in (
+        ("HTTPService", [f"--http-port={first.http_port}", f"--grpc-port={grpc_port}"]),
+        ("GRPCInferenceService", [f"--http-port={http_port}", f"--grpc-port={first.grpc_port}"]),
+    ):
+        before = geserve_segments()
+        command = [sys.executable, "-m", "geserve", f"--model-repository={repository}", "--http-address=127.0.0.1"]
+        second = subprocess.run(
+            [*command, *flags, f"--metrics-port={metrics_port}"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        output = second.stdout + second.stderr
+        assert second.returncode == 1, output
+        assert f"the {name} cannot listen on" in output and "ddress already in use" in output
+        assert "Traceback" not in output
+        assert geserve_segments() <= before  # it exits before any worker starts
+    assert http_status(f"http://{first.url}/v2/health/ready") == 200
+    assert grpcclient.InferenceServerClient(f"127.0.0.1:{first.grpc_port}").is_server_ready()
+
+
+def test_reuse_flags_let_two_servers_share_their_ports(launch: Launch, repository: Path) -> None:
+    write_identity_model(repository, "echo")
+    flags = (f"--model-repository={repository}", "--reuse-http-port=true", "--reuse-grpc-port=true")
+    first = launch(*flags).wait_live()
+    (metrics_port,) = free_ports(1)
+    command = [
+        sys.executable,
+        "-m",
+        "geserve",
+        *flags,
+        "--http-address=127.0.0.1",
+        f"--http-port={first.http_port}",
+        f"--grpc-port={first.grpc_port}",
+        f"--metrics-port={metrics_port}",
+    ]
+    with (repository.parent / "second.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while "Started HTTPService" not in (repository.parent / "second.log").read_text():
+            assert process.poll() is None, (repository.parent / "second.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert http_status(f"http://{first.url}/v2/health/ready") == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+
+
+def test_a_tritonserver_command_line_starts_geserve(launch: Launch, repository: Path, tmp_path: Path) -> None:
+    write_identity_model(repository, "echo")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    log_path = tmp_path / "tritonserver.log"
+    command = [
+        sys.executable,
+        "-m",
+        "geserve",
+        "tritonserver",
+        f"--model-repository={repository}",
+        "--backend-directory=/opt/tritonserver/backends",
+        "--allow-http=1",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        "--backend-config=python,shm-default-byte-size=1048576",
+        "--pinned-memory-pool-byte-size=0",
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log_path.read_text()
+            try:
+                if http_status(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    text = log_path.read_text()
+    assert "ignoring --backend-directory: geserve's backends are built in" in text
+    assert "ignoring --pinned-memory-pool-byte-size" in text
+    assert "ignoring --backend-config=python,shm-default-byte-size=1048576" in text
+    refused = subprocess.run(
+        [sys.executable, "-m", "geserve", "tritonserver", f"--model-repository={repository}", "--grpc-use-ssl=true"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "--grpc-use-ssl=true is not supported" in refused.stderr
+
+
+def test_grpc_channels_are_asked_to_reconnect_after_the_maximum_age(launch: Launch, repository: Path) -> None:
+    write_identity_model(repository, "echo")
+    server = launch(
+        f"--model-repository={repository}", "--grpc-max-connection-age=300", "--grpc-max-connection-age-grace=2000"
+    ).wait_live()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    states: list[grpc.ChannelConnectivity] = []
+    channel.subscribe(states.append, try_to_connect=True)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    data = np.ones((1, 2), dtype=np.float32)
+    probe = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+    deadline = time.monotonic() + 2.0
+    calls = 0
+    while time.monotonic() < deadline:
+        probe(b"", timeout=5)  # an empty ServerLiveRequest
+        tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(data)
+        assert client.infer("echo", [tensor]).as_numpy("OUTPUT0").tolist() == data.tolist()
+        calls += 1
+        time.sleep(0.05)
+    channel.close()
+    # Every call succeeded while the server sent GOAWAY after 300 ms: the channel connected more than once.
+    assert calls > 10
+    assert states.count(grpc.ChannelConnectivity.READY) >= 2, states
