@@ -18,12 +18,33 @@ CRDS = ROOT.parent / "shared" / "crds"
 KUBERNETES_VERSION = "1.33.0"  # pinned: kubernetes-validate ships schemas per version
 
 
-def render_chart(values_file: str | None = None) -> list[dict[str, Any]]:
-    """Every object the chart renders with its defaults, or with a values file of the chart."""
-    import helm_python as helm
+# The APIs a cluster with the Prometheus Operator and prometheus-adapter serves beyond the built-in ones.
+MONITORING_APIS = (
+    "monitoring.coreos.com/v1",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+    "custom.metrics.k8s.io/v1beta1",
+)
 
-    values = yaml.safe_load((CHART / values_file).read_text()) if values_file else None
-    rendered = helm.Chart.load(CHART).render(values, name="geserve", namespace="serving")
+
+def render_chart(
+    values_file: str | None = None,
+    api_versions: tuple[str, ...] = MONITORING_APIS,
+    values: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Every object the chart renders with its defaults (or a values file of the chart, or values), on a
+    cluster serving `api_versions` besides the built-in APIs (the Prometheus Operator's by default)."""
+    import helm_python as helm
+    from helm_python import _native
+
+    chosen = yaml.safe_load((CHART / values_file).read_text()) if values_file else values
+    # helm's own `--api-versions`; the Python wrapper does not expose it, its native call does.
+    options = {"name": "geserve", "namespace": "serving", "kube_version": KUBERNETES_VERSION}
+    options["api_versions"] = list(api_versions)  # type: ignore[assignment]
+    chart = helm.Chart.load(CHART)
+    rendered = json.loads(
+        _native.call_string("helm_render", chart._raw(), json.dumps(chosen) if chosen else None, json.dumps(options))
+    )
     objects = []
     for name, text in sorted(rendered.items()):
         if name.endswith(".yaml"):

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from geserve.cli import parse_options
 from tests.deploy.manifests import (
     CHART,
     CRDS,
     DEPLOY,
+    MONITORING_APIS,
     by_kind,
     containers_of,
     crd_schemas,
@@ -44,6 +46,7 @@ def test_chart_renders_valid_objects(values: str | None) -> None:
     objects = render_chart(values)
     kinds = sorted(document["kind"] for document in objects)
     assert kinds == [
+        "ConfigMap",
         "ConfigMap",
         "Deployment",
         "HorizontalPodAutoscaler",
@@ -249,3 +252,100 @@ def test_dashboard_is_the_one_the_chart_ships() -> None:
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     titles = {panel["title"] for panel in json.loads(shipped)["panels"]}
     assert {"Request rate", "Failures by reason", "Pending requests", "NPU memory", "NPU utilization"} <= titles
+
+
+def _kinds(objects: list[dict[str, Any]]) -> list[str]:
+    return sorted(document["kind"] for document in objects)
+
+
+@pytest.mark.parametrize("values", [None, "values-ascend.yaml"])
+def test_chart_installs_on_a_plain_cluster_and_adds_monitoring_where_its_apis_exist(values: str | None) -> None:
+    plain = render_chart(values, api_versions=())
+    assert _kinds(plain) == ["ConfigMap", "Deployment", "Service", "Service"]  # no CRD it would need
+    assert by_kind(plain, "Deployment")[0]["spec"]["replicas"] >= 1  # no HPA: a fixed replica count
+    for document in plain:
+        validate_core(document)
+    monitored = render_chart(values)
+    assert {"ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler"} <= set(_kinds(monitored))
+    assert "replicas" not in by_kind(monitored, "Deployment")[0]["spec"]  # the HPA owns it
+    # Operator present but no custom-metrics API: monitoring yes, an HPA that could never read its metric no.
+    operator_only = render_chart(values, api_versions=MONITORING_APIS[:3])
+    assert "ServiceMonitor" in _kinds(operator_only) and "HorizontalPodAutoscaler" not in _kinds(operator_only)
+    forced = render_chart(api_versions=(), values={"metrics": {"serviceMonitor": {"enabled": True}}})
+    assert "ServiceMonitor" in _kinds(forced)
+    off = render_chart(values={"autoscaling": {"enabled": False}, "metrics": {"prometheusRule": {"enabled": False}}})
+    assert "HorizontalPodAutoscaler" not in _kinds(off) and "PrometheusRule" not in _kinds(off)
+
+
+def test_the_hpa_metric_is_recorded_by_the_rule_and_served_by_the_adapter_rule_the_chart_ships() -> None:
+    objects = render_chart()
+    hpa = by_kind(objects, "HorizontalPodAutoscaler")[0]
+    metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    recorded = [
+        rule["record"]
+        for group in by_kind(objects, "PrometheusRule")[0]["spec"]["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    ]
+    assert metric in recorded
+    adapter = next(
+        d for d in by_kind(objects, "ConfigMap") if d["metadata"]["name"].endswith("prometheus-adapter-rules")
+    )
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    served = [rule for rule in rules if rule["name"]["as"] == metric]
+    assert served and served[0]["seriesQuery"].startswith(f"{metric}{{")
+    assert served[0]["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+
+
+def test_the_grace_period_covers_prestop_drain_and_exit_timeout() -> None:
+    for values in (None, "values-ascend.yaml"):
+        deployment = by_kind(render_chart(values), "Deployment")[0]
+        pod = deployment["spec"]["template"]["spec"]
+        container = containers_of(deployment)[0]
+        options = _options(container["args"])
+        pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+        assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+        assert options.drain_delay_secs > 0 and pre_stop > 0
+        # The endpoint removal propagates while the pod still serves: a few seconds at least in all.
+        assert pre_stop + options.drain_delay_secs >= 5
+        assert (
+            pod["terminationGracePeriodSeconds"] >= pre_stop + options.drain_delay_secs + options.exit_timeout_secs + 5
+        )
+
+
+def _runtime_ports(runtime: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    container = runtime["spec"]["containers"][0]
+    return container, _options(container["args"])
+
+
+def test_kserve_ports_are_named_as_knative_routes_them() -> None:
+    # Knative and KServe route a port named h2c as HTTP/2 (gRPC) and http1 as HTTP/1.1; a serverless
+    # container may declare one port only, so gRPC is reached through an InferenceService that
+    # declares the h2c port itself, as KServe's own gRPC examples do.
+    objects = kserve_objects()
+    runtimes = {document["metadata"]["name"]: document for document in by_kind(objects, "ClusterServingRuntime")}
+    assert runtimes
+    for runtime in runtimes.values():
+        container, options = _runtime_ports(runtime)
+        assert container["ports"] == [{"containerPort": options.http_port, "name": "http1", "protocol": "TCP"}]
+        assert options.grpc.port == 9000 and options.http_port == 8080  # KServe's conventions
+        assert {"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"])
+    services = by_kind(objects, "InferenceService")
+    grpc_services = [s for s in services if s["spec"]["predictor"]["model"].get("protocolVersion") == "grpc-v2"]
+    assert grpc_services, "no InferenceService shows how to reach gRPC"
+    for service in grpc_services:
+        model = service["spec"]["predictor"]["model"]
+        _, options = _runtime_ports(runtimes[model["runtime"]])
+        assert model["ports"] == [{"containerPort": options.grpc.port, "name": "h2c", "protocol": "TCP"}]
+    for service in services:
+        model = service["spec"]["predictor"]["model"]
+        for port in model.get("ports", []):
+            assert port["name"] in ("http1", "h2c")
+
+
+def test_the_multi_model_runtime_reloads_its_models_after_a_restart_and_survives_a_bad_one() -> None:
+    runtime = next(d for d in by_kind(kserve_objects(), "ClusterServingRuntime") if d["spec"].get("multiModel"))
+    _, options = _runtime_ports(runtime)
+    assert options.control.mode.value == "explicit"
+    assert list(options.control.startup_models) == ["*"]
+    assert not options.exit_on_error

@@ -21,3 +21,15 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
+
+{{/*
+Whether an optional object renders: "true" or "false" as set, or, for "auto", only where the cluster
+serves the API it needs (helm template renders it only with --api-versions naming that API).
+Call with (dict "enabled" <value> "api" "<group/version>" "root" $).
+*/}}
+{{- define "geserve.renders" -}}
+{{- $enabled := toString .enabled -}}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (.root.Capabilities.APIVersions.Has .api)) -}}
+true
+{{- end -}}
+{{- end -}}
