@@ -29,7 +29,7 @@ from tests.deploy.manifests import (
     validate_custom,
 )
 from tests.fakes.om_models import write_affine_om
-from tests.support import GeserveProcess, copy_model
+from tests.support import ROOT, GeserveProcess, copy_model
 
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "ClusterServingRuntime", "InferenceService", "TrainedModel"}
 METRIC_NAME = re.compile(r"\b(nv_[a-z0-9_]+|geserve[_:][a-z0-9_:]+)\b")
@@ -167,7 +167,8 @@ def test_dockerfile_command_parses_with_the_cli(image: str) -> None:
     )
     assert _instruction(dockerfile, "USER") == ["1000:1000"]
     text = dockerfile.read_text()
-    assert '".[onnx]"' in text
+    assert '-c constraints.txt ".[onnx]"' in text  # both images install the same pinned versions
+    assert "deploy/docker/constraints.txt" in text
     if image == "Dockerfile.ascend":
         assert _instruction(dockerfile, "ENTRYPOINT") == ["/usr/local/bin/geserve-ascend"]
         assert "driver" not in re.sub(r"#.*", "", text).replace("Ascend/driver", "")  # never copied in
@@ -349,3 +350,42 @@ def test_the_multi_model_runtime_reloads_its_models_after_a_restart_and_survives
     assert options.control.mode.value == "explicit"
     assert list(options.control.startup_models) == ["*"]
     assert not options.exit_on_error
+
+
+def test_constraints_pin_every_runtime_dependency_within_the_declared_ranges() -> None:
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    from scripts.write_constraints import TARGET, runtime_closure
+
+    pins = {}
+    for line in TARGET.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name] = version
+    needed = runtime_closure()
+    assert set(needed) <= set(pins), f"not pinned: {sorted(set(needed) - set(pins))}"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for text in [*declared["dependencies"], *declared["optional-dependencies"]["onnx"]]:
+        requirement = Requirement(text)
+        key = requirement.name.lower().replace("_", "-")
+        assert requirement.specifier.contains(pins[key], prereleases=True), f"{key}=={pins[key]} outside {text}"
+    # uvicorn without its [standard] extras: the server names what it uses itself.
+    assert not {"websockets", "watchfiles", "python-dotenv"} & set(pins)
+    assert {"uvloop", "httptools"} <= set(pins)
+    assert metadata.version("geserve")
+
+
+def test_the_package_says_its_license_and_answers_to_tritonserver() -> None:
+    from importlib import metadata
+
+    meta = metadata.metadata("geserve")
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert "LICENSE" in (meta.get_all("License-File") or [])
+    license_text = (ROOT / "LICENSE").read_text()
+    assert license_text.lstrip().startswith("Apache License") and "END OF TERMS AND CONDITIONS" in license_text
+    assert any(c.startswith("Programming Language :: Python :: 3.11") for c in meta.get_all("Classifier") or [])
+    scripts = {entry.name: entry.value for entry in metadata.entry_points(group="console_scripts")}
+    assert scripts["tritonserver"] == scripts["geserve"] == "geserve.cli:main"
