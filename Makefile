@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-peers soak chaos npu-check clean
+.PHONY: run test lint typecheck unit protos models bench bench-peers soak chaos check-oldest npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: lint typecheck
 
 protos: $(STAMP_TEST)
 	$(BIN)/python scripts/gen_protos.py
+
+# geserve with the oldest protobuf, grpcio, numpy and tritonclient it supports, in build/oldest-venv.
+check-oldest: $(STAMP_TEST)
+	$(BIN)/python scripts/check_oldest.py
 
 models: $(STAMP_TEST)
 	$(BIN)/python scripts/make_models.py
