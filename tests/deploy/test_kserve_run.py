@@ -56,9 +56,13 @@ def _status(url: str, method: str = "GET") -> int | None:
         return None
 
 
-def _runtime_args(repository: Path, http_port: int, grpc_port: int, metrics_port: int) -> list[str]:
+def _runtime_args(
+    repository: Path, http_port: int, grpc_port: int, metrics_port: int, runtime_name: str = "geserve"
+) -> list[str]:
     """The runtime's container args with the pod's paths and ports swapped for this machine's."""
-    runtime = next(r for r in by_kind(kserve_objects(), "ClusterServingRuntime") if r["metadata"]["name"] == "geserve")
+    runtime = next(
+        r for r in by_kind(kserve_objects(), "ClusterServingRuntime") if r["metadata"]["name"] == runtime_name
+    )
     swaps = {
         "--model-repository=/mnt/models": f"--model-repository={repository}",
         "--http-port=8080": f"--http-port={http_port}",
@@ -134,3 +138,29 @@ def test_kubelet_style_run(tmp_path: Path) -> None:
         assert server.process.wait(60) == 0, server.log()
     finally:
         server.stop()
+
+
+def test_the_multi_model_runtime_after_a_container_restart(tmp_path: Path) -> None:
+    """What the model agent had placed in /mnt/models loads again; a model that cannot load leaves the rest up."""
+    repository = tmp_path / "mnt-models"
+    copy_model("simple", repository)
+    write_identity_model(
+        repository, "broken", extra='parameters { key: "execute_delay_ms" value { string_value: "x" } }'
+    )
+    http_port, grpc_port, metrics_port = free_ports(3)
+    args = _runtime_args(repository, http_port, grpc_port, metrics_port, runtime_name="geserve-mms")
+    server = GeserveProcess(tmp_path / "geserve.log", *args)
+    server.http_port, server.grpc_port, server.metrics_port = http_port, grpc_port, metrics_port
+    try:
+        server.wait_live()
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        deadline = time.monotonic() + 60
+        while not client.is_model_ready("simple"):
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+        assert not client.is_model_ready("broken")
+        assert server.process.poll() is None  # --exit-on-error=false: still serving
+        index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+        assert index["simple"]["state"] == "READY" and index["broken"]["state"] == "UNAVAILABLE"
+    finally:
+        assert server.stop() == 0, server.log()
