@@ -1,13 +1,17 @@
-"""Test helpers: free ports, a real `python -m geserve` process, and small model repositories."""
+"""Test helpers: free ports, a real `python -m geserve` process, small model repositories, keep-alive load."""
 
 from __future__ import annotations
 
+import collections
+import http.client
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -163,3 +167,62 @@ def write_identity_model(
     config = IDENTITY_CONFIG.format(name=name, dtype=dtype, dims=dims, max_batch_size=max_batch_size, extra=extra)
     (folder / "config.pbtxt").write_text(config)
     return folder
+
+
+class EchoLoad:
+    """Threads sending JSON infers to an identity model `echo` (FP32 [-1]) over keep-alive connections,
+    as most HTTP clients do, each value checked; outcomes counted: "ok", "wrong", "HTTP <status>",
+    "refused" (at connect), or the exception's type (a reset, a connection closed without an answer)."""
+
+    def __init__(self, server: GeserveProcess, threads: int = 4, pause_s: float = 0.0) -> None:
+        self.server = server
+        self.pause_s = pause_s
+        self.outcomes: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(index,)) for index in range(threads)]
+
+    def __enter__(self) -> EchoLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self, index: int) -> None:
+        connection: http.client.HTTPConnection | None = None
+        sent = 0
+        while not self._stop.is_set():
+            values = [float(index), float(sent)]
+            sent += 1
+            body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": values}]})
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=15)
+                connection.request("POST", "/v2/models/echo/infer", body.encode())
+                response = connection.getresponse()
+                payload = response.read()
+                if response.status != 200:
+                    outcome = f"HTTP {response.status}"
+                else:
+                    outcome = "ok" if json.loads(payload)["outputs"][0]["data"] == values else "wrong"
+                if response.getheader("connection", "").lower() == "close":
+                    connection.close()
+                    connection = None
+            except ConnectionRefusedError:
+                outcome, connection = "refused", None
+                time.sleep(0.01)
+            except (OSError, http.client.HTTPException) as error:  # resets, broken pipes, closed unanswered
+                outcome, connection = type(error).__name__, None
+            with self._lock:
+                self.outcomes[outcome] += 1
+            if self.pause_s:
+                time.sleep(self.pause_s)
+        if connection is not None:
+            connection.close()

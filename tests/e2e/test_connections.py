@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import collections
-import http.client
 import json
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support import GeserveProcess, http_status, write_identity_model
+from tests.support import EchoLoad, GeserveProcess, http_status, write_identity_model
 
 DEADLINES = ("--http-header-timeout-secs=1", "--http-body-timeout-secs=1", "--http-keepalive-timeout-secs=2")
 
@@ -119,55 +116,15 @@ def test_sigterm_under_keep_alive_load_answers_every_request_it_read_and_resets_
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
     server = start(launch, repository)
-    outcomes: collections.Counter[str] = collections.Counter()
-    wrong: list[str] = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def client(index: int) -> None:
-        connection: http.client.HTTPConnection | None = None
-        sent = 0
-        while not stop.is_set():
-            values = [float(index), float(sent)]
-            sent += 1
-            try:
-                if connection is None:
-                    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=15)
-                connection.request("POST", "/v2/models/echo/infer", infer_body(values))
-                response = connection.getresponse()
-                payload = response.read()
-                outcome = f"HTTP {response.status}"
-                if response.status == 200 and json.loads(payload)["outputs"][0]["data"] != values:
-                    wrong.append(payload.decode())
-                if response.getheader("connection", "").lower() == "close":
-                    connection.close()
-                    connection = None
-            except ConnectionRefusedError:
-                outcome, connection = "refused (listener closed)", None
-                time.sleep(0.01)
-            except OSError as error:  # resets, broken pipes
-                outcome, connection = type(error).__name__, None
-            except http.client.HTTPException as error:  # the server closed without an answer
-                outcome, connection = type(error).__name__, None
-            with lock:
-                outcomes[outcome] += 1
-        if connection is not None:
-            connection.close()
-
-    threads = [threading.Thread(target=client, args=(index,)) for index in range(8)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.5)
-    server.process.send_signal(signal.SIGTERM)
-    status = server.process.wait(60)
-    time.sleep(0.3)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    assert status == 0
-    assert outcomes["HTTP 200"] > 100, outcomes
+    with EchoLoad(server, threads=8) as load:
+        time.sleep(1.5)
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(60)
+        time.sleep(0.3)
+    assert server.stop() == 0  # exited already: collects the status and closes the log
+    assert load.outcomes["ok"] > 100, load.outcomes
     # Requests read before the listener closed are answered (200, or 503 once the server stops
-    # admitting); everything after that is refused at connect. Nothing is reset or dropped unanswered.
-    assert set(outcomes) <= {"HTTP 200", "HTTP 503", "refused (listener closed)"}, outcomes
-    assert not wrong
+    # admitting); everything after that is refused at connect. Nothing is reset, dropped unanswered
+    # or answered wrongly.
+    assert set(load.outcomes) <= {"ok", "HTTP 503", "refused"}, load.outcomes
     assert "did not stop" not in server.log()

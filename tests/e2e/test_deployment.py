@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import collections
-import http.client
 import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import geserve_segments
-from tests.support import ROOT, GeserveProcess, free_ports, http_status, write_identity_model
+from tests.support import ROOT, EchoLoad, GeserveProcess, free_ports, http_status, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -34,50 +31,19 @@ def test_sigterm_drains_a_steady_load_with_no_failed_request(launch: Launch, rep
     write_identity_model(repository, "echo")
     drain_s = 3
     server = launch(f"--model-repository={repository}", f"--drain-delay-secs={drain_s}").wait_live()
-    outcomes: collections.Counter[str] = collections.Counter()
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def client(index: int) -> None:
-        connection: http.client.HTTPConnection | None = None
-        sent = 0
-        while not stop.is_set():
-            values = [float(index), float(sent)]
-            sent += 1
-            try:
-                if connection is None:
-                    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=15)
-                connection.request("POST", "/v2/models/echo/infer", _body(values))
-                response = connection.getresponse()
-                payload = response.read()
-                ok = response.status == 200 and json.loads(payload)["outputs"][0]["data"] == values
-                outcome = "ok" if ok else f"HTTP {response.status} {payload[:80]!r}"
-            except (OSError, http.client.HTTPException) as error:
-                outcome, connection = type(error).__name__, None
-            with lock:
-                outcomes[outcome] += 1
-            time.sleep(0.005)
-        if connection is not None:
-            connection.close()
-
-    threads = [threading.Thread(target=client, args=(index,)) for index in range(4)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)
-    started = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    ready_while_draining = http_status(f"http://{server.url}/v2/health/ready")
-    time.sleep(drain_s - 1.0)  # traffic keeps arriving for most of the window, as while endpoints propagate
-    stop.set()
-    for thread in threads:
-        thread.join()
+    with EchoLoad(server, threads=4, pause_s=0.005) as load:
+        time.sleep(1.0)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        ready_while_draining = http_status(f"http://{server.url}/v2/health/ready")
+        time.sleep(drain_s - 1.0)  # traffic keeps arriving for most of the window, as while endpoints propagate
     server.process.wait(60)
     took_s = time.monotonic() - started
     status = server.stop()  # exited already: collects the status and closes the log
-    print(f"\ndrain: {sum(outcomes.values())} requests, {outcomes} ; exit {status} after {took_s:.2f} s")
+    print(f"\ndrain: {sum(load.outcomes.values())} requests, {dict(load.outcomes)}; exit {status} after {took_s:.2f} s")
     assert ready_while_draining != 200  # out of rotation at once ...
-    assert set(outcomes) == {"ok"}, outcomes  # ... yet every request during the window was served
+    assert set(load.outcomes) == {"ok"}, load.outcomes  # ... yet every request during the window was served
     assert status == 0
     assert drain_s <= took_s < drain_s + 10
 
