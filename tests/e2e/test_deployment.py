@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,19 +33,42 @@ def test_sigterm_drains_a_steady_load_with_no_failed_request(launch: Launch, rep
     write_identity_model(repository, "echo")
     drain_s = 3
     server = launch(f"--model-repository={repository}", f"--drain-delay-secs={drain_s}").wait_live()
+    grpc_outcomes: collections.Counter[str] = collections.Counter()
+    grpc_stop = threading.Event()
+
+    def grpc_load() -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        sent = 0
+        while not grpc_stop.is_set():
+            data = np.array([[float(sent), 1.0]], dtype=np.float32)
+            sent += 1
+            tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+            tensor.set_data_from_numpy(data)
+            try:
+                same = np.array_equal(client.infer("echo", [tensor]).as_numpy("OUTPUT0"), data)
+                grpc_outcomes["ok" if same else "wrong"] += 1
+            except Exception as error:  # counted, and the assertion below shows it
+                grpc_outcomes[str(error)[:120]] += 1
+        client.close()
+
+    grpc_thread = threading.Thread(target=grpc_load)
     with EchoLoad(server, threads=4, pause_s=0.005) as load:
+        grpc_thread.start()
         time.sleep(1.0)
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         ready_while_draining = http_status(f"http://{server.url}/v2/health/ready")
         time.sleep(drain_s - 1.0)  # traffic keeps arriving for most of the window, as while endpoints propagate
+        grpc_stop.set()
+        grpc_thread.join()
     server.process.wait(60)
     took_s = time.monotonic() - started
     status = server.stop()  # exited already: collects the status and closes the log
-    print(f"\ndrain: {sum(load.outcomes.values())} requests, {dict(load.outcomes)}; exit {status} after {took_s:.2f} s")
+    print(f"\ndrain: HTTP {dict(load.outcomes)}, gRPC {dict(grpc_outcomes)}; exit {status} after {took_s:.2f} s")
     assert ready_while_draining != 200  # out of rotation at once ...
     assert set(load.outcomes) == {"ok"}, load.outcomes  # ... yet every request during the window was served
+    assert set(grpc_outcomes) == {"ok"}, grpc_outcomes
     assert status == 0
     assert drain_s <= took_s < drain_s + 10
 
