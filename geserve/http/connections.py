@@ -205,7 +205,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         self.tally.add("slow request headers")
         message = f"request headers did not arrive within {self.limits.header_timeout_s:g} seconds"
-        self._give_up(_raw_response(408, message))
+        self._give_up(_raw_response(408, message), in_body=False)
 
     def _body_too_slow(self) -> None:
         self._deadline = None
@@ -215,18 +215,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self.tally.add("stalled request bodies")
         message = f"the request body stopped arriving for {self.limits.body_timeout_s:g} seconds"
-        self._give_up(_raw_response(408, message))
+        self._give_up(_raw_response(408, message), in_body=True)
 
-    def _give_up(self, response: bytes) -> None:
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if not cycle.response_started and self._raw is not None:
-                self._raw.write(response)
-            # The handler waiting for the body sees a disconnect and answers nothing more.
+    def _give_up(self, response: bytes, in_body: bool) -> None:
+        """Answer 408 (in a body: unless the handler already answered, as it may before reading it all),
+        then close; a handler still waiting for the body sees a disconnect."""
+        cycle, raw = self.cycle, self._raw
+        answered = in_body and cycle is not None and cycle.response_started
+        if raw is not None and not answered:
+            raw.write(response)
+        if in_body and cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()
-        elif self._raw is not None:
-            self._raw.write(response)
         self.close_gently()
 
     # -- closing -----------------------------------------------------------------------------

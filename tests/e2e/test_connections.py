@@ -81,6 +81,19 @@ def test_a_body_that_stops_arriving_gets_408(launch: Callable[..., GeserveProces
     assert "Traceback" not in server.log()
 
 
+def test_a_body_that_stalls_after_its_request_was_answered_gets_no_second_answer(
+    launch: Callable[..., GeserveProcess], repository: Path
+) -> None:
+    server = start(launch, repository, *DEADLINES, "--http-max-input-size=1000")
+    sock = connect(server)
+    head = "POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: 100000\r\n\r\n"
+    sock.sendall(head.encode() + b"{" * 10)  # answered 400 from the length alone; the rest never comes
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert answer.count(b"HTTP/1.1 ") == 1, answer  # the body deadline closes it without a 408 after the 400
+    assert_serving(server)
+
+
 def test_a_connection_that_sends_nothing_is_closed(launch: Callable[..., GeserveProcess], repository: Path) -> None:
     server = start(launch, repository, *DEADLINES)
     assert read_until_closed(connect(server)) == b""
