@@ -206,11 +206,8 @@ class Server:
             waiters += [listener.task for listener in listeners if listener.task is not None]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             waiters[0].cancel()
-            if self._stop.is_set() and self.options.drain_delay_secs > 0:
-                # Load balancers see "not ready" and stop routing here; what still arrives is served.
-                self.service.start_draining()
-                logger.info("draining: not ready, still serving for %ds", self.options.drain_delay_secs)
-                await asyncio.sleep(self.options.drain_delay_secs)
+            if self._stop.is_set():
+                await self._drain()
             logger.info("shutting down")
         finally:
             # Not ready, stop accepting, finish what is in flight, then stop the workers.
@@ -220,6 +217,14 @@ class Server:
             await self.service.shutdown()
             self.service.shared_memory.close()
         return 0
+
+    async def _drain(self) -> None:
+        """Not ready at once, so load balancers stop routing here; what still arrives is served."""
+        if self.options.drain_delay_secs <= 0:
+            return
+        self.service.start_draining()
+        logger.info("draining: not ready, still serving for %ds", self.options.drain_delay_secs)
+        await asyncio.sleep(self.options.drain_delay_secs)
 
     def _bind_front_ends(self) -> tuple[list[_Listener], grpc.aio.Server | None] | None:
         """Bind the HTTP, metrics and gRPC ports (not yet listening); None, with the error logged, if one is taken."""
