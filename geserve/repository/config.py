@@ -132,6 +132,10 @@ def validate_config(config: mc.ModelConfig) -> None:
                 )
 
 
+# protobuf < 5.26 names the switch that prints unset scalars including_default_value_fields.
+_NEW_DEFAULTS_FLAG = "always_print_fields_with_no_presence" in inspect.signature(json_format.MessageToDict).parameters
+
+
 def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
     """ModelConfig as Triton prints it: proto field names, every scalar, enums by name,
     64-bit integers as JSON numbers, unset messages and oneofs left out."""
@@ -139,16 +143,13 @@ def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
         data = json_format.MessageToDict(
             config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )
-    else:  # protobuf < 5.26 names the same switch including_default_value_fields
+    else:
         data = json_format.MessageToDict(
             config,
             preserving_proto_field_name=True,
             including_default_value_fields=True,  # type: ignore[call-arg]
         )
     return _triton_form(config.DESCRIPTOR, data)
-
-
-_NEW_DEFAULTS_FLAG = "always_print_fields_with_no_presence" in inspect.signature(json_format.MessageToDict).parameters
 
 
 def _triton_form(message_type: descriptor.Descriptor, data: dict[str, Any]) -> dict[str, Any]:

@@ -104,29 +104,13 @@ def test_reuse_flags_let_two_servers_share_their_ports(launch: Launch, repositor
     write_identity_model(repository, "echo")
     flags = (f"--model-repository={repository}", "--reuse-http-port=true", "--reuse-grpc-port=true")
     first = launch(*flags).wait_live()
-    (metrics_port,) = free_ports(1)
-    command = [
-        sys.executable,
-        "-m",
-        "geserve",
-        *flags,
-        "--http-address=127.0.0.1",
-        f"--http-port={first.http_port}",
-        f"--grpc-port={first.grpc_port}",
-        f"--metrics-port={metrics_port}",
-    ]
-    with (repository.parent / "second.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 60
-        while "Started HTTPService" not in (repository.parent / "second.log").read_text():
-            assert process.poll() is None, (repository.parent / "second.log").read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert http_status(f"http://{first.url}/v2/health/ready") == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
+    # The later port flags win: the second server takes the first one's HTTP and gRPC ports, its own metrics port.
+    second = launch(*flags, f"--http-port={first.http_port}", f"--grpc-port={first.grpc_port}")
+    second.http_port, second.grpc_port = first.http_port, first.grpc_port
+    second.wait_live()  # its metrics listener starts after its HTTP one, on the port only it has
+    assert "Started HTTPService" in second.log() and "Started GRPCInferenceService" in second.log()
+    assert http_status(f"http://{first.url}/v2/health/ready") == 200
+    assert second.stop() == 0 and first.stop() == 0
 
 
 def test_a_tritonserver_command_line_starts_geserve(launch: Launch, repository: Path, tmp_path: Path) -> None:
