@@ -21,8 +21,8 @@ from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
 from geserve.http.connections import ConnectionLimits
 from geserve.metrics.config import MetricsConfig
 from geserve.server import Server, ServerOptions
+from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.workers.devices import discover_devices, parse_device_ids
-from geserve.workers.shm import DEFAULT_ARENA_BYTES
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}

@@ -17,7 +17,6 @@ import grpc
 import uvicorn
 
 from geserve.core.instance_monitor import InstanceMonitor
-from geserve.core.loader import LoadSettings
 from geserve.core.log_control import LogSettings
 from geserve.core.restrictions import Restriction
 from geserve.core.service import InferenceService, RepositoryControl
@@ -29,7 +28,9 @@ from geserve.http.connections import ConnectionLimits, protocol_for, raise_descr
 from geserve.metrics.config import MetricsConfig
 from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
-from geserve.workers.shm import DEFAULT_ARENA_BYTES, sweep_orphaned_segments
+from geserve.settings import DEFAULT_ARENA_BYTES, WorkerSettings
+from geserve.workers.pool import PoolFactory
+from geserve.workers.shm import sweep_orphaned_segments
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class Server:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        settings = LoadSettings(
+        settings = WorkerSettings(
             auto_complete=options.auto_complete,
             log_level=options.log_level,
             stop_timeout_s=float(options.exit_timeout_secs),
@@ -145,13 +146,14 @@ class Server:
         )
         self.service = InferenceService(
             options.model_repositories,
-            settings,
+            PoolFactory(settings),
             options.server_id,
             options.strict_readiness,
             control=options.control,
             shared_memory=SharedMemoryManager(options.allow_client_shm),
             traces=TraceController(options.trace_settings),
             log_settings=options.log_settings,
+            stop_timeout_s=float(options.exit_timeout_secs),
         )
         # The collector subscribes to versions as they load, so it exists before the models do.
         # Python models' is_ready() and metrics, and NPU usage, are read from the workers periodically.

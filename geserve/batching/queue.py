@@ -11,12 +11,48 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from geserve.batching.policy import BatchingPolicy
-from geserve.errors import UnavailableError
+from geserve.errors import GeserveError, UnavailableError
 from geserve.types import Parameters
-from geserve.workers.client import ResponseSink
+from geserve.workers.streams import ResponseStream
 
 QUEUE_FULL = "Exceeds maximum queue size"
 TIMEOUT_EXPIRED = "Request timeout expired"
+
+
+class UnaryReply:
+    """Where the one response of a request goes: a future its caller awaits."""
+
+    ends_with_batch = True  # counted as a success when its batch returns
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+
+    def succeed(self, outputs: dict[str, np.ndarray]) -> None:
+        if not self.future.done():  # else the client went away
+            self.future.set_result(outputs)
+
+    def fail(self, error: GeserveError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class StreamReply:
+    """A request of a decoupled model: its responses come on its stream, which a failure ends."""
+
+    ends_with_batch = False  # it ends with its final response, counted then
+
+    def __init__(self) -> None:
+        self.stream = ResponseStream()
+
+    def succeed(self, outputs: dict[str, np.ndarray]) -> None:
+        return None  # the batch ran; the responses come on the stream
+
+    def fail(self, error: GeserveError) -> None:
+        self.stream.fail(error)
+
+
+# How a request is answered.
+Reply = UnaryReply | StreamReply
 
 
 @dataclass(eq=False, slots=True)
@@ -31,13 +67,11 @@ class PendingRequest:
     level: int
     enqueued_ns: int
     deadline_ns: int | None
-    future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
+    reply: Reply = field(repr=False)
     queued: bool = True
     delayed: bool = False
     request_id: str = ""
     parameters: Parameters = field(default_factory=dict)
-    # Set for a streamed request (decoupled model): where its responses go, on the event loop.
-    sink: ResponseSink | None = field(default=None, repr=False)
     dispatched_ns: int = 0
     # Set for a traced request: where its queue and compute timestamps go.
     marks: list[tuple[str, int]] | None = field(default=None, repr=False)

@@ -9,7 +9,6 @@ from collections.abc import Iterable
 
 from geserve.core.service import InferenceService
 from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
-from geserve.workers.client import WorkerClient
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +43,9 @@ class InstanceMonitor:
             await asyncio.sleep(self._interval_s)
 
     async def refresh(self) -> None:
-        polled: list[WorkerClient] = [
-            instance
-            for version in self._service.loaded_versions()
-            for instance in version.instances
-            if instance.spec.polled and instance.alive
-        ]
-        statuses = await asyncio.gather(*(instance.read_status() for instance in polled))
+        per_version = await asyncio.gather(*(version.read_statuses() for version in self._service.loaded_versions()))
         usage: dict[int, DeviceUsage] = {}
-        readings: list[InstanceStatus] = [status for status in statuses if status is not None]
+        readings: list[InstanceStatus] = [status for statuses in per_version for status in statuses]
         for status in readings:
             if status.device is not None:
                 usage.setdefault(status.device.device_id, status.device)

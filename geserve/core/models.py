@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.batcher import Scheduler
+from geserve.batching.scheduler import Scheduler
 from geserve.codecs import dtypes
 from geserve.core.stats import ModelStats
-from geserve.types import ModelMetadata, TensorMetadata
-from geserve.workers.client import WorkerClient
+from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -69,20 +67,20 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.scheduler.ready()
 
-    @property
-    def instances(self) -> list[WorkerClient]:
-        return self.scheduler.instances
+    async def read_statuses(self) -> list[InstanceStatus]:
+        """What its instances report between batches (device usage, readiness, custom metrics)."""
+        return await self.scheduler.read_statuses()
+
+    def kill(self) -> None:
+        """Stop its instances at once, without draining."""
+        self.scheduler.kill()
 
     def metadata(self, versions: tuple[str, ...]) -> ModelMetadata:
         return ModelMetadata(self.name, versions, self.platform, self.input_metadata, self.output_metadata)
 
     async def stop(self, timeout_s: float) -> None:
         """Let running batches finish (up to `timeout_s`), then stop the instances."""
-        try:
-            await asyncio.wait_for(self.scheduler.drain(), timeout_s)
-        except TimeoutError:
-            logger.warning("model '%s' version %d: batches still running at shutdown", self.name, self.version)
-        await asyncio.gather(*(instance.stop(timeout_s) for instance in self.instances))
+        await self.scheduler.stop(timeout_s)
 
 
 @dataclass(slots=True)

@@ -16,8 +16,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.core.loader import LoadSettings, load_model
+from geserve.core.loader import load_model
 from geserve.core.models import Model, ModelVersion
+from geserve.core.pool_factory import PoolFactory
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.scan import ModelSource, fingerprint, scan_repositories
 
@@ -49,13 +50,16 @@ class ModelRepository:
     def __init__(
         self,
         repositories: list[Path],
-        settings: LoadSettings,
+        pools: PoolFactory,
         mode: ControlMode = ControlMode.NONE,
         startup_models: tuple[str, ...] = (),
         poll_secs: float = 15.0,
+        *,
+        stop_timeout_s: float = 30.0,
     ) -> None:
         self.repositories = repositories
-        self.settings = settings
+        self._pools = pools
+        self._stop_timeout_s = stop_timeout_s
         self.mode = mode
         self.startup_models = startup_models
         self.poll_secs = poll_secs
@@ -190,7 +194,7 @@ class ModelRepository:
             self._loading.add(source.name)
             try:
                 current = await asyncio.to_thread(fingerprint, source.path)
-                model = await load_model(source, self.settings, override)
+                model = await load_model(source, self._pools, override)
             finally:
                 self._loading.discard(source.name)
             old = self.models.get(source.name)
@@ -222,7 +226,7 @@ class ModelRepository:
             await task
 
     async def _stop_versions(self, versions: list[ModelVersion]) -> None:
-        await asyncio.gather(*(version.stop(self.settings.stop_timeout_s) for version in versions))
+        await asyncio.gather(*(version.stop(self._stop_timeout_s) for version in versions))
 
     def _write_override_folder(self, name: str, files: Mapping[str, bytes]) -> ModelSource:
         """A fresh temporary model folder holding only the given files; paths must stay inside it."""
@@ -264,7 +268,7 @@ class ModelRepository:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
         versions = [version for model in self.models.values() for version in model.versions.values()]
-        await asyncio.gather(*(version.stop(self.settings.stop_timeout_s) for version in versions), *self._retiring)
+        await asyncio.gather(*(version.stop(self._stop_timeout_s) for version in versions), *self._retiring)
         for name in list(self._override_dirs):
             self._drop_override_folder(name)
 

@@ -18,9 +18,9 @@ from geserve.codecs import bytes as bytes_codec
 from geserve.codecs.digits import is_decimal
 from geserve.core import validation
 from geserve.core.classification import classification_count, classify
-from geserve.core.loader import LoadSettings
 from geserve.core.log_control import LogSettings
 from geserve.core.models import ModelVersion
+from geserve.core.pool_factory import PoolFactory
 from geserve.core.repository import ControlMode, ModelRepository
 from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, CudaSharedMemory, SharedMemoryManager
 from geserve.core.stats import statistics_json
@@ -72,7 +72,7 @@ class InferenceService:
     def __init__(
         self,
         repositories: list[Path],
-        settings: LoadSettings | None = None,
+        pools: PoolFactory,
         server_id: str = "triton",
         strict_readiness: bool = True,
         *,
@@ -80,14 +80,14 @@ class InferenceService:
         shared_memory: SharedMemoryManager | None = None,
         traces: TraceController | None = None,
         log_settings: LogSettings | None = None,
+        stop_timeout_s: float = 30.0,
     ) -> None:
         self.repositories = repositories
-        self.settings = settings or LoadSettings()
         self.server_id = server_id
         self.strict_readiness = strict_readiness
         control = control or RepositoryControl()
         self.repository = ModelRepository(
-            repositories, self.settings, control.mode, control.startup_models, control.poll_secs
+            repositories, pools, control.mode, control.startup_models, control.poll_secs, stop_timeout_s=stop_timeout_s
         )
         self._models = self.repository.models
         self.shared_memory = shared_memory or SharedMemoryManager(allowed=False)
@@ -132,8 +132,7 @@ class InferenceService:
         """Forced exit: kill every worker and release its shared memory, without waiting."""
         for model in self._models.values():
             for version in model.versions.values():
-                for instance in version.instances:
-                    instance.kill()
+                version.kill()
 
     async def shutdown(self) -> None:
         """Stop answering as ready and stop every worker."""

@@ -14,10 +14,13 @@ from geserve.backends import registry
 from geserve.backends.acl import completion
 from geserve.backends.acl.description import check_servable
 from geserve.backends.acl.om_file import read_description
-from geserve.core.loader import model_file_path, prepare_model
+from geserve.core.loader import prepare_model
 from geserve.errors import GeserveError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, scan_repositories
+from geserve.settings import WorkerSettings
+from geserve.workers.placement import model_file_path
+from geserve.workers.pool import PoolFactory
 
 # Which config field a backend's message is about, by the words it uses.
 _FIELDS = (
@@ -72,8 +75,9 @@ def check_model(source: ModelSource) -> list[Problem]:
     """What would keep the model from loading, found without loading it on a device."""
     config_path = source.path / "config.pbtxt"
     try:
-        config, backend, versions = prepare_model(source)
-        config_io.fill_defaults(config, backend.name, backend.default_filename, mc.ModelInstanceGroup.KIND_CPU)
+        # Placed as on a machine without accelerators: every KIND_AUTO group on the CPU.
+        config, versions = prepare_model(source, PoolFactory(WorkerSettings()))
+        backend = registry.by_name(config.backend)
     except GeserveError as error:
         return [Problem(config_path, _field(error.message, "config"), error.message)]
     problems = []

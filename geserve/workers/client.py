@@ -1,10 +1,11 @@
-"""WorkerClient: one interface to a model instance, in this process or in a spawned worker process."""
+"""WorkerClient: one interface to a model instance; ThreadWorker runs it on a thread of this process."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,16 +15,13 @@ from typing import Protocol
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.errors import GeserveError
+from geserve.errors import GeserveError, UnavailableError
 from geserve.types import InstanceStatus
-from geserve.workers.messages import Executed, InstanceSpec, RequestInfo
+from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
 from geserve.workers.runner import InstanceRunner
+from geserve.workers.streams import ResponseStream
 
 logger = logging.getLogger(__name__)
-
-
-# Where a streamed request's responses go, on the event loop: (outputs, error, final).
-ResponseSink = Callable[[dict[str, np.ndarray] | None, GeserveError | None, bool], None]
 
 
 class InstanceState(enum.Enum):
@@ -35,13 +33,16 @@ class InstanceState(enum.Enum):
 
 
 class WorkerClient(Protocol):
-    """A model instance as the scheduler sees it."""
+    """One model instance, as its pool sees it: in this process (ThreadWorker) or in a worker process
+    (ProcessWorker)."""
 
     spec: InstanceSpec
     # How many batches the instance takes at once (one running, the others queued behind it).
     capacity: int
     # Called on the event loop when the instance (re)becomes ready after a restart.
     on_ready: Callable[[WorkerClient], None] | None
+    # What the model said at the last status read (its is_ready()); True until then.
+    model_ready: bool
 
     @property
     def alive(self) -> bool:
@@ -61,20 +62,13 @@ class WorkerClient(Protocol):
         self,
         inputs: Mapping[str, Sequence[np.ndarray]],
         output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo] = (),
-        sinks: Sequence[ResponseSink | None] = (),
-    ) -> Executed:
-        """Run one batch; each input is given as the row blocks of the requests, in order. `requests`
-        describe them for backends that answer request by request; a request with a sink streams its
-        responses there (decoupled models), also after the batch has returned."""
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> BatchResult:
+        """Run one batch of `requests`; each input is given as the requests' row blocks, in order. The
+        requests whose index is in `streams` answer there (decoupled models), also after the batch has
+        returned. Raises GeserveError when the instance cannot run it (not running, died meanwhile)."""
         ...
-
-    def cancel_stream(self, sink: ResponseSink) -> None:
-        """The client of a streamed request went away: tell the model, drop what it still sends."""
-        ...
-
-    # What the model said at the last status read (its is_ready()); True until then.
-    model_ready: bool
 
     async def read_status(self) -> InstanceStatus | None:
         """Device usage, readiness and custom metrics, read between batches; None when unavailable."""
@@ -91,8 +85,8 @@ def concatenate(parts: Sequence[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-class InProcessWorker:
-    """Runs the backend in this process on a dedicated thread: for tests, debugging and benchmarks."""
+class ThreadWorker:
+    """Runs the backend on a thread of this process: for tests, debugging and benchmarks."""
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
@@ -102,6 +96,7 @@ class InProcessWorker:
         self.model_ready = True
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-{spec.instance_name}")
         self._state = InstanceState.STARTING
+        self._stream_ids = itertools.count()
 
     @property
     def alive(self) -> bool:
@@ -120,25 +115,26 @@ class InProcessWorker:
         self,
         inputs: Mapping[str, Sequence[np.ndarray]],
         output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo] = (),
-        sinks: Sequence[ResponseSink | None] = (),
-    ) -> Executed:
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> BatchResult:
+        if not self.alive:
+            raise UnavailableError(f"instance '{self.spec.instance_name}' is {self._state.value}")
         loop = asyncio.get_running_loop()
         arrays = {name: concatenate(parts) for name, parts in inputs.items()}
-        infos = tuple(replace(info, stream_id=index) for index, info in enumerate(requests))
-        targets = list(sinks)
+        infos = list(requests)
+        for index, stream in streams.items():
+            stream_id = next(self._stream_ids)
+            infos[index] = replace(infos[index], stream_id=stream_id)
+            stream.on_cancel(functools.partial(self._runner.cancelled_streams.add, stream_id))
 
         def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
-            sink = targets[index] if index < len(targets) else None
-            if sink is not None:
-                loop.call_soon_threadsafe(sink, dict(outputs) if outputs else None, error, final)
+            stream = streams.get(index)
+            if stream is not None:
+                loop.call_soon_threadsafe(stream.put, dict(outputs) if outputs else None, error, final)
 
-        return await loop.run_in_executor(
-            self._thread, functools.partial(self._runner.execute, arrays, output_names, None, infos, emit)
-        )
-
-    def cancel_stream(self, sink: ResponseSink) -> None:
-        return None
+        run = functools.partial(self._runner.execute, arrays, output_names, tuple(infos), None, emit)
+        return await loop.run_in_executor(self._thread, run)
 
     async def read_status(self) -> InstanceStatus | None:
         if not self.alive:

@@ -13,17 +13,17 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from geserve.backends.base import ResponseEmitter
+from geserve.backends.base import RequestResult, ResponseEmitter
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, ModelLoadError
 from geserve.workers.messages import (
-    BatchDone,
+    BatchPlaced,
     Cancel,
-    Executed,
     InstanceSpec,
     Loaded,
     LoadFailed,
     Partial,
+    PlacedResult,
     ReadStatus,
     RequestInfo,
     Retiring,
@@ -56,7 +56,7 @@ class _Segments:
     def __init__(self, spec: InstanceSpec) -> None:
         self.arenas = {name: attach_segment(name) for name in spec.arenas}
 
-    def run(self, runner: InstanceRunner, message: RunBatch, emit: ResponseEmitter | None = None) -> BatchDone:
+    def run(self, runner: InstanceRunner, message: RunBatch, emit: ResponseEmitter | None = None) -> BatchPlaced:
         extra: dict[str, shared_memory.SharedMemory] = {}
         try:
             for ref in message.inputs:
@@ -67,71 +67,50 @@ class _Segments:
                 for ref in message.inputs
             }
             placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
-            executed = runner.execute(inputs, message.output_names, placement.allocate, message.requests, emit)
+            result = runner.execute(inputs, message.output_names, message.requests, placement.allocate, emit)
             del inputs
-            if executed.responses is not None:
-                return self._per_request(executed, message, runner)
-            if executed.error is not None or executed.outputs is None:
-                return BatchDone(message.request_id, (), executed.error, executed.infer_start_ns, executed.infer_end_ns)
             try:
-                refs = self._place(executed.outputs, message, runner.output_datatypes, placement)
+                placed = self._place(result.results, message, runner.output_datatypes, placement)
             except GeserveError as error:
-                return BatchDone(message.request_id, (), error, executed.infer_start_ns, executed.infer_end_ns)
-            return BatchDone(message.request_id, refs, None, executed.infer_start_ns, executed.infer_end_ns)
+                placed = (error,) * len(message.requests)
+            return BatchPlaced(message.batch_id, placed, result.infer_start_ns, result.infer_end_ns)
         finally:
             for segment in extra.values():
                 with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
                     segment.close()
 
-    def _per_request(self, executed: Executed, message: RunBatch, runner: InstanceRunner) -> BatchDone:
-        """Every request's own outputs, laid out one request after another."""
-        assert executed.responses is not None
-        layout = TensorLayout()
-        counts: list[int | GeserveError] = []
-        for result in executed.responses:
-            if isinstance(result, GeserveError):
-                counts.append(result)
-                continue
-            for name, array in result.items():
-                datatype = runner.output_datatypes.get(name) or dtypes.from_numpy(array.dtype).wire
-                layout.add(name, datatype, [array])
-            counts.append(len(result))
-        try:
-            refs = self._write(layout, message.output_arena, message.output_overflow, 0)
-        except GeserveError as error:
-            return BatchDone(message.request_id, (), error, executed.infer_start_ns, executed.infer_end_ns)
-        responses: list[tuple[TensorRef, ...] | GeserveError] = []
-        start = 0
-        for count in counts:
-            if isinstance(count, GeserveError):
-                responses.append(count)
-            else:
-                responses.append(refs[start : start + count])
-                start += count
-        return BatchDone(message.request_id, (), None, executed.infer_start_ns, executed.infer_end_ns, tuple(responses))
-
     def _place(
         self,
-        outputs: dict[str, np.ndarray],
+        results: tuple[RequestResult, ...],
         message: RunBatch,
         datatypes: dict[str, str],
         placement: OutputPlacement,
-    ) -> tuple[TensorRef, ...]:
-        """Refs to every output: those the backend wrote in place as they are, the rest copied in after."""
-        refs: dict[str, TensorRef] = {}
+    ) -> tuple[PlacedResult, ...]:
+        """Refs to every request's outputs: rows the backend wrote in place are referred to where they
+        lie; the rest are laid out after them, one request after another."""
         layout = TensorLayout()
-        rest = []
-        for name in message.output_names:
-            ref = placement.ref_of(name, outputs[name])
-            if ref is not None:
-                refs[name] = ref
-            else:
-                layout.add(name, datatypes[name], [outputs[name]])
-                rest.append(name)
-        if rest:
-            for ref in self._write(layout, message.output_arena, message.output_overflow, placement.end):
-                refs[ref.name] = ref
-        return tuple(refs[name] for name in message.output_names)
+        planned: list[list[TensorRef | int] | GeserveError] = []
+        for result in results:
+            if isinstance(result, GeserveError):
+                planned.append(result)
+                continue
+            entries: list[TensorRef | int] = []
+            for name, array in result.items():
+                ref = placement.ref_of(name, array)
+                if ref is None:
+                    entries.append(layout.count)
+                    layout.add(name, datatypes.get(name) or dtypes.from_numpy(array.dtype).wire, [array])
+                else:
+                    entries.append(ref)
+            planned.append(entries)
+        written: tuple[TensorRef, ...] = ()
+        if layout.count:
+            written = self._write(layout, message.output_arena, message.output_overflow, placement.end)
+        return tuple(
+            entries if isinstance(entries, GeserveError)
+            else tuple(entry if isinstance(entry, TensorRef) else written[entry] for entry in entries)
+            for entries in planned
+        )  # fmt: skip
 
     def _write(self, layout: TensorLayout, arena_name: str, overflow_name: str, start: int) -> tuple[TensorRef, ...]:
         arena = self.arenas[arena_name]

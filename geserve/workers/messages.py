@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError
 from geserve.types import InstanceStatus, ParameterValue
 from geserve.workers.shm import TensorRef
@@ -48,26 +49,26 @@ class LoadFailed:
 
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
-    """One request of a batch, for backends that see requests rather than rows (python)."""
+    """One request of a batch: its rows, and what per-request backends (python) see of it."""
 
     rows: int  # its share of the batch dimension (1 for a model without one)
-    request_id: str
-    parameters: dict[str, ParameterValue]
     output_names: tuple[str, ...]
+    request_id: str = ""
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
     stream_id: int = -1  # >= 0: its responses stream back as Partial messages (decoupled models)
 
 
 @dataclass(frozen=True, slots=True)
 class RunBatch:
-    """Run one batch whose inputs lie in shared memory; `request_id` matches the answer to it.
+    """Run one batch whose inputs lie in shared memory; `batch_id` matches the answer to it.
     Outputs go to `output_arena`, or, when they do not fit, to a new segment named `output_overflow`."""
 
-    request_id: int
+    batch_id: int
     inputs: tuple[TensorRef, ...]
     output_names: tuple[str, ...]
     output_arena: str
     output_overflow: str
-    requests: tuple[RequestInfo, ...] = ()
+    requests: tuple[RequestInfo, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,30 +90,29 @@ class Cancel:
     stream_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class BatchDone:
-    """Where a batch's outputs lie, or the error that failed it, and when the backend ran."""
-
-    request_id: int
-    outputs: tuple[TensorRef, ...]
-    error: GeserveError | None
-    infer_start_ns: int
-    infer_end_ns: int
-    # Per request, for backends that answer requests one by one: its outputs, or its own error.
-    responses: tuple[tuple[TensorRef, ...] | GeserveError, ...] | None = None
+# Where one request's outputs lie in shared memory (slices of the output arena), or its own error.
+PlacedResult = tuple[TensorRef, ...] | GeserveError
 
 
 @dataclass(frozen=True, slots=True)
-class Executed:
-    """A batch's outputs as the scheduler receives them, or the error that failed it, and when the
-    backend started and finished (time.monotonic_ns, comparable across processes)."""
+class BatchPlaced:
+    """The answer to RunBatch: every request's result, in order, and when the backend ran."""
 
-    outputs: dict[str, np.ndarray] | None
-    error: GeserveError | None
+    batch_id: int
+    results: tuple[PlacedResult, ...]
     infer_start_ns: int
     infer_end_ns: int
-    # Per request, for backends that answer requests one by one (outputs is then None).
-    responses: tuple[dict[str, np.ndarray] | GeserveError, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A batch as the scheduler receives it: every request's result (its outputs, or its own error), in
+    order, and when the backend started and finished (time.monotonic_ns, comparable across processes).
+    A request that streams (decoupled model) has an empty result here: its responses come on its stream."""
+
+    results: tuple[RequestResult, ...]
+    infer_start_ns: int
+    infer_end_ns: int
 
 
 @dataclass(frozen=True, slots=True)

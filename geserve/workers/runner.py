@@ -25,7 +25,7 @@ from geserve.backends.base import (
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
-from geserve.workers.messages import Executed, InstanceSpec, RequestInfo
+from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
 
 logger = logging.getLogger(__name__)
 
@@ -69,30 +69,49 @@ class InstanceRunner:
         self,
         inputs: Mapping[str, np.ndarray],
         output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
         allocate: OutputAllocator | None = None,
-        requests: Sequence[RequestInfo] = (),
         emit: ResponseEmitter | None = None,
-    ) -> Executed:
-        """Run one batch; any failure becomes the batch's error, never an exception."""
+    ) -> BatchResult:
+        """Run one batch and answer each of its `requests`; any failure becomes their error, never an
+        exception."""
         backend = self._backend
         started = time.monotonic_ns()
         if backend is None:
-            error: GeserveError = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
-            return Executed(None, error, started, started)
-        if requests and hasattr(backend, "execute_requests"):
+            return self._failed(InternalError(f"instance '{self.spec.instance_name}' is not loaded"), requests, started)
+        if hasattr(backend, "execute_requests"):
             return self._execute_requests(backend, inputs, requests, emit, started)  # type: ignore[arg-type]
         try:
             outputs = backend.execute(inputs, output_names, allocate)
             missing = [name for name in output_names if name not in outputs]
             if missing:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
-            for name in output_names:
-                self._check_output(name, np.asarray(outputs[name]))
+            arrays = {name: np.asarray(outputs[name]) for name in output_names}
+            for name, array in arrays.items():
+                self._check_output(name, array)
+            results = self._split(arrays, requests)
         except Exception as error:
-            return self._failed(error, started)
-        finished = time.monotonic_ns()
-        answer = {name: np.asarray(outputs[name]) for name in output_names}
-        return Executed(answer, None, started, finished)
+            return self._failed(error, requests, started)
+        return BatchResult(results, started, time.monotonic_ns())
+
+    def _split(self, outputs: dict[str, np.ndarray], requests: Sequence[RequestInfo]) -> tuple[RequestResult, ...]:
+        """Each request's outputs: views of its rows of the batch's outputs, no copies."""
+        if len(requests) == 1:
+            return ({name: outputs[name] for name in requests[0].output_names},)
+        rows = sum(info.rows for info in requests)
+        for name, array in outputs.items():
+            returned = array.shape[0] if array.ndim else 0
+            if returned != rows:
+                raise InternalError(
+                    f"model '{self.spec.model_name}' returned output '{name}' with {returned} rows "
+                    f"for a batch of {rows}"
+                )
+        results: list[RequestResult] = []
+        row = 0
+        for info in requests:
+            results.append({name: outputs[name][row : row + info.rows] for name in info.output_names})
+            row += info.rows
+        return tuple(results)
 
     def _execute_requests(
         self,
@@ -101,7 +120,7 @@ class InstanceRunner:
         requests: Sequence[RequestInfo],
         emit: ResponseEmitter | None,
         started: int,
-    ) -> Executed:
+    ) -> BatchResult:
         """The batch split back into its requests (views of the rows each sent), answered one by one."""
         split = []
         row = 0
@@ -114,23 +133,27 @@ class InstanceRunner:
             cancelled = self._cancelled_flag(info.stream_id)
             split.append(BackendRequest(own, info.request_id, info.parameters, info.output_names, cancelled))
         try:
-            results = backend.execute_requests(split, emit or _drop)
+            answered = backend.execute_requests(split, emit or _drop)
         except Exception as error:
-            return self._failed(error, started)
+            return self._failed(error, requests, started)
         finished = time.monotonic_ns()
-        if results is None:
-            return Executed(None, None, started, finished)  # decoupled: the responses stream
-        return Executed(None, None, started, finished, tuple(self.checked(result) for result in results))
+        if answered is None:  # decoupled: the responses stream
+            return BatchResult(tuple({} for _ in requests), started, finished)
+        results = tuple(self.checked(result) for result in answered)
+        if len(results) < len(requests):
+            missing = InternalError(f"model '{self.spec.model_name}' returned no response for a request")
+            results += (missing,) * (len(requests) - len(results))
+        return BatchResult(results[: len(requests)], started, finished)
 
-    def _failed(self, error: Exception, started: int) -> Executed:
-        """A failed batch: its error (a device fault also retires the worker), never an exception."""
+    def _failed(self, error: Exception, requests: Sequence[RequestInfo], started: int) -> BatchResult:
+        """A failed batch: its error for every request (a device fault also retires the worker)."""
         if isinstance(error, DeviceFaultError):
             logger.error("instance %s: %s", self.spec.instance_name, error.message)
             self.fault = error.message
         if not isinstance(error, GeserveError):
             logger.exception("instance %s failed to execute", self.spec.instance_name, exc_info=error)
             error = InternalError(f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}")
-        return Executed(None, error, started, time.monotonic_ns())
+        return BatchResult((error,) * len(requests), started, time.monotonic_ns())
 
     def checked(self, result: RequestResult | Mapping[str, np.ndarray]) -> RequestResult:
         """A request's outputs if they have the types the config declares, else its error."""

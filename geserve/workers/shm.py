@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 # Every segment geserve creates starts with this; the client shared-memory API refuses it.
 SHM_PREFIX = "geserve_"
-DEFAULT_ARENA_BYTES = 16 << 20
 _ALIGNMENT = 64
 
 
@@ -150,6 +149,10 @@ class TensorLayout:
         self._planned: list[_Planned] = []
         self.size = 0
 
+    @property
+    def count(self) -> int:
+        return len(self._planned)
+
     def add(self, name: str, datatype: str, parts: Sequence[np.ndarray]) -> None:
         """Plan one tensor made of `parts` concatenated along the first dim (or a single part)."""
         shape = tuple(parts[0].shape)
@@ -208,6 +211,15 @@ class OutputPlacement:
         return array
 
     def ref_of(self, name: str, array: np.ndarray) -> TensorRef | None:
-        """The output's place in the arena, if the backend returned the very array it was given."""
+        """Where `array` lies in the arena, if it is the output the backend wrote in place or a block of its
+        rows (one request's share of the batch)."""
         placed = self.placed.get(name)
-        return placed[1] if placed is not None and placed[0] is array else None
+        if placed is None:
+            return None
+        whole, ref = placed
+        if array is whole:
+            return ref
+        start = array.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+        if not array.flags.c_contiguous or start < 0 or start + array.nbytes > ref.nbytes or array.dtype != whole.dtype:
+            return None
+        return TensorRef(name, ref.datatype, tuple(array.shape), ref.offset + start, array.nbytes, ref.segment)

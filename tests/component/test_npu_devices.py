@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from geserve.backends import registry
-from geserve.core.loader import LoadSettings, _instance_specs
 from geserve.errors import ModelLoadError
 from geserve.repository.config import parse_config_text
 from geserve.repository.scan import ModelSource
+from geserve.settings import WorkerSettings
 from geserve.workers.devices import discover_devices, worker_visible_devices
+from geserve.workers.messages import RequestInfo
+from geserve.workers.placement import instance_specs
 from geserve.workers.process import ProcessWorker
 from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
 
@@ -70,8 +72,8 @@ async def test_both_devices_get_a_worker_and_each_worker_sees_exactly_one(
     write_affine_om(model_dir / "1" / "model.om", gears=[1, 2, 4])
     config = parse_config_text(CONFIG, "affine")
     config.default_model_filename = "model.om"
-    settings = LoadSettings(device_ids=discover_devices(dev, environ={}))
-    specs = _instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, settings)
+    settings = WorkerSettings(device_ids=discover_devices(dev, environ={}))
+    specs = instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, settings)
     assert [(s.device_id, dict(s.environment)["ASCEND_RT_VISIBLE_DEVICES"]) for s in specs] == [(0, "0"), (1, "1")]
     workers = [ProcessWorker(spec) for spec in specs]
     try:
@@ -79,9 +81,10 @@ async def test_both_devices_get_a_worker_and_each_worker_sees_exactly_one(
             await worker.start()
         x = np.arange(2 * FEATURES, dtype=np.float32).reshape(2, FEATURES)
         for worker in workers:
-            executed = await worker.execute({"x": [x]}, ("y",))
-            assert executed.error is None and executed.outputs is not None
-            np.testing.assert_array_equal(executed.outputs["y"], affine_reference(x)["y"])
+            executed = await worker.execute({"x": [x]}, ("y",), [RequestInfo(2, ("y",))], {})
+            (outputs,) = executed.results
+            assert isinstance(outputs, dict)
+            np.testing.assert_array_equal(outputs["y"], affine_reference(x)["y"])
     finally:
         for worker in workers:
             await worker.stop(timeout_s=10)
@@ -96,7 +99,9 @@ async def test_a_physical_chip_id_in_visible_devices_hides_the_chip(tmp_path: Pa
     write_affine_om(model_dir / "1" / "model.om", gears=[1, 2, 4])
     config = parse_config_text(CONFIG, "affine")
     config.default_model_filename = "model.om"
-    spec = _instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, LoadSettings(device_ids=(0,)))[0]
+    spec = instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, WorkerSettings(device_ids=(0,)))[
+        0
+    ]
     worker = ProcessWorker(replace(spec, environment=(("ASCEND_RT_VISIBLE_DEVICES", "5"),)))
     with pytest.raises(ModelLoadError, match=r"acl.rt.set_device failed with error 107001"):
         await worker.start()

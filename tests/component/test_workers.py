@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.batcher import Scheduler
 from geserve.batching.policy import BatchingPolicy
+from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text
-from geserve.workers.client import InProcessWorker, InstanceState, WorkerClient
-from geserve.workers.messages import InstanceSpec
+from geserve.workers.client import InstanceState, ThreadWorker, WorkerClient
+from geserve.workers.messages import InstanceSpec, RequestInfo
+from geserve.workers.pool import InstancePool
 from geserve.workers.process import ProcessWorker, RestartPolicy
 from geserve.workers.shm import SHM_PREFIX
 
@@ -47,17 +48,19 @@ def spec(tmp_path: Path, delay_ms: str = "0", backend: str = "identity") -> Inst
     )
 
 
-@pytest.mark.parametrize("kind", [ProcessWorker, InProcessWorker])
-async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorker] | type[InProcessWorker]) -> None:
+@pytest.mark.parametrize("kind", [ProcessWorker, ThreadWorker])
+async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorker] | type[ThreadWorker]) -> None:
     worker: WorkerClient = kind(spec(tmp_path))
     config = await worker.start()
     assert isinstance(config, mc.ModelConfig) and config.name == "echo"
     assert worker.alive
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
-    results = await asyncio.gather(*(worker.execute({"INPUT0": [data + i]}, ("OUTPUT0",)) for i in range(5)))
+    batches = (worker.execute({"INPUT0": [data + i]}, ("OUTPUT0",), requests(2), {}) for i in range(5))
+    results = await asyncio.gather(*batches)
     for i, executed in enumerate(results):
-        assert executed.error is None and executed.outputs is not None
-        np.testing.assert_array_equal(executed.outputs["OUTPUT0"], data + i)
+        (outputs,) = executed.results
+        assert isinstance(outputs, dict)
+        np.testing.assert_array_equal(outputs["OUTPUT0"], data + i)
     await worker.stop(timeout_s=10)
     assert not worker.alive
 
@@ -86,14 +89,18 @@ async def test_workers_stopping_together_are_each_reaped_once_and_never_killed(
         assert all(process is not None and process._closed for process in processes)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kind", [ProcessWorker, InProcessWorker])
-async def test_load_failure_is_reported(tmp_path: Path, kind: type[ProcessWorker] | type[InProcessWorker]) -> None:
+@pytest.mark.parametrize("kind", [ProcessWorker, ThreadWorker])
+async def test_load_failure_is_reported(tmp_path: Path, kind: type[ProcessWorker] | type[ThreadWorker]) -> None:
     worker: WorkerClient = kind(spec(tmp_path, delay_ms="soon"))
     with pytest.raises(ModelLoadError, match="parameter 'execute_delay_ms' must be a number, got 'soon'"):
         await worker.start()
     worker = kind(spec(tmp_path, backend="nonexistent"))
     with pytest.raises(ModelLoadError, match="unknown backend 'nonexistent'"):
         await worker.start()
+
+
+def requests(*rows: int) -> list[RequestInfo]:
+    return [RequestInfo(count, ("OUTPUT0",)) for count in rows]
 
 
 def shm_segments() -> set[str]:
@@ -111,7 +118,7 @@ async def wait_for_state(worker: ProcessWorker, state: InstanceState, timeout_s:
 async def test_killed_worker_fails_in_flight_requests_at_once_and_restarts(tmp_path: Path) -> None:
     worker = ProcessWorker(spec(tmp_path, delay_ms="1500"), restart=RestartPolicy(first_delay_s=0.1), pipeline_depth=2)
     await worker.start()
-    scheduler = Scheduler("echo", [worker], BatchingPolicy(max_batch_size=4), ModelStats())
+    scheduler = Scheduler("echo", InstancePool([worker]), BatchingPolicy(max_batch_size=4), ModelStats())
     first_pid = worker.pid
     assert first_pid is not None
     data = np.ones((1, 3), dtype=np.float32)
@@ -140,7 +147,7 @@ async def test_a_worker_whose_pipe_ended_takes_no_batch_and_says_it_exited(tmp_p
     # Between the pipe's end and the exit being reaped the state still read "ready": a batch sent then
     # failed with "instance ... is ready: [Errno 32] Broken pipe".
     with pytest.raises(UnavailableError) as error:
-        await worker.execute({"INPUT0": [np.ones((1, 3), np.float32)]}, ("OUTPUT0",))
+        await worker.execute({"INPUT0": [np.ones((1, 3), np.float32)]}, ("OUTPUT0",), requests(1), {})
     assert "echo_0' of model 'echo' version 1 exited unexpectedly" in error.value.message
     assert "is ready" not in error.value.message and "Errno" not in error.value.message
     await wait_for_state(worker, InstanceState.READY)
@@ -150,7 +157,7 @@ async def test_a_worker_whose_pipe_ended_takes_no_batch_and_says_it_exited(tmp_p
 async def test_crash_loop_gives_up_with_the_reason(tmp_path: Path) -> None:
     worker = ProcessWorker(spec(tmp_path), restart=RestartPolicy(first_delay_s=0.05, max_crashes=2))
     await worker.start()
-    scheduler = Scheduler("echo", [worker], BatchingPolicy(max_batch_size=4), ModelStats())
+    scheduler = Scheduler("echo", InstancePool([worker]), BatchingPolicy(max_batch_size=4), ModelStats())
     for _ in range(2):
         await wait_for_state(worker, InstanceState.READY)
         assert worker.pid is not None
@@ -170,9 +177,10 @@ async def test_shared_memory_is_released(tmp_path: Path) -> None:
     # An input and an output arena for each of the two batches it may hold.
     assert len(shm_segments() - before) == 4 and all(name.startswith(SHM_PREFIX) for name in worker.segments)
     big = np.arange(3 * 4000, dtype=np.float32).reshape(-1, 3)  # 48 kB: too large for the 4 kB arenas
-    executed = await worker.execute({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",))
-    assert executed.outputs is not None
-    np.testing.assert_array_equal(executed.outputs["OUTPUT0"], big)
+    executed = await worker.execute({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",), requests(1000, 3000), {})
+    first, second = executed.results
+    assert isinstance(first, dict) and isinstance(second, dict)
+    np.testing.assert_array_equal(np.concatenate([first["OUTPUT0"], second["OUTPUT0"]]), big)
     assert len(shm_segments() - before) == 4  # the one-off segments are gone
     await worker.stop(timeout_s=5)
     assert shm_segments() == before
@@ -185,7 +193,7 @@ async def test_shared_memory_is_released(tmp_path: Path) -> None:
 async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:
     first, second = ProcessWorker(spec(tmp_path)), ProcessWorker(spec(tmp_path))
     await asyncio.gather(first.start(), second.start())
-    scheduler = Scheduler("echo", [first, second], BatchingPolicy(max_batch_size=4), ModelStats())
+    scheduler = Scheduler("echo", InstancePool([first, second]), BatchingPolicy(max_batch_size=4), ModelStats())
     assert first.pid is not None
     os.kill(first.pid, signal.SIGKILL)
     for _ in range(50):

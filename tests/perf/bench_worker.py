@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from geserve.repository.config import parse_config_text
-from geserve.workers.client import InProcessWorker, WorkerClient
-from geserve.workers.messages import InstanceSpec
+from geserve.workers.client import ThreadWorker, WorkerClient
+from geserve.workers.messages import InstanceSpec, RequestInfo
 from geserve.workers.process import ProcessWorker
 
 CONFIG = """
@@ -25,6 +25,9 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
 
+ONE_REQUEST = (RequestInfo(1, ("OUTPUT0",)),)
+
+
 def _spec(folder: str) -> InstanceSpec:
     config = parse_config_text(CONFIG, "bench")
     return InstanceSpec("echo", 1, "echo_0", "identity", config.SerializeToString(), folder, 0, False, 30)
@@ -33,11 +36,11 @@ def _spec(folder: str) -> InstanceSpec:
 async def _round_trip_us(worker: WorkerClient, elements: int, repeats: int) -> float:
     data = np.ones(elements, dtype=np.float32)
     for _ in range(50):
-        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",))
+        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
     samples = []
     for _ in range(repeats):
         started = time.perf_counter_ns()
-        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",))
+        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
         samples.append(time.perf_counter_ns() - started)
     return statistics.median(samples) / 1000
 
@@ -45,12 +48,13 @@ async def _round_trip_us(worker: WorkerClient, elements: int, repeats: int) -> f
 async def _throughput_gbs(worker: WorkerClient, nbytes: int, repeats: int) -> float:
     data = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
     for _ in range(3):  # first touches map the arenas' pages in both processes
-        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",))
+        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
     started = time.perf_counter()
     for _ in range(repeats):
-        executed = await worker.execute({"INPUT0": [data]}, ("OUTPUT0",))
+        executed = await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
     elapsed = time.perf_counter() - started
-    assert executed.outputs is not None and executed.outputs["OUTPUT0"].tobytes() == data.tobytes()
+    (outputs,) = executed.results
+    assert isinstance(outputs, dict) and outputs["OUTPUT0"].tobytes() == data.tobytes()
     return 2 * nbytes * repeats / elapsed / 1e9  # bytes in and out
 
 
@@ -67,7 +71,7 @@ def _memcpy_gbs(nbytes: int, repeats: int) -> float:
 async def main(repeats: int, large_mib: int) -> None:
     nbytes = large_mib << 20
     with tempfile.TemporaryDirectory() as folder:
-        in_process: WorkerClient = InProcessWorker(_spec(folder))
+        in_process: WorkerClient = ThreadWorker(_spec(folder))
         process = ProcessWorker(_spec(folder), arena_bytes=nbytes + (1 << 20))
         await in_process.start()
         await process.start()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.batcher import Scheduler
 from geserve.batching.policy import BatchingPolicy
+from geserve.batching.scheduler import Scheduler
 from geserve.core.models import ModelVersion
 from geserve.core.stats import ModelStats
+from geserve.workers.pool import InstancePool
 
 
 def model_version(config: mc.ModelConfig, version: int = 1) -> ModelVersion:
     """A ModelVersion with no instances: enough for validation and codecs."""
     stats = ModelStats()
-    scheduler = Scheduler(config.name, [], BatchingPolicy.from_config(config), stats)
+    scheduler = Scheduler(config.name, InstancePool([]), BatchingPolicy.from_config(config), stats)
     return ModelVersion(config, version, scheduler, stats)

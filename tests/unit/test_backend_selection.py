@@ -9,9 +9,9 @@ from google.protobuf import text_format
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
-from geserve.core.loader import model_file_path
 from geserve.errors import ModelLoadError
 from geserve.repository.scan import ModelSource
+from geserve.workers.placement import model_file_path
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.batcher import Scheduler
 from geserve.batching.policy import BatchingPolicy, QueuePolicy
+from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import InternalError, UnavailableError
 from geserve.repository.config import parse_config_text
-from geserve.workers.messages import Executed, InstanceSpec
+from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.pool import InstancePool
+from geserve.workers.streams import ResponseStream
 
 MS = 1_000_000
 
@@ -77,7 +79,13 @@ class ScriptedInstance:
     async def stop(self, timeout_s: float) -> None:
         self.alive = False
 
-    async def execute(self, inputs: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...]) -> Executed:
+    async def execute(
+        self,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> BatchResult:
         inputs = {name: np.concatenate(parts) for name, parts in inputs.items()}
         self.batches.append(dict(inputs))
         self.output_names.append(output_names)
@@ -88,7 +96,11 @@ class ScriptedInstance:
         if self.fail_with is not None:
             raise self.fail_with
         outputs = {name: inputs[name.replace("OUT", "IN")] for name in output_names}
-        return Executed(outputs, None, started + MS, self.clock.now - MS)
+        results, row = [], 0
+        for request in requests:
+            results.append({name: outputs[name][row : row + request.rows] for name in request.output_names})
+            row += request.rows
+        return BatchResult(tuple(results), started + MS, self.clock.now - MS)
 
     @property
     def busy(self) -> int:
@@ -116,7 +128,7 @@ class Harness:
         self.clock = ManualClock()
         self.instances = [ScriptedInstance(self.clock, f"i{n}") for n in range(instances)]
         self.stats = ModelStats()
-        self.scheduler = Scheduler("m", self.instances, policy, self.stats, self.clock)
+        self.scheduler = Scheduler("m", InstancePool(self.instances), policy, self.stats, self.clock)
 
     def submit(
         self, rows: int, value: float = 0.0, width: int = 2, **parameters: Any

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from geserve.batching.clock import Clock, LoopClock, Timer
 from geserve.batching.policy import BatchingPolicy
-from geserve.batching.queue import TIMEOUT_EXPIRED, PendingRequest, RequestQueue
+from geserve.batching.queue import TIMEOUT_EXPIRED, PendingRequest, Reply, RequestQueue, StreamReply, UnaryReply
 from geserve.errors import CancelledError, GeserveError, InternalError, UnavailableError
-from geserve.types import Parameters, RequestTiming
-from geserve.workers.client import ResponseSink, WorkerClient
-from geserve.workers.messages import Executed, RequestInfo
+from geserve.types import InstanceStatus, Parameters, RequestTiming
+from geserve.workers.messages import BatchResult, RequestInfo
+from geserve.workers.streams import ResponseStream, StreamItem
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +30,32 @@ class StatsRecorder(Protocol):
     def record_failure(self, reason: str, total_ns: int) -> None: ...
 
     def record_execution(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None: ...
+
+
+class Instances(Protocol):
+    """A model version's instances as its scheduler drives them (workers.pool.InstancePool)."""
+
+    on_idle: Callable[[], None] | None
+
+    def ready(self) -> bool: ...
+
+    def recoverable(self) -> bool: ...
+
+    def has_idle(self) -> bool: ...
+
+    def dispatch(
+        self,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> Coroutine[Any, Any, BatchResult]: ...
+
+    async def read_statuses(self) -> list[InstanceStatus]: ...
+
+    async def stop(self, timeout_s: float) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 class Scheduler:
@@ -51,25 +76,14 @@ class Scheduler:
     def __init__(
         self,
         model_name: str,
-        instances: Sequence[WorkerClient],
+        pool: Instances,
         policy: BatchingPolicy,
         stats: StatsRecorder,
         clock: Clock | None = None,
-        *,
-        describe_requests: bool = False,
     ) -> None:
         self._model_name = model_name
-        # Backends that answer request by request (python) get each request's id, rows and parameters.
-        self._describe_requests = describe_requests
-        self._instances = list(instances)
-        # One entry per batch an instance can take at once, interleaved so batches spread first.
-        depth = max((instance.capacity for instance in self._instances), default=1)
-        self._idle: deque[WorkerClient] = deque(
-            instance for slot in range(depth) for instance in self._instances if slot < instance.capacity
-        )
-        self._busy: dict[int, int] = {}  # id(instance) -> batches it holds now
-        for instance in self._instances:
-            instance.on_ready = self._instance_ready
+        self._pool = pool
+        pool.on_idle = self._schedule
         self._policy = policy
         self.stats = stats
         self._clock = clock or LoopClock()
@@ -80,31 +94,29 @@ class Scheduler:
         self._running: set[asyncio.Task[None]] = set()
         # preserve_ordering: outcomes wait here until every earlier request has been answered.
         self._next_release = 0
-        self._finished: dict[int, tuple[PendingRequest, dict[str, np.ndarray] | BaseException]] = {}
-
-    @property
-    def instances(self) -> list[WorkerClient]:
-        return list(self._instances)
+        self._finished: dict[int, tuple[PendingRequest, dict[str, np.ndarray] | GeserveError]] = {}
 
     @property
     def policy(self) -> BatchingPolicy:
         return self._policy
 
-    def any_alive(self) -> bool:
-        return any(instance.alive for instance in self._instances)
-
     def ready(self) -> bool:
         """An instance can take work, and its model says it is ready (python models' is_ready())."""
-        return any(instance.alive and instance.model_ready for instance in self._instances)
+        return self._pool.ready()
 
-    def _any_recoverable(self) -> bool:
-        return any(instance.recoverable for instance in self._instances)
+    async def read_statuses(self) -> list[InstanceStatus]:
+        return await self._pool.read_statuses()
 
-    def _instance_ready(self, instance: WorkerClient) -> None:
-        """A restarted instance is back: its free slots rejoin the idle pool and take queued work."""
-        held = sum(1 for entry in self._idle if entry is instance) + self._busy.get(id(instance), 0)
-        self._idle.extend([instance] * max(instance.capacity - held, 0))
-        self._schedule()
+    def kill(self) -> None:
+        self._pool.kill()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Let running batches finish (up to `timeout_s`), then stop the instances."""
+        try:
+            await asyncio.wait_for(self.drain(), timeout_s)
+        except TimeoutError:
+            logger.warning("model '%s': batches still running at shutdown", self._model_name)
+        await self._pool.stop(timeout_s)
 
     async def execute(
         self,
@@ -116,10 +128,11 @@ class Scheduler:
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs; a traced request gets its queue and
         compute timestamps appended to `marks`."""
-        request = self._enqueue(inputs, output_names, parameters or {}, request_id, None)
+        reply = UnaryReply()
+        request = self._enqueue(inputs, output_names, parameters or {}, request_id, reply)
         request.marks = marks
         try:
-            return await request.future
+            return await reply.future
         except asyncio.CancelledError:
             if self._queue.remove(request):
                 self.stats.pending = len(self._queue)
@@ -134,23 +147,20 @@ class Scheduler:
         output_names: tuple[str, ...],
         parameters: Parameters | None = None,
         request_id: str = "",
-    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
+    ) -> AsyncIterator[StreamItem]:
         """Queue one request of a decoupled model and yield its responses as they come: (outputs or
         None, an error or None, final). A failure before the model answers ends the stream with it."""
-        responses: asyncio.Queue[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]] = asyncio.Queue()
-        request = self._enqueue(
-            inputs, output_names, parameters or {}, request_id, lambda *response: responses.put_nowait(response)
-        )
+        reply = StreamReply()
+        request = self._enqueue(inputs, output_names, parameters or {}, request_id, reply)
         finished = False
         try:
-            while not finished:
-                outputs, error, finished = await responses.get()
+            async for outputs, error, finished in reply.stream.responses():
                 if finished:
                     self._record_stream_end(request, error)
                 yield outputs, error, finished
         finally:
             if not finished:
-                self._abandon(request)
+                self._abandon(request, reply.stream)
 
     def _record_stream_end(self, request: PendingRequest, error: GeserveError | None) -> None:
         now = self._clock.now_ns()
@@ -162,17 +172,16 @@ class Scheduler:
         else:
             self.stats.record_failure("BACKEND", now - request.enqueued_ns)
 
-    def _abandon(self, request: PendingRequest) -> None:
+    def _abandon(self, request: PendingRequest, stream: ResponseStream) -> None:
         """The client of a stream went away: out of the queue, or the model is told."""
         if self._queue.remove(request):
             self.stats.pending = len(self._queue)
             self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
             self._schedule()
-        elif request.sink is not None:
+        else:
             # Running in the model: it is told, and the request ends as Triton ends it, a CANCELED failure.
             self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
-            for instance in self._instances:
-                instance.cancel_stream(request.sink)
+            stream.cancel()
 
     def _enqueue(
         self,
@@ -180,13 +189,13 @@ class Scheduler:
         output_names: tuple[str, ...],
         parameters: Parameters,
         request_id: str,
-        sink: ResponseSink | None,
+        reply: Reply,
     ) -> PendingRequest:
-        if not self._any_recoverable():
+        if not self._pool.recoverable():
             raise UnavailableError(f"model '{self._model_name}' has no running instance")
         now = self._clock.now_ns()
-        request = self._pending(inputs, output_names, parameters, now)
-        request.request_id, request.sink = request_id, sink
+        request = self._pending(inputs, output_names, parameters, now, reply)
+        request.request_id = request_id
         try:
             self._queue.push(request)
         except UnavailableError:
@@ -198,7 +207,12 @@ class Scheduler:
         return request
 
     def _pending(
-        self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], parameters: Parameters, now: int
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters,
+        now: int,
+        reply: Reply,
     ) -> PendingRequest:
         batched = self._policy.max_batch_size > 0
         first = next(iter(inputs.values()), None)
@@ -208,7 +222,6 @@ class Scheduler:
         level = self._policy.level(priority if isinstance(priority, int) else None)
         timeout = parameters.get("timeout")
         timeout_ns = self._policy.queue_policies[level - 1].timeout_ns(timeout if isinstance(timeout, int) else None)
-        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
         return PendingRequest(
             sequence=self._sequence,
             inputs=inputs,
@@ -218,7 +231,7 @@ class Scheduler:
             level=level,
             enqueued_ns=now,
             deadline_ns=now + timeout_ns if timeout_ns else None,
-            future=future,
+            reply=reply,
             parameters=parameters,
         )
 
@@ -230,22 +243,13 @@ class Scheduler:
             self.stats.record_failure("REJECTED", now - request.enqueued_ns)
             self._finish(request, UnavailableError(TIMEOUT_EXPIRED))
         wake_at: int | None = None
-        while self._queue and self._idle:
+        while self._queue and self._pool.has_idle():
             count, wait_until = self._batch_size(now)
             if count == 0:
                 wake_at = wait_until
                 break
-            instance = self._idle.popleft()
-            if not instance.alive:
-                continue  # a dead instance leaves the pool; the others keep serving
-            batch = self._queue.pop_front(count)
-            for request in batch:
-                request.dispatched_ns = now
-            self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
-            task = asyncio.get_running_loop().create_task(self._run(instance, batch, now))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-        if self._queue and not self._any_recoverable():
+            self._dispatch(self._queue.pop_front(count), now)
+        if self._queue and not self._pool.recoverable():
             self._fail_queued(UnavailableError(f"model '{self._model_name}' has no running instance"))
         self.stats.pending = len(self._queue)
         deadline = self._queue.next_deadline()
@@ -305,117 +309,60 @@ class Scheduler:
 
     # -- execution ---------------------------------------------------------------------------
 
-    async def _run(self, instance: WorkerClient, batch: list[PendingRequest], dispatched_ns: int) -> None:
-        try:
-            inputs, output_names = self._batch_inputs(batch)
-            if self._describe_requests:
-                infos = [
-                    RequestInfo(r.rows, r.request_id, dict(r.parameters), r.output_names) for r in batch
-                ]  # fmt: skip
-                executed = await instance.execute(inputs, output_names, infos, [r.sink for r in batch])
-            else:
-                executed = await instance.execute(inputs, output_names)
-            error: GeserveError | None = executed.error
-            reason = "BACKEND"
-        except GeserveError as failure:
-            executed, error, reason = None, failure, "OTHER"
-        except Exception as failure:
-            logger.exception("model '%s': batch failed", self._model_name)
-            executed, error, reason = None, InternalError(f"{type(failure).__name__}: {failure}"), "OTHER"
-        finally:
-            self._busy[id(instance)] -= 1
-            self._idle.append(instance)
-        done_ns = self._clock.now_ns()
-        if executed is not None and error is None:
-            try:
-                self._deliver(batch, executed, dispatched_ns, done_ns)
-            except GeserveError as failure:
-                error, reason = failure, "BACKEND"
-        if error is not None:
-            for request in batch:
-                self.stats.record_failure(reason, done_ns - request.enqueued_ns)
-                self._finish(request, error)
-        self._schedule()
-
-    def _batch_inputs(self, batch: list[PendingRequest]) -> tuple[dict[str, list[np.ndarray]], tuple[str, ...]]:
-        """Each input as the requests' row blocks (the worker lays them out contiguously), and the
-        union of the outputs they asked for."""
+    def _dispatch(self, batch: list[PendingRequest], now: int) -> None:
+        """Hand a batch to an idle instance: each input as the requests' row blocks (the worker lays them
+        out contiguously), the union of the outputs they asked for, and each request's own details."""
         wanted: dict[str, None] = {}
         for request in batch:
+            request.dispatched_ns = now
             wanted.update(dict.fromkeys(request.output_names))
-        names = batch[0].inputs.keys()
-        return {name: [request.inputs[name] for request in batch] for name in names}, tuple(wanted)
+        inputs = {name: [request.inputs[name] for request in batch] for name in batch[0].inputs}
+        infos = [RequestInfo(r.rows, r.output_names, r.request_id, dict(r.parameters)) for r in batch]
+        streams = {i: r.reply.stream for i, r in enumerate(batch) if isinstance(r.reply, StreamReply)}
+        run = self._pool.dispatch(inputs, tuple(wanted), infos, streams)
+        task = asyncio.get_running_loop().create_task(self._run(run, batch, now))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
-    def _deliver(self, batch: list[PendingRequest], executed: Executed, dispatched_ns: int, done_ns: int) -> None:
-        if executed.responses is not None or any(request.sink is not None for request in batch):
-            self._deliver_each(batch, executed, dispatched_ns, done_ns)
-            return
-        outputs = executed.outputs or {}
-        rows = sum(request.rows for request in batch)
-        batched = self._policy.max_batch_size > 0
-        if batched and len(batch) > 1:
-            for name, array in outputs.items():
-                returned = array.shape[0] if array.ndim else 0
-                if returned != rows:
-                    raise InternalError(
-                        f"model '{self._model_name}' returned output '{name}' with {returned} rows "
-                        f"for a batch of {rows}"
-                    )
-        compute = self._record_execution(rows, executed, dispatched_ns, done_ns)
-        offset = 0
-        for request in batch:
-            if len(batch) == 1:
-                result = {name: outputs[name] for name in request.output_names}
-            else:
-                result = {name: outputs[name][offset : offset + request.rows] for name in request.output_names}
-            offset += request.rows
-            self._succeed(request, result, executed, compute, done_ns)
-
-    def _deliver_each(self, batch: list[PendingRequest], executed: Executed, dispatched_ns: int, done_ns: int) -> None:
-        """Requests answered one by one: each with its own outputs or error, or, when streamed, later."""
-        compute = self._record_execution(sum(r.rows for r in batch), executed, dispatched_ns, done_ns)
-        responses = executed.responses or ()
-        for index, request in enumerate(batch):
-            if request.sink is not None:
-                continue  # a decoupled model answers through the stream
-            result: dict[str, np.ndarray] | GeserveError = (
-                responses[index]
-                if index < len(responses)
-                else InternalError(f"model '{self._model_name}' returned no response for a request")
-            )
-            if isinstance(result, GeserveError):
-                self.stats.record_failure("BACKEND", done_ns - request.enqueued_ns)
-                self._finish(request, result)
-                continue
-            self._succeed(
-                request, {n: result[n] for n in request.output_names if n in result}, executed, compute, done_ns
-            )
-
-    def _record_execution(
-        self, rows: int, executed: Executed, dispatched_ns: int, done_ns: int
-    ) -> tuple[int, int, int]:
-        """Count one execution of `rows` rows; returns its compute input, infer and output times."""
-        input_ns = max(executed.infer_start_ns - dispatched_ns, 0)
-        infer_ns = max(executed.infer_end_ns - executed.infer_start_ns, 0)
-        output_ns = max(done_ns - executed.infer_end_ns, 0)
-        self.stats.record_execution(rows, input_ns, infer_ns, output_ns)
-        return input_ns, infer_ns, output_ns
-
-    def _succeed(
-        self,
-        request: PendingRequest,
-        result: dict[str, np.ndarray],
-        executed: Executed,
-        compute: tuple[int, int, int],
-        done_ns: int,
+    async def _run(
+        self, run: Coroutine[Any, Any, BatchResult], batch: list[PendingRequest], dispatched_ns: int
     ) -> None:
-        if request.marks is not None:
-            _mark(request, executed, done_ns)
-        queue_ns = request.dispatched_ns - request.enqueued_ns
-        self.stats.record_success(RequestTiming(done_ns - request.enqueued_ns, queue_ns, *compute))
-        self._finish(request, result)
+        try:
+            result = await run
+        except Exception as failure:
+            if not isinstance(failure, GeserveError):
+                logger.exception("model '%s': batch failed", self._model_name)
+                failure = InternalError(f"{type(failure).__name__}: {failure}")
+            done_ns = self._clock.now_ns()
+            for request in batch:
+                self.stats.record_failure("OTHER", done_ns - request.enqueued_ns)
+                self._finish(request, failure)
+        else:
+            self._deliver(batch, result, dispatched_ns)
+        self._schedule()
 
-    def _finish(self, request: PendingRequest, outcome: dict[str, np.ndarray] | BaseException) -> None:
+    def _deliver(self, batch: list[PendingRequest], result: BatchResult, dispatched_ns: int) -> None:
+        """Each request gets its own result: its outputs, or its own error."""
+        done_ns = self._clock.now_ns()
+        input_ns = max(result.infer_start_ns - dispatched_ns, 0)
+        infer_ns = max(result.infer_end_ns - result.infer_start_ns, 0)
+        output_ns = max(done_ns - result.infer_end_ns, 0)
+        if not all(isinstance(outcome, GeserveError) for outcome in result.results):
+            self.stats.record_execution(sum(r.rows for r in batch), input_ns, infer_ns, output_ns)
+        for request, outcome in zip(batch, result.results, strict=True):
+            if isinstance(outcome, GeserveError):
+                self.stats.record_failure("BACKEND", done_ns - request.enqueued_ns)
+                self._finish(request, outcome)
+                continue
+            if request.marks is not None:
+                _mark(request, result, done_ns)
+            if request.reply.ends_with_batch:
+                queue_ns = request.dispatched_ns - request.enqueued_ns
+                timing = RequestTiming(done_ns - request.enqueued_ns, queue_ns, input_ns, infer_ns, output_ns)
+                self.stats.record_success(timing)
+            self._finish(request, outcome)
+
+    def _finish(self, request: PendingRequest, outcome: dict[str, np.ndarray] | GeserveError) -> None:
         """Answer a request, in arrival order when preserve_ordering asks for it."""
         if not self._policy.preserve_ordering:
             _resolve(request, outcome)
@@ -428,33 +375,28 @@ class Scheduler:
     async def drain(self) -> None:
         """Wait until every request admitted so far has been answered: the queued ones get batches as
         instances free up, so this waits for them too while any instance can still take them."""
-        while self._running or (self._queue and self._any_recoverable()):
+        while self._running or (self._queue and self._pool.recoverable()):
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
             else:
                 await asyncio.sleep(0.005)  # queued behind a restarting instance
 
 
-def _mark(request: PendingRequest, executed: Executed, done_ns: int) -> None:
+def _mark(request: PendingRequest, result: BatchResult, done_ns: int) -> None:
     assert request.marks is not None
     request.marks.extend(
         (
             ("QUEUE_START", request.enqueued_ns),
             ("COMPUTE_START", request.dispatched_ns),
-            ("COMPUTE_INPUT_END", executed.infer_start_ns),
-            ("COMPUTE_OUTPUT_START", executed.infer_end_ns),
+            ("COMPUTE_INPUT_END", result.infer_start_ns),
+            ("COMPUTE_OUTPUT_START", result.infer_end_ns),
             ("COMPUTE_END", done_ns),
         )
     )
 
 
-def _resolve(request: PendingRequest, outcome: dict[str, np.ndarray] | BaseException) -> None:
-    if request.sink is not None and isinstance(outcome, BaseException):
-        error = outcome if isinstance(outcome, GeserveError) else InternalError(str(outcome))
-        request.sink(None, error, True)
-    if request.future.done():
-        return  # the client went away
-    if isinstance(outcome, BaseException):
-        request.future.set_exception(outcome)
+def _resolve(request: PendingRequest, outcome: dict[str, np.ndarray] | GeserveError) -> None:
+    if isinstance(outcome, GeserveError):
+        request.reply.fail(outcome)
     else:
-        request.future.set_result(outcome)
+        request.reply.succeed(outcome)

@@ -1,0 +1,150 @@
+"""A worker's shared memory seen from the front-end: arena pairs per slot, one-off overflow segments."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from geserve.backends.base import RequestResult
+from geserve.codecs import dtypes
+from geserve.errors import GeserveError
+from geserve.workers.messages import PlacedResult
+from geserve.workers.shm import (
+    TensorLayout,
+    TensorRef,
+    attach_segment,
+    buffer_of,
+    create_segment,
+    read_tensor,
+    segment_name,
+    unlink_quietly,
+)
+
+# Above this many bytes, copies into and out of the arenas run on a thread, off the event loop.
+OFFLOAD_BYTES = 1 << 20
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where one batch's inputs were written and where its outputs go; released once it is answered."""
+
+    slot: int
+    inputs: tuple[TensorRef, ...]
+    output_arena: str
+    output_overflow: str  # the segment the worker creates when the outputs do not fit the arena
+    input_overflow: shared_memory.SharedMemory | None
+
+
+class Arenas:
+    """One input and one output arena per slot (a batch the worker may hold at once). A batch's inputs
+    are written once, contiguously, into a free slot's input arena (or a one-off segment when they do
+    not fit); its outputs are copied out of the output arena once, after which the slot is free."""
+
+    def __init__(self, slots: int, arena_bytes: int) -> None:
+        self._count = slots
+        self._arena_bytes = arena_bytes
+        self._segments: dict[str, shared_memory.SharedMemory] = {}
+        self._slots: list[tuple[str, str]] = []
+        self._free: asyncio.Queue[int] = asyncio.Queue()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._segments)
+
+    def create(self) -> None:
+        """Create every arena (raises OSError or UnavailableError when /dev/shm cannot hold them)."""
+        for slot in range(self._count):
+            pair = (segment_name("in"), segment_name("out"))
+            for name in pair:
+                self._segments[name] = create_segment(name, self._arena_bytes)
+            self._slots.append(pair)
+            self._free.put_nowait(slot)
+
+    async def place(self, inputs: Mapping[str, Sequence[np.ndarray]]) -> Placement:
+        """Wait for a free slot and write the batch's inputs (each given as the requests' row blocks)."""
+        slot = await self._free.get()
+        try:
+            input_name, output_name = self._slots[slot]
+            layout = TensorLayout()
+            for name, parts in inputs.items():
+                layout.add(name, dtypes.from_numpy(parts[0].dtype).wire, parts)
+            overflow = None
+            if layout.size > self._arena_bytes:
+                # A batch too large for the arena; reserving its pages takes a while, so off the loop.
+                overflow = await asyncio.to_thread(create_segment, segment_name("in"), layout.size)
+            target = overflow if overflow is not None else self._segments[input_name]
+            segment = overflow.name if overflow is not None else input_name
+            placement = Placement(slot, (), output_name, segment_name("out"), overflow)
+            if layout.size > OFFLOAD_BYTES:
+                placement.inputs = await asyncio.to_thread(layout.write, buffer_of(target), segment)
+            else:
+                placement.inputs = layout.write(buffer_of(target), segment)
+            return placement
+        except BaseException:
+            self._free.put_nowait(slot)
+            raise
+
+    async def collect(self, placed: tuple[PlacedResult, ...]) -> tuple[RequestResult, ...]:
+        """Each request's outputs, copied out of shared memory (views are kept only for BYTES, which
+        decoding already copied); an overflow segment is unlinked after reading."""
+        refs = [ref for result in placed if not isinstance(result, GeserveError) for ref in result]
+        if sum(ref.nbytes for ref in refs) > OFFLOAD_BYTES:
+            arrays = await asyncio.to_thread(self.read, refs)
+        else:
+            arrays = self.read(refs)
+        results: list[RequestResult] = []
+        start = 0
+        for result in placed:
+            if isinstance(result, GeserveError):
+                results.append(result)
+            else:
+                results.append({ref.name: arrays[start + i] for i, ref in enumerate(result)})
+                start += len(result)
+        return tuple(results)
+
+    def read(self, refs: Sequence[TensorRef]) -> list[np.ndarray]:
+        """Copy tensors out of shared memory once: the arena is reused by the next batch."""
+        arrays: list[np.ndarray] = []
+        overflow: shared_memory.SharedMemory | None = None
+        try:
+            for ref in refs:
+                segment = self._segments.get(ref.segment)
+                if segment is None:
+                    overflow = overflow or attach_segment(ref.segment)
+                    segment = overflow
+                view = read_tensor(buffer_of(segment), ref)
+                arrays.append(view if ref.datatype == "BYTES" else view.copy())
+                del view
+            return arrays
+        finally:
+            if overflow is not None:
+                overflow.close()
+                overflow.unlink()
+
+    def release(self, placement: Placement) -> None:
+        """The batch is answered (or failed): its overflow segments go and its slot is free again."""
+        if placement.input_overflow is not None:
+            with contextlib.suppress(BufferError):
+                placement.input_overflow.close()
+            with contextlib.suppress(FileNotFoundError):
+                placement.input_overflow.unlink()
+        unlink_quietly(placement.output_overflow)  # left behind when the worker died mid-write
+        self._free.put_nowait(placement.slot)
+
+    def unlink(self) -> None:
+        """Unlink every arena (also usable from a signal handler's fast path)."""
+        for arena in self._segments.values():
+            with contextlib.suppress(BufferError):
+                arena.close()
+            with contextlib.suppress(FileNotFoundError):
+                arena.unlink()
+        self._segments.clear()
+
+    @property
+    def available(self) -> bool:
+        return bool(self._segments)

@@ -1,0 +1,123 @@
+"""Placement: which backend a config selects, which file it loads, and one InstanceSpec per instance and device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends import registry
+from geserve.codecs.digits import is_decimal
+from geserve.errors import ModelLoadError
+from geserve.repository import config as config_io
+from geserve.repository.scan import ModelSource
+from geserve.settings import WorkerSettings
+from geserve.workers.devices import VISIBLE_DEVICES, worker_visible_devices
+from geserve.workers.messages import InstanceSpec
+
+
+def default_kind(settings: WorkerSettings) -> int:
+    """KIND_AUTO resolves to the accelerators when there are any."""
+    return mc.ModelInstanceGroup.KIND_GPU if settings.device_ids else mc.ModelInstanceGroup.KIND_CPU
+
+
+def select_backend(config: mc.ModelConfig, source: ModelSource, versions: list[int]) -> registry.BackendSpec:
+    """The backend the config names, else its platform, else the model file present."""
+    version_dirs = [source.path / str(version) for version in versions]
+    return registry.resolve(config.backend, config.platform, version_dirs, config.default_model_filename)
+
+
+def fill_defaults(config: mc.ModelConfig, backend: registry.BackendSpec, settings: WorkerSettings) -> None:
+    """What Triton fills before it reports a config: the backend, its default file, instance kinds."""
+    config_io.fill_defaults(config, backend.name, backend.default_filename, default_kind(settings))
+
+
+def model_file_path(source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int) -> Path:
+    """The version's model file, or the file the backend's path parameter names."""
+    parameter = config.parameters.get(backend.path_parameter) if backend.path_parameter else None
+    if parameter is not None and parameter.string_value:
+        return _named_model_file(source, config.name, backend, parameter.string_value)
+    version_dir = source.path / str(version)
+    return version_dir / config.default_model_filename if config.default_model_filename else version_dir
+
+
+def _named_model_file(source: ModelSource, model: str, backend: registry.BackendSpec, value: str) -> Path:
+    """A path parameter resolved inside the model's folder, then inside the repository (configs written
+    for Triton's GE backend name the file relative to the repository); never outside the repository."""
+    repository = source.path.parent.resolve()
+    looked = []
+    for base in (source.path.resolve(), repository):
+        path = (base / value).resolve()
+        if not path.is_relative_to(repository):
+            raise ModelLoadError(
+                f"model '{model}': parameter '{backend.path_parameter}' ('{value}') must name a file inside the "
+                "model repository"
+            )
+        if path.is_file():
+            return path
+        looked.append(str(path))
+    found = sorted(
+        str(path.relative_to(source.path))
+        for path in source.path.glob(f"*/*{Path(backend.default_filename).suffix}")
+        if is_decimal(path.parent.name)
+    )
+    raise ModelLoadError(
+        f"model '{model}': parameter '{backend.path_parameter}' ('{value}') names no file: looked at "
+        f"{' and '.join(repr(p) for p in looked)}; {backend.default_filename.split('.')[-1]} files in the version "
+        f"folders: {found or 'none'}"
+    )
+
+
+def instance_specs(
+    source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int, settings: WorkerSettings
+) -> list[InstanceSpec]:
+    """One spec per instance: `count` per group, times each listed device for KIND_GPU groups."""
+    model_path = model_file_path(source, config, backend, version)
+    specs = []
+    for group in config.instance_group:
+        placements: list[tuple[int, tuple[tuple[str, str], ...]]] = [(0, ())]
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            placements = [
+                (device, _device_environment(device)) for device in _group_devices(config.name, group, settings)
+            ]
+        for device, environment in placements:
+            for index in range(group.count):
+                suffix = f"_{index}" + (f"_device{device}" if environment else "")
+                specs.append(
+                    InstanceSpec(
+                        model_name=config.name,
+                        model_version=version,
+                        instance_name=f"{group.name}{suffix}",
+                        backend=backend.name,
+                        config=config.SerializeToString(),
+                        model_path=str(model_path),
+                        device_id=device,
+                        auto_complete=settings.auto_complete,
+                        log_level=settings.log_level,
+                        environment=environment,
+                        on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
+                        polled=group.kind == mc.ModelInstanceGroup.KIND_GPU or backend.per_request,
+                    )
+                )
+    return specs
+
+
+def _group_devices(model: str, group: mc.ModelInstanceGroup, settings: WorkerSettings) -> list[int]:
+    available = settings.device_ids
+    wanted = list(group.gpus) or list(available)
+    if not wanted:
+        raise ModelLoadError(
+            f"instance group '{group.name}' of model '{model}' asks for accelerator devices (KIND_GPU), but none "
+            "are available; give --device-ids or use KIND_CPU"
+        )
+    missing = [device for device in wanted if device not in available]
+    if missing:
+        raise ModelLoadError(
+            f"instance group '{group.name}' of model '{model}' names devices {missing}, which are not available "
+            f"(available: {list(available)})"
+        )
+    return wanted
+
+
+def _device_environment(device: int) -> tuple[tuple[str, str], ...]:
+    # The worker sees only its own NPU, re-indexed as device 0 (pyACL's recommended setup).
+    return ((VISIBLE_DEVICES, worker_visible_devices(device)),)

@@ -1,0 +1,164 @@
+"""InstancePool: a model version's instances (placement, start, idle/busy, restarts, retirement) and its factory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends import registry
+from geserve.repository import config as config_io
+from geserve.repository.scan import ModelSource
+from geserve.settings import WorkerSettings
+from geserve.types import InstanceStatus
+from geserve.workers import placement
+from geserve.workers.client import ThreadWorker, WorkerClient
+from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.process import ProcessWorker
+from geserve.workers.shm import SHM_PREFIX
+from geserve.workers.streams import ResponseStream
+from geserve.workers.supervisor import RestartPolicy
+
+logger = logging.getLogger(__name__)
+
+
+class InstancePool:
+    """The instances of one model version and which of them can take a batch now. Each instance has
+    `capacity` slots; idle slots are interleaved across instances so batches spread before they queue
+    on one. A dead instance drops out of the idle slots; once restarted, its slots come back."""
+
+    def __init__(self, instances: Sequence[WorkerClient]) -> None:
+        self._instances = list(instances)
+        depth = max((instance.capacity for instance in self._instances), default=1)
+        self._idle: deque[WorkerClient] = deque(
+            instance for slot in range(depth) for instance in self._instances if slot < instance.capacity
+        )
+        self._busy: dict[int, int] = {}  # id(instance) -> batches it holds now
+        for instance in self._instances:
+            instance.on_ready = self._instance_ready
+        # Called when a restarted instance's slots are back, so queued work can go to them.
+        self.on_idle: Callable[[], None] | None = None
+
+    @property
+    def instances(self) -> list[WorkerClient]:
+        return list(self._instances)
+
+    def any_alive(self) -> bool:
+        return any(instance.alive for instance in self._instances)
+
+    def ready(self) -> bool:
+        """An instance can take work, and its model says it is ready (python models' is_ready())."""
+        return any(instance.alive and instance.model_ready for instance in self._instances)
+
+    def recoverable(self) -> bool:
+        """An instance is running or on its way back."""
+        return any(instance.recoverable for instance in self._instances)
+
+    def has_idle(self) -> bool:
+        """Whether `dispatch` can take a batch now."""
+        while self._idle and not self._idle[0].alive:
+            self._idle.popleft()  # a dead instance leaves the idle slots; the others keep serving
+        return bool(self._idle)
+
+    def dispatch(
+        self,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> Coroutine[Any, Any, BatchResult]:
+        """Claim an idle slot now (call `has_idle` first) and return the batch's run, to be awaited."""
+        instance = self._idle.popleft()
+        self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
+        return self._run(instance, inputs, output_names, requests, streams)
+
+    async def _run(
+        self,
+        instance: WorkerClient,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> BatchResult:
+        try:
+            return await instance.execute(inputs, output_names, requests, streams)
+        finally:
+            self._busy[id(instance)] -= 1
+            self._idle.append(instance)
+
+    def _instance_ready(self, instance: WorkerClient) -> None:
+        """A restarted instance is back: its free slots rejoin the idle ones and take queued work."""
+        held = sum(1 for entry in self._idle if entry is instance) + self._busy.get(id(instance), 0)
+        self._idle.extend([instance] * max(instance.capacity - held, 0))
+        if self.on_idle is not None:
+            self.on_idle()
+
+    async def read_statuses(self) -> list[InstanceStatus]:
+        """The status of every instance that reports one (on a device, or a python model)."""
+        polled = [instance for instance in self._instances if instance.spec.polled and instance.alive]
+        statuses = await asyncio.gather(*(instance.read_status() for instance in polled))
+        return [status for status in statuses if status is not None]
+
+    async def stop(self, timeout_s: float) -> None:
+        await asyncio.gather(*(instance.stop(timeout_s) for instance in self._instances))
+
+    def kill(self) -> None:
+        for instance in self._instances:
+            instance.kill()
+
+
+class PoolFactory:
+    """Builds started pools from configs: what core calls to bring a model version up, injected by the server."""
+
+    # Names of the shared-memory segments the workers create; clients may not register them.
+    segment_prefix = SHM_PREFIX
+
+    def __init__(self, settings: WorkerSettings, restart: RestartPolicy | None = None) -> None:
+        self._settings = settings
+        self._restart = restart
+
+    def complete(self, config: mc.ModelConfig, source: ModelSource, versions: list[int]) -> None:
+        """Select the config's backend and fill the defaults it implies (backend, model file, instance kinds);
+        raises ModelLoadError."""
+        placement.fill_defaults(config, placement.select_backend(config, source, versions), self._settings)
+
+    async def create(
+        self, source: ModelSource, config: mc.ModelConfig, version: int
+    ) -> tuple[InstancePool, mc.ModelConfig]:
+        """Start every instance of `version`; returns the pool and the config they serve, which the first
+        instance completed from the model file. Raises ModelLoadError; nothing is left running then."""
+        settings = self._settings
+        backend = registry.by_name(config.backend)
+        specs = await asyncio.to_thread(placement.instance_specs, source, config, backend, version, settings)
+        # The first instance completes the config from the model file; the others load that config as is.
+        first = self._worker(specs[0])
+        completed = await first.start()
+        started: list[WorkerClient] = [first]
+        try:
+            placement.fill_defaults(completed, backend, settings)
+            config_io.validate_config(completed)
+            payload = completed.SerializeToString()
+            others = [self._worker(replace(item, config=payload, auto_complete=False)) for item in specs[1:]]
+            results = await asyncio.gather(*(worker.start() for worker in others), return_exceptions=True)
+            started += [w for w, r in zip(others, results, strict=True) if not isinstance(r, BaseException)]
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        except BaseException:
+            await asyncio.gather(*(worker.stop(settings.stop_timeout_s) for worker in started))
+            raise
+        logger.info("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
+        return InstancePool(started), completed
+
+    def _worker(self, spec: InstanceSpec) -> WorkerClient:
+        if self._settings.process_workers:
+            return ProcessWorker(
+                spec, self._settings.arena_bytes, restart=self._restart, pipeline_depth=self._settings.pipeline_depth
+            )
+        return ThreadWorker(spec)
