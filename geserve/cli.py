@@ -1,4 +1,4 @@
-"""tritonserver-style command line -> ServerOptions, and the `geserve` entry point."""
+"""tritonserver-style command line -> Settings, and the `geserve` entry point."""
 
 from __future__ import annotations
 
@@ -11,17 +11,24 @@ from pathlib import Path
 
 from geserve import triton_flags
 from geserve.core.log_control import FORMATS, LogSettings
-from geserve.core.repository import ControlMode
-from geserve.core.restrictions import GROUPS, parse_restrictions
-from geserve.core.service import RepositoryControl
 from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
-from geserve.grpc.server import GrpcOptions
-from geserve.http.app import DEFAULT_MAX_INPUT_SIZE
-from geserve.http.connections import ConnectionLimits
-from geserve.metrics.config import MetricsConfig
-from geserve.server import Server, ServerOptions
-from geserve.settings import DEFAULT_ARENA_BYTES
+from geserve.metrics import config as metrics_config
+from geserve.restrictions import GROUPS, parse_restrictions
+from geserve.server import Server
+from geserve.settings import (
+    DEFAULT_ARENA_BYTES,
+    DEFAULT_MAX_INPUT_SIZE,
+    ControlMode,
+    GrpcSettings,
+    HttpSettings,
+    LoggingSettings,
+    MetricsSettings,
+    RepositorySettings,
+    ServerSettings,
+    Settings,
+    WorkerSettings,
+)
 from geserve.workers.devices import discover_devices, parse_device_ids
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -204,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help=f"largest request body, also after decompression (default: {DEFAULT_MAX_INPUT_SIZE})",
     )
-    limits = ConnectionLimits()
+    limits = HttpSettings()
     group.add_argument(
         "--http-header-timeout-secs",
         type=_positive_float,
@@ -247,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--grpc-address", default="0.0.0.0", help="gRPC bind address (default: 0.0.0.0)")
     group.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default: 8001)")
-    defaults = GrpcOptions()
+    defaults = GrpcSettings()
     for flag, default, meaning in (
         ("--grpc-keepalive-time", defaults.keepalive_time_ms, "ms between keepalive pings"),
         ("--grpc-keepalive-timeout", defaults.keepalive_timeout_ms, "ms to wait for a keepalive ping's answer"),
@@ -341,13 +348,11 @@ def _trace_settings(entries: Sequence[str]) -> dict[str, str | list[str]]:
     return settings
 
 
-def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        metrics = MetricsConfig.parse(
-            args.metrics_config, args.metrics_interval_ms, args.allow_cpu_metrics, args.allow_gpu_metrics
-        )
+        latency = metrics_config.parse_entries(args.metrics_config)
         http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
         grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
         trace_settings = _trace_settings(args.trace_config)
@@ -361,7 +366,7 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         parser.error("--load-model=* must be the only --load-model")
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model needs --model-control-mode=explicit")
-    log_settings = LogSettings(
+    logging_settings = LoggingSettings(
         log_file=args.log_file,
         log_info=args.log_info,
         log_warning=args.log_warning,
@@ -369,69 +374,68 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         log_verbose_level=max(args.log_verbose, 0),
         log_format=args.log_format,
     )
-    auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
-    if args.log_verbose > 0:
-        level = logging.DEBUG
-    elif args.log_info:
-        level = logging.INFO
-    elif args.log_warning:
-        level = logging.WARNING
-    elif args.log_error:
-        level = logging.ERROR
-    else:
-        level = logging.CRITICAL
-    return ServerOptions(
-        model_repositories=args.model_repositories,
+    server = ServerSettings(
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         drain_delay_secs=args.drain_delay_secs,
         warnings=tuple(warnings),
-        auto_complete=auto_complete,
-        allow_http=args.allow_http,
-        http_address=args.http_address,
-        http_port=args.http_port,
-        reuse_http_port=args.reuse_http_port,
-        http_max_input_size=args.http_max_input_size,
-        http_limits=ConnectionLimits(
-            header_timeout_s=args.http_header_timeout_secs,
-            body_timeout_s=args.http_body_timeout_secs,
-            keep_alive_s=args.http_keepalive_timeout_secs,
-            max_connections=args.http_max_connections or 0,
-        ),
-        allow_grpc=args.allow_grpc,
-        grpc=GrpcOptions(
-            address=args.grpc_address,
-            port=args.grpc_port,
-            keepalive_time_ms=args.grpc_keepalive_time,
-            keepalive_timeout_ms=args.grpc_keepalive_timeout,
-            keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
-            http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
-            http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
-            http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
-            reuse_port=args.reuse_grpc_port,
-            max_connection_age_ms=args.grpc_max_connection_age,
-            max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
-        ),
-        allow_metrics=args.allow_metrics,
-        metrics_address=args.metrics_address or args.http_address,
-        metrics_port=args.metrics_port,
-        metrics=metrics,
-        log_verbose=args.log_verbose,
-        worker_arena_bytes=args.worker_arena_size,
-        worker_pipeline_depth=args.worker_pipeline_depth,
-        device_ids=args.device_ids if args.device_ids is not None else discover_devices(),
-        log_level=level,
-        control=RepositoryControl(
-            ControlMode(args.model_control_mode), tuple(args.load_model), float(args.repository_poll_secs)
-        ),
         allow_client_shm=args.allow_client_shm,
-        http_restrictions=http_restrictions,
-        grpc_restrictions=grpc_restrictions,
-        log_settings=log_settings,
-        trace_settings=trace_settings,
+        logging=logging_settings,
+        trace=trace_settings,
     )
+    http = HttpSettings(
+        enabled=args.allow_http,
+        address=args.http_address,
+        port=args.http_port,
+        reuse_port=args.reuse_http_port,
+        max_input_size=args.http_max_input_size,
+        header_timeout_s=args.http_header_timeout_secs,
+        body_timeout_s=args.http_body_timeout_secs,
+        keep_alive_s=args.http_keepalive_timeout_secs,
+        max_connections=args.http_max_connections or 0,
+        restrictions=http_restrictions,
+    )
+    grpc = GrpcSettings(
+        enabled=args.allow_grpc,
+        address=args.grpc_address,
+        port=args.grpc_port,
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        reuse_port=args.reuse_grpc_port,
+        max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        restrictions=grpc_restrictions,
+    )
+    metrics = MetricsSettings(
+        enabled=args.allow_metrics,
+        address=args.metrics_address or args.http_address,
+        port=args.metrics_port,
+        interval_ms=args.metrics_interval_ms,
+        cpu_metrics=args.allow_cpu_metrics,
+        gpu_metrics=args.allow_gpu_metrics,
+        **latency,
+    )
+    repository = RepositorySettings(
+        paths=tuple(args.model_repositories),
+        control_mode=ControlMode(args.model_control_mode),
+        startup_models=tuple(args.load_model),
+        poll_secs=float(args.repository_poll_secs),
+    )
+    workers = WorkerSettings(
+        auto_complete=not args.disable_auto_complete_config and not args.strict_model_config,
+        log_level=logging_settings.level,
+        arena_bytes=args.worker_arena_size,
+        pipeline_depth=args.worker_pipeline_depth,
+        device_ids=args.device_ids if args.device_ids is not None else discover_devices(),
+        stop_timeout_s=float(args.exit_timeout_secs),
+    )
+    return Settings(server, http, grpc, metrics, repository, workers)
 
 
 def _loop_factory() -> asyncio.AbstractEventLoop:
@@ -457,14 +461,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geserve.offline import check
 
         return check.main(arguments[1:])
-    options = parse_options(arguments)
-    if options.log_settings.log_file:
-        logging.basicConfig(filename=options.log_settings.log_file)
+    settings = parse_settings(arguments)
+    log_file = settings.server.logging.log_file
+    if log_file:
+        logging.basicConfig(filename=log_file)
     else:
         logging.basicConfig()
-    options.log_settings.apply()
+    LogSettings.from_settings(settings.server.logging).apply()
     with asyncio.Runner(loop_factory=_loop_factory) as runner:
-        return runner.run(Server(options).serve())
+        return runner.run(Server(settings).serve())
 
 
 if __name__ == "__main__":

@@ -2,11 +2,153 @@
 
 from __future__ import annotations
 
+import enum
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 # Shared memory per worker process for a batch's inputs, and as much for its outputs.
 DEFAULT_ARENA_BYTES = 16 << 20
+DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
+DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
+INT32_MAX = 2**31 - 1
+
+
+class ControlMode(enum.Enum):
+    NONE = "none"  # load everything at start; the repository is not watched
+    POLL = "poll"  # load everything, then follow changes every --repository-poll-secs
+    EXPLICIT = "explicit"  # load --load-model at start; then the repository API decides
+
+
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    """A restricted API group: the header (gRPC metadata) key and value its calls must carry."""
+
+    key: str  # header name, lower case as both HTTP/2 and ASGI deliver it
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    """Triton's log_file, log_info, log_warning, log_error, log_verbose_level and log_format at start."""
+
+    log_file: str = ""
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose_level: int = 0
+    log_format: str = "default"
+
+    @property
+    def level(self) -> int:
+        """The level worker processes log at."""
+        if self.log_verbose_level > 0:
+            return logging.DEBUG
+        if self.log_info:
+            return logging.INFO
+        if self.log_warning:
+            return logging.WARNING
+        if self.log_error:
+            return logging.ERROR
+        return logging.CRITICAL
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """The server as a whole: identity, readiness, shutdown, logging, tracing, client shared memory."""
+
+    server_id: str = "triton"
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    exit_timeout_secs: int = 30
+    drain_delay_secs: int = 0
+    warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
+    allow_client_shm: bool = False
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    trace: Mapping[str, str | list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """The HTTP listener and what one client connection may hold."""
+
+    enabled: bool = True
+    address: str = "0.0.0.0"
+    port: int = 8000
+    reuse_port: bool = False
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    header_timeout_s: float = 30.0  # first byte of a request to the end of its headers
+    body_timeout_s: float = 60.0  # longest silence while a request body is arriving
+    keep_alive_s: int = 5  # an idle connection (a new one, or between requests) is closed after this
+    max_connections: int = 0  # 0: half the file-descriptor limit
+    restrictions: Mapping[str, Restriction] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcSettings:
+    """The gRPC listener and its HTTP/2 keepalive settings; defaults are tritonserver's."""
+
+    enabled: bool = True
+    address: str = "0.0.0.0"
+    port: int = 8001
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    http2_max_ping_strikes: int = 2
+    # Triton's SO_REUSEPORT switch: off, so a second server on a taken port fails instead of splitting traffic.
+    reuse_port: bool = False
+    # GOAWAY after this long, so long-lived channels reconnect and spread over new replicas (0: never).
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
+    restrictions: Mapping[str, Restriction] = field(default_factory=dict)
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        age = []
+        if self.max_connection_age_ms > 0:
+            age.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
+            if self.max_connection_age_grace_ms > 0:
+                age.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
+        return [
+            ("grpc.so_reuseport", int(self.reuse_port)),
+            *age,
+            ("grpc.max_send_message_length", INT32_MAX),
+            ("grpc.max_receive_message_length", INT32_MAX),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", self.http2_min_recv_ping_interval_without_data_ms),
+            ("grpc.http2.max_ping_strikes", self.http2_max_ping_strikes),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """The metrics listener and Triton's metrics settings; latency counters on, summaries and histograms off."""
+
+    enabled: bool = True
+    address: str = "0.0.0.0"
+    port: int = 8002
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
+    histogram_latencies: bool = False
+    interval_ms: int = 2000
+    cpu_metrics: bool = True
+    gpu_metrics: bool = True  # accelerators (NPUs) under Triton's nv_gpu_* names
+
+
+@dataclass(frozen=True, slots=True)
+class RepositorySettings:
+    """Where the models are and which of them load when: --model-control-mode, --load-model, polling."""
+
+    paths: tuple[Path, ...] = ()
+    control_mode: ControlMode = ControlMode.NONE
+    startup_models: tuple[str, ...] = ()
+    poll_secs: float = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,3 +162,15 @@ class WorkerSettings:
     pipeline_depth: int = 1  # batches a worker holds at once
     device_ids: tuple[int, ...] = ()  # accelerators (NPUs) instances may use
     stop_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the command line decides; defaults are tritonserver's."""
+
+    server: ServerSettings = field(default_factory=ServerSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    grpc: GrpcSettings = field(default_factory=GrpcSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    repository: RepositorySettings = field(default_factory=RepositorySettings)
+    workers: WorkerSettings = field(default_factory=WorkerSettings)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from geserve.codecs import dtypes
 from geserve.errors import GeserveError
 
 # Values a request or tensor parameter may carry on either wire protocol.
@@ -154,3 +155,20 @@ class InstanceStatus:
     device: DeviceUsage | None = None
     ready: bool = True
     metrics: tuple[CustomMetric, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A config input or output, resolved once at load so requests are checked cheaply."""
+
+    name: str
+    dtype: dtypes.DataType
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool
+    batched: bool
+
+    @property
+    def wire_shape(self) -> tuple[int, ...]:
+        """The shape clients see: -1 for the batch dimension first when the model batches."""
+        return ((-1,) if self.batched else ()) + self.dims

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from geserve.core.service import InferenceService
+from geserve.core.models import ModelVersion
 from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
 
 logger = logging.getLogger(__name__)
@@ -18,14 +18,15 @@ class InstanceMonitor:
     (pyACL, model.py), so the front-end asks them: one instance per device for device usage, and every
     instance that reports readiness or custom metrics (python models)."""
 
-    def __init__(self, service: InferenceService, interval_s: float) -> None:
-        self._service = service
-        self._interval_s = interval_s
+    def __init__(self, versions: Callable[[], list[ModelVersion]]) -> None:
+        self._versions = versions
+        self._interval_s = 2.0
         self.device_usage: dict[int, DeviceUsage] = {}
         self.custom_metrics: list[CustomMetric] = []
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    def start(self, interval_s: float) -> None:
+        self._interval_s = interval_s
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -43,7 +44,7 @@ class InstanceMonitor:
             await asyncio.sleep(self._interval_s)
 
     async def refresh(self) -> None:
-        per_version = await asyncio.gather(*(version.read_statuses() for version in self._service.loaded_versions()))
+        per_version = await asyncio.gather(*(version.read_statuses() for version in self._versions()))
         usage: dict[int, DeviceUsage] = {}
         readings: list[InstanceStatus] = [status for statuses in per_version for status in statuses]
         for status in readings:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.settings import LoggingSettings
 
 LOG_FILE_REFUSAL = "log file location can not be updated through network protocol"
 FORMATS = {
@@ -26,6 +27,10 @@ class LogSettings:
     log_error: bool = True
     log_verbose_level: int = 0
     log_format: str = "default"
+
+    @classmethod
+    def from_settings(cls, settings: LoggingSettings) -> LogSettings:
+        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -50,7 +55,7 @@ class LogSettings:
         return logging.CRITICAL + 10
 
     def update(self, changes: dict[str, Any]) -> None:
-        """Apply a POST /v2/logging body (or LogSettings RPC); nothing changes when any value is bad."""
+        """Apply changed settings (the logging extension); nothing changes when any value is bad."""
         if "log_file" in changes and changes["log_file"] != self.log_file:
             raise UnsupportedError(LOG_FILE_REFUSAL)
         staged = LogSettings(**self.as_json())

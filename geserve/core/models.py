@@ -9,26 +9,9 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.batching.scheduler import Scheduler
 from geserve.codecs import dtypes
 from geserve.core.stats import ModelStats
-from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata
+from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """A config input or output, resolved once at load so requests are checked cheaply."""
-
-    name: str
-    dtype: dtypes.DataType
-    dims: tuple[int, ...]
-    reshape: tuple[int, ...] | None
-    optional: bool
-    batched: bool
-
-    @property
-    def wire_shape(self) -> tuple[int, ...]:
-        """The shape clients see: -1 for the batch dimension first when the model batches."""
-        return ((-1,) if self.batched else ()) + self.dims
 
 
 def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: bool) -> dict[str, TensorSpec]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import shutil
@@ -21,17 +20,12 @@ from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.scan import ModelSource, fingerprint, scan_repositories
+from geserve.settings import ControlMode, RepositorySettings
 
 logger = logging.getLogger(__name__)
 
 EXPLICIT_ONLY = "explicit model load / unload is not allowed if polling is enabled"
 FILE_PREFIX = "file:"
-
-
-class ControlMode(enum.Enum):
-    NONE = "none"  # load everything at start; the repository is not watched
-    POLL = "poll"  # load everything, then follow changes every --repository-poll-secs
-    EXPLICIT = "explicit"  # load --load-model at start; then the repository API decides
 
 
 def check_model_name(name: str) -> None:
@@ -49,20 +43,16 @@ class ModelRepository:
 
     def __init__(
         self,
-        repositories: list[Path],
+        settings: RepositorySettings,
         pools: PoolFactory,
-        mode: ControlMode = ControlMode.NONE,
-        startup_models: tuple[str, ...] = (),
-        poll_secs: float = 15.0,
-        *,
         stop_timeout_s: float = 30.0,
     ) -> None:
-        self.repositories = repositories
+        self.repositories = list(settings.paths)
         self._pools = pools
         self._stop_timeout_s = stop_timeout_s
-        self.mode = mode
-        self.startup_models = startup_models
-        self.poll_secs = poll_secs
+        self.mode = settings.control_mode
+        self.startup_models = settings.startup_models
+        self.poll_secs = settings.poll_secs
         self.models: dict[str, Model] = {}
         self.listeners: list[Callable[[ModelVersion], None]] = []
         self._locks: dict[str, asyncio.Lock] = {}

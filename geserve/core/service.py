@@ -1,4 +1,4 @@
-"""InferenceService: the one API the HTTP and gRPC front-ends call."""
+"""InferenceService: the one API the front-ends and the metrics call."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,12 +16,13 @@ from geserve.codecs import bytes as bytes_codec
 from geserve.codecs.digits import is_decimal
 from geserve.core import validation
 from geserve.core.classification import classification_count, classify
+from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.log_control import LogSettings
 from geserve.core.models import ModelVersion
 from geserve.core.pool_factory import PoolFactory
-from geserve.core.repository import ControlMode, ModelRepository
+from geserve.core.repository import ModelRepository
 from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, CudaSharedMemory, SharedMemoryManager
-from geserve.core.stats import statistics_json
+from geserve.core.stats import VersionStatistics, statistics_json
 from geserve.core.trace import TraceController
 from geserve.errors import (
     GeserveError,
@@ -32,14 +31,22 @@ from geserve.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from geserve.types import InferRequest, InferResponse, ModelMetadata, OutputTensor, Parameters, StreamedResponse
+from geserve.settings import RepositorySettings, ServerSettings
+from geserve.types import (
+    CustomMetric,
+    DeviceUsage,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    OutputTensor,
+    Parameters,
+    StreamedResponse,
+    TensorSpec,
+)
 
 logger = logging.getLogger(__name__)
 
 # Protocol extensions that work end to end; clients (perf_analyzer) key behaviour off this list.
-# Triton's texts for a decoupled model asked for one response.
-DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
-DECOUPLED_UNARY_RPC_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 EXTENSIONS = (
     "classification",
     "model_repository",
@@ -57,67 +64,92 @@ EXTENSIONS = (
 _INLINE_COPY_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class RepositoryControl:
-    """--model-control-mode, --load-model and --repository-poll-secs."""
-
-    mode: ControlMode = ControlMode.NONE
-    startup_models: tuple[str, ...] = ()
-    poll_secs: float = 15.0
+class DecoupledModelError(UnsupportedError):
+    """A decoupled model was asked for one response; each front-end words the refusal as Triton does."""
 
 
 class InferenceService:
-    """Owns the models of the repositories and answers health, metadata and inference."""
+    """Owns the models of the repositories and answers health, metadata, inference and the protocol
+    extensions (repository control, shared memory, statistics, trace, logging)."""
 
-    def __init__(
-        self,
-        repositories: list[Path],
-        pools: PoolFactory,
-        server_id: str = "triton",
-        strict_readiness: bool = True,
-        *,
-        control: RepositoryControl | None = None,
-        shared_memory: SharedMemoryManager | None = None,
-        traces: TraceController | None = None,
-        log_settings: LogSettings | None = None,
-        stop_timeout_s: float = 30.0,
-    ) -> None:
-        self.repositories = repositories
-        self.server_id = server_id
-        self.strict_readiness = strict_readiness
-        control = control or RepositoryControl()
-        self.repository = ModelRepository(
-            repositories, pools, control.mode, control.startup_models, control.poll_secs, stop_timeout_s=stop_timeout_s
-        )
-        self._models = self.repository.models
-        self.shared_memory = shared_memory or SharedMemoryManager(allowed=False)
-        self.cuda_shared_memory = CudaSharedMemory()
-        self.traces = traces or TraceController()
-        self.log_settings = log_settings or LogSettings()
+    def __init__(self, server: ServerSettings, repository: RepositorySettings, pools: PoolFactory) -> None:
+        self._server = server
+        self._repository = ModelRepository(repository, pools, float(server.exit_timeout_secs))
+        self._models = self._repository.models
+        self._shared_memory = SharedMemoryManager(server.allow_client_shm, reserved_prefixes=(pools.segment_prefix,))
+        self._cuda_shared_memory = CudaSharedMemory()
+        self._traces = TraceController(server.trace)
+        self._log_settings = LogSettings.from_settings(server.logging)
+        self._monitor = InstanceMonitor(self.loaded_versions)
         self._accepting = False
         self._draining = False
-        # Called with every version that finishes loading (metrics subscribe to its statistics).
-        self.version_listeners: list[Callable[[ModelVersion], None]] = self.repository.listeners
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def load_models(self) -> dict[str, str]:
         """Load the models the control mode loads at start; returns the failures as name -> reason."""
-        failures = await self.repository.load_startup()
-        self.repository.start_polling()
+        failures = await self._repository.load_startup()
+        self._repository.start_polling()
         self._accepting = True
         return failures
+
+    def start_monitoring(self, interval_s: float) -> None:
+        """Read the instances' status every interval: device usage, readiness and custom metrics."""
+        self._monitor.start(interval_s)
 
     # -- the model repository extension ----------------------------------------------------
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return await self.repository.index(ready_only)
+        return await self._repository.index(ready_only)
 
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        await self.repository.load(name, parameters)
+        await self._repository.load(name, parameters)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        await self.repository.unload(name, unload_dependents)
+        await self._repository.unload(name, unload_dependents)
+
+    # -- the shared-memory extensions -----------------------------------------------------
+
+    def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self._shared_memory.status(name)
+
+    def register_shared_memory(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self._shared_memory.register(name, key, offset, byte_size)
+
+    def unregister_shared_memory(self, name: str = "") -> None:
+        """One region, or all of them when `name` is empty."""
+        self._shared_memory.unregister(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self._cuda_shared_memory.status(name)
+
+    def register_cuda_shared_memory(self) -> None:
+        self._cuda_shared_memory.register()
+
+    def unregister_cuda_shared_memory(self, name: str = "") -> None:
+        self._cuda_shared_memory.unregister(name)
+
+    # -- the trace and logging extensions -------------------------------------------------
+
+    def trace_settings(self, model: str | None = None) -> dict[str, list[str] | str]:
+        """The global trace settings, or a model's (Triton's errors for an unknown model)."""
+        if model is not None:
+            self.model_version(model)
+        return self._traces.settings(model)
+
+    def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply changes (a None value clears a model's own setting); returns the settings now in force."""
+        if model is not None:
+            self.model_version(model)
+        return self._traces.update(model, changes)
+
+    def log_settings(self) -> dict[str, Any]:
+        return self._log_settings.as_json()
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply changes (nothing changes when any is bad); returns the settings now in force."""
+        self._log_settings.update(changes)
+        return self._log_settings.as_json()
 
     def start_draining(self) -> None:
         """Report not ready from now on, while still serving (the first step of shutdown)."""
@@ -135,9 +167,11 @@ class InferenceService:
                 version.kill()
 
     async def shutdown(self) -> None:
-        """Stop answering as ready and stop every worker."""
+        """Stop answering as ready, stop every worker and release the clients' shared memory."""
         self._accepting = False
-        await self.repository.shutdown()
+        await self._monitor.stop()
+        await self._repository.shutdown()
+        self._shared_memory.close()
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -149,12 +183,12 @@ class InferenceService:
     def ready(self) -> bool:
         if not self._accepting or self._draining:
             return False
-        if not self.strict_readiness:
+        if not self._server.strict_readiness:
             return True
         return all(model.unloaded or (not model.reason and model.ready_versions()) for model in self._models.values())
 
     def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
-        return self.server_id, geserve.__version__, EXTENSIONS
+        return self._server.server_id, geserve.__version__, EXTENSIONS
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The version a request addresses; Triton's errors for unknown models and versions."""
@@ -197,11 +231,33 @@ class InferenceService:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.model_version(name, version).config
 
+    def model_inputs(self, name: str, version: str = "") -> tuple[TensorSpec, ...]:
+        """The inputs of the version a request addresses, as its config declares them."""
+        return tuple(self.model_version(name, version).inputs.values())
+
     def loaded_versions(self) -> list[ModelVersion]:
         """Every loaded version of every model, by name then version."""
         return [
             model.versions[number] for _, model in sorted(self._models.items()) for number in sorted(model.versions)
         ]
+
+    def version_statistics(self) -> list[VersionStatistics]:
+        """Every loaded version's statistics, by name then version (what the metrics publish)."""
+        return [VersionStatistics(v.name, v.version, v.config, v.stats) for v in self.loaded_versions()]
+
+    def on_version_loaded(self, listener: Callable[[VersionStatistics], None]) -> None:
+        """Call `listener` with every version that finishes loading from now on."""
+        self._repository.listeners.append(
+            lambda version: listener(VersionStatistics(version.name, version.version, version.config, version.stats))
+        )
+
+    def device_usage(self) -> dict[int, DeviceUsage]:
+        """The accelerators' memory and load at the last status read, by device."""
+        return self._monitor.device_usage
+
+    def custom_metrics(self) -> list[CustomMetric]:
+        """The python models' own metrics at the last status read, summed over their instances."""
+        return self._monitor.custom_metrics
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """The statistics extension's `model_stats`: all models, one model's versions, or one version."""
@@ -216,15 +272,15 @@ class InferenceService:
 
     # -- inference -------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, decoupled_refusal: str = DECOUPLED_REFUSAL) -> InferResponse:
+    async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; errors carry Triton's request-id prefix. A decoupled
-        model answers only streams: the request fails with `decoupled_refusal`."""
+        model answers only streams: the request fails with DecoupledModelError."""
         started_ns = time.monotonic_ns()
         model, inputs, output_names = self._admit(request)
-        trace = self.traces.start(model.name, model.version_str, request.id) if self.traces.active else None
+        trace = self._traces.start(model.name, model.version_str, request.id) if self._traces.active else None
         try:
             if model.decoupled:
-                raise UnsupportedError(decoupled_refusal)
+                raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
             marks = trace.timestamps if trace is not None else None
             outputs = await model.scheduler.execute(inputs, output_names, request.parameters, request.id, marks)
             response = await self._response(model, request, output_names, outputs)
@@ -260,7 +316,7 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         try:
-            inputs = validation.validate_inputs(request, model, self.shared_memory.read)
+            inputs = validation.validate_inputs(request, model, self._shared_memory.read)
             output_names = validation.requested_output_names(request, model)
         except GeserveError as error:
             model.stats.record_failure("OTHER", 0)
@@ -289,9 +345,9 @@ class InferenceService:
         data = bytes_codec.wire_bytes(tensor.datatype, tensor.data)
         what = f"output '{tensor.name}'"
         if len(data) > _INLINE_COPY_BYTES:
-            written = await asyncio.to_thread(self.shared_memory.write, asked, what, data)
+            written = await asyncio.to_thread(self._shared_memory.write, asked, what, data)
         else:
-            written = self.shared_memory.write(asked, what, data)
+            written = self._shared_memory.write(asked, what, data)
         parameters = {REGION: asked[REGION], BYTE_SIZE: written}
         if OFFSET in asked:
             parameters[OFFSET] = asked[OFFSET]

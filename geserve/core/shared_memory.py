@@ -16,12 +16,11 @@ from geserve.errors import (
     UnsupportedError,
 )
 from geserve.types import Parameters
-from geserve.workers.shm import SHM_PREFIX
 
 DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 CUDA_UNSUPPORTED = "CUDA shared memory is not supported by geserve: it has no CUDA devices"
-# Triton's python-backend prefix, and geserve's own worker segments: never registrable by clients.
-RESERVED_PREFIXES = ("triton_python_backend_shm_region_", SHM_PREFIX)
+# Triton's python-backend prefix: never registrable by clients (nor are the server's own segments).
+TRITON_PYTHON_PREFIX = "triton_python_backend_shm_region_"
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
@@ -53,8 +52,9 @@ def _integer(value: Any, what: str) -> int:
 class SharedMemoryManager:
     """Regions clients registered; off unless the server was started with --allow-client-shm=true."""
 
-    def __init__(self, allowed: bool = False) -> None:
+    def __init__(self, allowed: bool = False, reserved_prefixes: tuple[str, ...] = ()) -> None:
         self.allowed = allowed
+        self._reserved = (TRITON_PYTHON_PREFIX, *reserved_prefixes)
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()  # reads and writes of large tensors run on worker threads
 
@@ -81,7 +81,7 @@ class SharedMemoryManager:
         stripped = key.lstrip("/")
         if not stripped or "/" in stripped or "\x00" in stripped or stripped in (".", ".."):
             raise InvalidArgumentError(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
-        for prefix in RESERVED_PREFIXES:
+        for prefix in self._reserved:
             if stripped.startswith(prefix):
                 raise InvalidArgumentError(
                     f"cannot register shared memory region '{name}' with key '{key}' as the key contains the "
@@ -192,7 +192,7 @@ def _shrunk(region: _Region, size: int, end: int) -> InvalidArgumentError:
 
 
 class CudaSharedMemory:
-    """The CUDA shared-memory endpoints exist for clients that probe them: status answers empty,
+    """The CUDA shared-memory extension exists for clients that probe it: status answers empty,
     unregister succeeds, register is unsupported (no CUDA devices here)."""
 
     def status(self, name: str = "") -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from geserve._generated import model_config_pb2 as mc
 from geserve.types import RequestTiming
 
 # nv_inference_request_failure reasons; every one is reported, even at zero.
@@ -115,3 +116,13 @@ def statistics_json(name: str, version: str, stats: ModelStats) -> dict[str, Any
         ],
         "memory_usage": [],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStatistics:
+    """A loaded version's statistics, with what metrics label them by (its config's metric tags)."""
+
+    name: str
+    version: int
+    config: mc.ModelConfig
+    stats: ModelStats

@@ -93,7 +93,7 @@ class TraceController:
         return merged
 
     def update(self, model: str | None, changes: Mapping[str, Any], from_network: bool = True) -> dict[str, Any]:
-        """Apply settings; a None value (an empty list over gRPC) clears a model's own setting or resets a
+        """Apply settings; a None value (an empty list) clears a model's own setting or resets a
         global one. Nothing changes when any value is bad."""
         staged: dict[str, list[str] | str | None] = {}
         for key, value in changes.items():

@@ -10,9 +10,9 @@ import numpy as np
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.core.classification import classification_count
-from geserve.core.models import ModelVersion, TensorSpec
+from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError, UnsupportedError
-from geserve.types import InferInput, InferRequest, Parameters
+from geserve.types import InferInput, InferRequest, Parameters, TensorSpec
 
 # (a tensor's parameters, what it is for messages) -> its bytes from client shared memory.
 SharedReader = Callable[[Parameters, str], memoryview]

@@ -7,7 +7,8 @@ from typing import Any
 
 import grpc
 
-from geserve.core.restrictions import Restriction, allowed
+from geserve.restrictions import allowed
+from geserve.settings import Restriction
 
 HEADER_PREFIX = "triton-grpc-protocol-"
 _GROUPS = {

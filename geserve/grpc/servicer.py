@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from geserve._generated import grpc_service_pb2 as pb
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2, health_pb2_grpc
-from geserve.core.service import DECOUPLED_UNARY_RPC_REFUSAL, InferenceService
+from geserve.core.service import DecoupledModelError, InferenceService
 from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
@@ -72,6 +72,10 @@ def _stream_messages(
     return messages
 
 
+# Triton's text for a decoupled model asked for one response.
+DECOUPLED_UNARY_RPC_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
 class _StreamEnd:
     """Marks the end of a stream's answers, with the status to close it with, if any."""
 
@@ -115,7 +119,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         infer_request = convert.infer_request_from_proto(request)
-        return convert.infer_response_to_proto(await self._service.infer(infer_request, DECOUPLED_UNARY_RPC_REFUSAL))
+        try:
+            response = await self._service.infer(infer_request)
+        except DecoupledModelError:
+            raise UnsupportedError(DECOUPLED_UNARY_RPC_REFUSAL).with_request_id(infer_request.id) from None
+        return convert.infer_response_to_proto(response)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         return await _answer(context, lambda: self._infer(request))
@@ -221,7 +229,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.SystemSharedMemoryStatusResponse:
         async def produce() -> pb.SystemSharedMemoryStatusResponse:
             response = pb.SystemSharedMemoryStatusResponse()
-            for region in self._service.shared_memory.status(request.name):
+            for region in self._service.shared_memory_status(request.name):
                 response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
             return response
 
@@ -231,7 +239,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
     ) -> pb.SystemSharedMemoryRegisterResponse:
         async def produce() -> pb.SystemSharedMemoryRegisterResponse:
-            self._service.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            self._service.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
             return pb.SystemSharedMemoryRegisterResponse()
 
         return await _answer(context, produce)
@@ -240,7 +248,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         async def produce() -> pb.SystemSharedMemoryUnregisterResponse:
-            self._service.shared_memory.unregister(request.name)
+            self._service.unregister_shared_memory(request.name)
             return pb.SystemSharedMemoryUnregisterResponse()
 
         return await _answer(context, produce)
@@ -249,7 +257,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryStatusRequest, context: Context
     ) -> pb.CudaSharedMemoryStatusResponse:
         async def produce() -> pb.CudaSharedMemoryStatusResponse:
-            self._service.cuda_shared_memory.status(request.name)
+            self._service.cuda_shared_memory_status(request.name)
             return pb.CudaSharedMemoryStatusResponse()
 
         return await _answer(context, produce)
@@ -258,7 +266,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
     ) -> pb.CudaSharedMemoryRegisterResponse:
         async def produce() -> pb.CudaSharedMemoryRegisterResponse:
-            self._service.cuda_shared_memory.register()
+            self._service.register_cuda_shared_memory()
             return pb.CudaSharedMemoryRegisterResponse()
 
         return await _answer(context, produce)
@@ -267,7 +275,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
     ) -> pb.CudaSharedMemoryUnregisterResponse:
         async def produce() -> pb.CudaSharedMemoryUnregisterResponse:
-            self._service.cuda_shared_memory.unregister(request.name)
+            self._service.unregister_cuda_shared_memory(request.name)
             return pb.CudaSharedMemoryUnregisterResponse()
 
         return await _answer(context, produce)
@@ -277,10 +285,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
         async def produce() -> pb.TraceSettingResponse:
             model = request.model_name or None
-            if model is not None:
-                self._service.model_version(model)
             changes = {key: list(value.value) or None for key, value in request.settings.items()}
-            settings = self._service.traces.update(model, changes) if changes else self._service.traces.settings(model)
+            service = self._service
+            settings = service.update_trace_settings(model, changes) if changes else service.trace_settings(model)
             response = pb.TraceSettingResponse()
             for key, value in settings.items():
                 response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -294,10 +301,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for key, value in request.settings.items():
                 choice = value.WhichOneof("parameter_choice")
                 changes[key] = getattr(value, choice) if choice else None
-            if changes:
-                self._service.log_settings.update(changes)
+            current_settings = self._service.update_log_settings(changes) if changes else self._service.log_settings()
             response = pb.LogSettingsResponse()
-            for key, current in self._service.log_settings.as_json().items():
+            for key, current in current_settings.items():
                 if isinstance(current, bool):
                     response.settings[key].bool_param = current
                 elif isinstance(current, int):

@@ -11,17 +11,16 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 import geserve
-from geserve.core.restrictions import Restriction, allowed
 from geserve.core.service import InferenceService
 from geserve.errors import GeserveError
 from geserve.http.errors import error_body, error_response, from_error, unexpected_message
 from geserve.http.extensions import build_extension_router
 from geserve.http.infer import INFER_PATH, InferEndpoint
 from geserve.http.routes import build_router
+from geserve.restrictions import allowed
+from geserve.settings import DEFAULT_MAX_INPUT_SIZE, HttpSettings, Restriction
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
 
 
 def api_group(path: str) -> str:
@@ -79,12 +78,9 @@ class HttpApp:
         return False
 
 
-def create_app(
-    service: InferenceService,
-    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
-    restrictions: Mapping[str, Restriction] | None = None,
-) -> HttpApp:
-    return HttpApp(create_api(service, max_input_size), InferEndpoint(service, max_input_size), restrictions)
+def create_app(service: InferenceService, settings: HttpSettings) -> HttpApp:
+    limit = settings.max_input_size
+    return HttpApp(create_api(service, limit), InferEndpoint(service, limit), settings.restrictions)
 
 
 def create_api(service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastAPI:

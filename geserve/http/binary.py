@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,6 @@ import orjson
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
-from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError
 from geserve.types import (
     InferInput,
@@ -22,6 +21,7 @@ from geserve.types import (
     OutputTensor,
     ParameterValue,
     RequestedOutput,
+    TensorSpec,
 )
 
 BINARY_DATA = "binary_data"
@@ -206,14 +206,16 @@ def _requested_outputs(value: Any, default_binary: bool) -> tuple[tuple[Requeste
     return tuple(outputs), binary
 
 
-def decode_raw_request(body: memoryview, model: ModelVersion, model_version: str) -> InferRequest:
-    """A body that is one input's raw bytes (header length 0): shape deduced from the config."""
-    if len(model.inputs) != 1:
+def decode_raw_request(
+    body: memoryview, model_name: str, inputs: Sequence[TensorSpec], model_version: str
+) -> InferRequest:
+    """A body that is one input's raw bytes (header length 0): shape deduced from the config's `inputs`."""
+    if len(inputs) != 1:
         raise InvalidArgumentError(
-            f"Raw request must only have 1 input (found 1) to be deduced but got {len(model.inputs)} inputs "
-            f"in '{model.name}' model configuration"
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} inputs "
+            f"in '{model_name}' model configuration"
         )
-    spec = next(iter(model.inputs.values()))
+    spec = inputs[0]
     batch = (1,) if spec.batched else ()
     itemsize = spec.dtype.itemsize
     if itemsize is None:
@@ -225,7 +227,7 @@ def decode_raw_request(body: memoryview, model: ModelVersion, model_version: str
         element = np.empty(1, dtype=np.object_)
         element[0] = bytes(body)  # the whole body is the one string element
         tensor = InferInput(spec.name, spec.dtype.wire, shape, element.reshape(shape))
-        return InferRequest(model.name, model_version, (tensor,), (), "", {"binary_data_output": True})
+        return InferRequest(model_name, model_version, (tensor,), (), "", {"binary_data_output": True})
     else:
         variable = [i for i, d in enumerate(spec.dims) if d == -1]
         if len(variable) > 1:
@@ -239,7 +241,7 @@ def decode_raw_request(body: memoryview, model: ModelVersion, model_version: str
             dims[variable[0]] = len(body) // fixed if fixed else 0
         shape = batch + tuple(dims)
     tensor = InferInput(spec.name, spec.dtype.wire, shape, body)
-    return InferRequest(model.name, model_version, (tensor,), (), "", {"binary_data_output": True})
+    return InferRequest(model_name, model_version, (tensor,), (), "", {"binary_data_output": True})
 
 
 def _json_data(tensor: OutputTensor) -> tuple[Any, bool]:

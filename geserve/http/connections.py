@@ -7,12 +7,12 @@ import http
 import logging
 import resource
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from geserve.http.errors import error_body
+from geserve.settings import HttpSettings
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +42,6 @@ def raise_descriptor_limit() -> int:
             return soft
         return hard
     return soft
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """What one client connection may hold: time to send headers, silence within a body, and how many."""
-
-    header_timeout_s: float = 30.0  # first byte of a request to the end of its headers
-    body_timeout_s: float = 60.0  # longest silence while a request body is arriving
-    keep_alive_s: int = 5  # an idle connection (a new one, or between requests) is closed after this
-    max_connections: int = 0  # 0: half the file-descriptor limit
 
 
 def _raw_response(status: int, message: str, *extra: tuple[bytes, bytes]) -> bytes:
@@ -108,7 +98,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     Subclassed per listener by `protocol_for`, which binds the limits and the set of admitted connections.
     """
 
-    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    limits: ClassVar[HttpSettings] = HttpSettings()
     max_connections: ClassVar[int] = 1
     admitted: ClassVar[set[GuardedHttpProtocol]]
     tally: ClassVar[_Tally]
@@ -247,7 +237,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._linger_timer = self.loop.call_later(LINGER_S, raw.close)
 
 
-def protocol_for(listener: str, limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+def protocol_for(listener: str, limits: HttpSettings) -> type[GuardedHttpProtocol]:
     """A protocol class for one listener: its own limits and its own count of admitted connections."""
     cap = limits.max_connections or default_max_connections()
     attributes = {"limits": limits, "max_connections": cap, "admitted": set(), "tally": _Tally(listener)}

@@ -102,60 +102,55 @@ def build_extension_router(service: InferenceService, limit: int) -> APIRouter:
     @router.get("/v2/systemsharedmemory/status")
     @router.get("/v2/systemsharedmemory/region/{region}/status")
     async def system_shm_status(region: str = "") -> Response:
-        return _json(service.shared_memory.status(region))
+        return _json(service.shared_memory_status(region))
 
     @router.post("/v2/systemsharedmemory/region/{region}/register")
     async def system_shm_register(request: Request, region: str) -> Response:
         body = await _body(request, limit)
-        service.shared_memory.register(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
+        service.register_shared_memory(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
         return Response(status_code=200)
 
     @router.post("/v2/systemsharedmemory/unregister")
     @router.post("/v2/systemsharedmemory/region/{region}/unregister")
     async def system_shm_unregister(region: str = "") -> Response:
-        service.shared_memory.unregister(region)
+        service.unregister_shared_memory(region)
         return Response(status_code=200)
 
     @router.get("/v2/cudasharedmemory/status")
     @router.get("/v2/cudasharedmemory/region/{region}/status")
     async def cuda_shm_status(region: str = "") -> Response:
-        return _json(service.cuda_shared_memory.status(region))
+        return _json(service.cuda_shared_memory_status(region))
 
     @router.post("/v2/cudasharedmemory/region/{region}/register")
     async def cuda_shm_register(region: str) -> Response:
-        service.cuda_shared_memory.register()
+        service.register_cuda_shared_memory()
         return Response(status_code=200)
 
     @router.post("/v2/cudasharedmemory/unregister")
     @router.post("/v2/cudasharedmemory/region/{region}/unregister")
     async def cuda_shm_unregister(region: str = "") -> Response:
-        service.cuda_shared_memory.unregister(region)
+        service.unregister_cuda_shared_memory(region)
         return Response(status_code=200)
 
     # -- logging and trace -----------------------------------------------------------------------
 
     @router.get("/v2/logging")
     async def get_logging() -> Response:
-        return _json(service.log_settings.as_json())
+        return _json(service.log_settings())
 
     @router.post("/v2/logging")
     async def post_logging(request: Request) -> Response:
-        service.log_settings.update(await _body(request, limit))
-        return _json(service.log_settings.as_json())
+        return _json(service.update_log_settings(await _body(request, limit)))
 
     @router.get("/v2/trace/setting")
     @router.get("/v2/models/{model_name}/trace/setting")
     async def get_trace(model_name: str | None = None) -> Response:
-        if model_name is not None:
-            service.model_version(model_name)
-        return _json(service.traces.settings(model_name))
+        return _json(service.trace_settings(model_name))
 
     @router.post("/v2/trace/setting")
     @router.post("/v2/models/{model_name}/trace/setting")
     async def post_trace(request: Request, model_name: str | None = None) -> Response:
-        if model_name is not None:
-            service.model_version(model_name)
-        return _json(service.traces.update(model_name, await _body(request, limit)))
+        return _json(service.update_trace_settings(model_name, await _body(request, limit)))
 
     @router.get("/v2/models/{model_name}/versions/{version}/trace/setting")
     @router.post("/v2/models/{model_name}/versions/{version}/trace/setting")

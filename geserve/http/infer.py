@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from geserve.codecs.digits import is_decimal
-from geserve.core.service import InferenceService
-from geserve.errors import GeserveError, InvalidArgumentError
+from geserve.core.service import DecoupledModelError, InferenceService
+from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.http import binary
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, read_body
 from geserve.http.errors import error_body, status_of, unexpected_message
@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 # else falls through to the other routes, which answer 404.
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 _JSON = [(b"content-type", b"application/json")]
+# Triton's text for a decoupled model asked for one response.
+DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
 
 
 class InferEndpoint:
@@ -67,14 +69,17 @@ class InferEndpoint:
         else:
             header_size = int(header_length)
         if header_size == 0 and header_length is not None:
-            model = self._service.model_version(model_name, version)
-            request = binary.decode_raw_request(view, model, version)
+            inputs = self._service.model_inputs(model_name, version)
+            request = binary.decode_raw_request(view, model_name, inputs, version)
             encoding = binary.ALL_BINARY
         else:
             request, encoding = binary.decode_request(
                 binary.loads(view[:header_size]), view[header_size:], model_name, version
             )
-        response = await self._service.infer(request)
+        try:
+            response = await self._service.infer(request)
+        except DecoupledModelError:
+            raise UnsupportedError(DECOUPLED_REFUSAL).with_request_id(request.id) from None
         json_header, blobs = binary.encode_response(response, encoding)
         if blobs:
             content = b"".join((json_header, *blobs))

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 from geserve.errors import InvalidArgumentError
-
-DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 
 
 def _bool(key: str, value: str) -> bool:
@@ -19,35 +17,20 @@ def _bool(key: str, value: str) -> bool:
     raise InvalidArgumentError(f"--metrics-config {key} must be true or false, got '{value}'")
 
 
-@dataclass(frozen=True, slots=True)
-class MetricsConfig:
-    """Triton's metrics settings; latency counters on, summaries and histograms off by default."""
-
-    counter_latencies: bool = True
-    summary_latencies: bool = False
-    summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
-    histogram_latencies: bool = False
-    interval_ms: int = 2000
-    cpu_metrics: bool = True
-    gpu_metrics: bool = True  # accelerators (NPUs) under Triton's nv_gpu_* names
-
-    @classmethod
-    def parse(
-        cls, entries: Sequence[str], interval_ms: int = 2000, cpu_metrics: bool = True, gpu_metrics: bool = True
-    ) -> MetricsConfig:
-        """`key=value` entries as given to --metrics-config."""
-        values: dict[str, object] = {"interval_ms": interval_ms, "cpu_metrics": cpu_metrics, "gpu_metrics": gpu_metrics}
-        for entry in entries:
-            key, separator, value = entry.partition("=")
-            if not separator:
-                raise InvalidArgumentError(f"--metrics-config expects key=value, got '{entry}'")
-            if key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
-                values[key] = _bool(key, value)
-            elif key == "summary_quantiles":
-                values[key] = _quantiles(value)
-            else:
-                raise InvalidArgumentError(f"unknown --metrics-config key '{key}'")
-        return cls(**values)  # type: ignore[arg-type]
+def parse_entries(entries: Sequence[str]) -> dict[str, Any]:
+    """`key=value` entries as given to --metrics-config -> MetricsSettings fields."""
+    values: dict[str, Any] = {}
+    for entry in entries:
+        key, separator, value = entry.partition("=")
+        if not separator:
+            raise InvalidArgumentError(f"--metrics-config expects key=value, got '{entry}'")
+        if key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
+            values[key] = _bool(key, value)
+        elif key == "summary_quantiles":
+            values[key] = _quantiles(value)
+        else:
+            raise InvalidArgumentError(f"unknown --metrics-config key '{key}'")
+    return values
 
 
 def _quantiles(text: str) -> tuple[tuple[float, float], ...]:

@@ -8,13 +8,11 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from geserve.core.instance_monitor import InstanceMonitor
-from geserve.core.models import ModelVersion
 from geserve.core.service import InferenceService
-from geserve.core.stats import FAILURE_REASONS, ModelStats
-from geserve.metrics.config import MetricsConfig
+from geserve.core.stats import FAILURE_REASONS, ModelStats, VersionStatistics
 from geserve.metrics.latency import DEFAULT_BUCKETS_MS, SUMMARY_FAMILIES, LatencyTracker
 from geserve.metrics.system import CpuUtilization, memory_bytes
+from geserve.settings import MetricsSettings
 
 HISTOGRAM = "nv_inference_first_response_histogram_ms"
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -56,14 +54,14 @@ _SUMMARY_HELP = {
 }
 
 
-def _labels(version: ModelVersion) -> dict[str, str]:
+def _labels(version: VersionStatistics) -> dict[str, str]:
     # prometheus-cpp prints labels sorted by name; metric_tags add `_<key>` labels.
-    labels = {"model": version.name, "version": version.version_str}
+    labels = {"model": version.name, "version": str(version.version)}
     labels.update({f"_{key}": value for key, value in version.config.metric_tags.items()})
     return dict(sorted(labels.items()))
 
 
-def _histogram_bounds(version: ModelVersion) -> tuple[float, ...]:
+def _histogram_bounds(version: VersionStatistics) -> tuple[float, ...]:
     for control in version.config.model_metrics.metric_control:
         if control.metric_identifier.family == HISTOGRAM and control.histogram_options.buckets:
             return tuple(control.histogram_options.buckets)
@@ -77,17 +75,15 @@ class TritonCollector(Collector):
     def __init__(
         self,
         service: InferenceService,
-        config: MetricsConfig,
-        monitor: InstanceMonitor | None = None,
+        config: MetricsSettings,
     ) -> None:
         self._service = service
-        self._monitor = monitor
         self._config = config
         self._trackers: dict[tuple[str, int], LatencyTracker] = {}
         self._cpu = CpuUtilization(config.interval_ms) if config.cpu_metrics else None
-        service.version_listeners.append(self.watch)
+        service.on_version_loaded(self.watch)
 
-    def watch(self, version: ModelVersion) -> None:
+    def watch(self, version: VersionStatistics) -> None:
         """Subscribe to a newly loaded version's request timings when summaries or histograms are on."""
         config = self._config
         if not (config.summary_latencies or config.histogram_latencies):
@@ -98,7 +94,7 @@ class TritonCollector(Collector):
         version.stats.observers.append(tracker)
 
     def collect(self) -> Iterator[Metric]:
-        versions = [(version, _labels(version)) for version in self._service.loaded_versions()]
+        versions = [(version, _labels(version)) for version in self._service.version_statistics()]
         for name, documentation, field in _COUNTERS:
             metric = Metric(name, documentation, "counter")
             for version, labels in versions:
@@ -135,7 +131,7 @@ class TritonCollector(Collector):
         yield from self._device_metrics()
         yield from self._custom_metrics()
 
-    def _latency_metrics(self, versions: list[tuple[ModelVersion, dict[str, str]]]) -> Iterator[Metric]:
+    def _latency_metrics(self, versions: list[tuple[VersionStatistics, dict[str, str]]]) -> Iterator[Metric]:
         tracked = [
             (self._trackers[(v.name, v.version)], labels)
             for v, labels in versions
@@ -178,9 +174,9 @@ class TritonCollector(Collector):
     def _device_metrics(self) -> Iterator[Metric]:
         """NPUs under the names Triton uses for GPUs, with the single gpu_uuid label that dashboards
         and perf_analyzer --collect-metrics expect."""
-        if self._monitor is None or not self._config.gpu_metrics:
+        if not self._config.gpu_metrics:
             return
-        usage = self._monitor.device_usage
+        usage = self._service.device_usage()
         if not usage:
             return
         readings = [({"gpu_uuid": f"NPU-{device}"}, usage[device]) for device in sorted(usage)]
@@ -199,10 +195,8 @@ class TritonCollector(Collector):
 
     def _custom_metrics(self) -> Iterator[Metric]:
         """Families python models define with pb_utils.MetricFamily, as Triton exports them."""
-        if self._monitor is None:
-            return
         families: dict[str, Metric] = {}
-        for series in self._monitor.custom_metrics:
+        for series in self._service.custom_metrics():
             metric = families.get(series.family)
             if metric is None:
                 metric = families[series.family] = Metric(series.family, series.description, series.kind)
@@ -235,10 +229,8 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def create_registry(
-    service: InferenceService, config: MetricsConfig, monitor: InstanceMonitor | None = None
-) -> CollectorRegistry:
+def create_registry(service: InferenceService, config: MetricsSettings) -> CollectorRegistry:
     """A fresh registry (never prometheus_client's global one) holding Triton's families."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(service, config, monitor))
+    registry.register(TritonCollector(service, config))
     return registry

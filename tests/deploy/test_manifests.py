@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from geserve.cli import parse_options
+from geserve.cli import parse_settings
 from tests.deploy.manifests import (
     CHART,
     CRDS,
@@ -77,7 +77,7 @@ def test_kserve_manifests_validate_against_the_crds() -> None:
 
 
 def _options(args: list[str]) -> Any:
-    return parse_options(args)
+    return parse_settings(args)
 
 
 def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
@@ -87,21 +87,21 @@ def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
         container = containers_of(deployment)[0]
         options = _options(container["args"])
         ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-        assert ports == {"http": options.http_port, "grpc": options.grpc.port, "metrics": options.metrics_port}
+        assert ports == {"http": options.http.port, "grpc": options.grpc.port, "metrics": options.metrics.port}
         assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
         assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
         assert container["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
         # /dev/shm in memory, large enough for at least a few workers' pairs of arenas
         shm = next(volume for volume in pod["volumes"] if volume["name"] == "dshm")
         assert shm["emptyDir"]["medium"] == "Memory"
-        assert _bytes(shm["emptyDir"]["sizeLimit"]) >= 8 * 2 * options.worker_arena_bytes
+        assert _bytes(shm["emptyDir"]["sizeLimit"]) >= 8 * 2 * options.workers.arena_bytes
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
         # drained within the grace period: the exit timeout leaves the kubelet time to spare
-        assert options.exit_timeout_secs < pod["terminationGracePeriodSeconds"]
+        assert options.server.exit_timeout_secs < pod["terminationGracePeriodSeconds"]
 
 
 def test_ascend_values_request_npus_and_mount_the_driver_only() -> None:
@@ -120,18 +120,18 @@ def test_kserve_runtime_args_probes_and_annotations() -> None:
     for runtime in by_kind(kserve_objects(), "ClusterServingRuntime"):
         container = containers_of(runtime)[0]
         options = _options(container["args"])
-        assert options.model_repositories == [Path("/mnt/models")]
-        assert (options.http_port, options.grpc.port) == (8080, 9000)
-        assert container["ports"][0]["containerPort"] == options.http_port
+        assert options.repository.paths == (Path("/mnt/models"),)
+        assert (options.http.port, options.grpc.port) == (8080, 9000)
+        assert container["ports"][0]["containerPort"] == options.http.port
         for probe in ("readinessProbe", "startupProbe"):
-            assert container[probe]["httpGet"] == {"path": "/v2/health/ready", "port": options.http_port}
+            assert container[probe]["httpGet"] == {"path": "/v2/health/ready", "port": options.http.port}
         annotations = runtime["spec"]["annotations"]
-        assert annotations["prometheus.kserve.io/port"] == str(options.metrics_port)
+        assert annotations["prometheus.kserve.io/port"] == str(options.metrics.port)
         assert annotations["prometheus.kserve.io/path"] == "/metrics"
         assert set(runtime["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
         assert {f["name"] for f in runtime["spec"]["supportedModelFormats"]} == {"onnx", "python", "om"}
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-        assert options.control.mode.value == "explicit"  # the model agent drives the repository API
+        assert options.repository.control_mode.value == "explicit"  # the model agent drives the repository API
 
 
 def _bytes(quantity: str) -> int:
@@ -161,9 +161,9 @@ def test_dockerfile_command_parses_with_the_cli(image: str) -> None:
     dockerfile = DEPLOY / "docker" / image
     command = _instruction(dockerfile, "CMD")
     options = _options(command)
-    assert options.model_repositories == [Path("/models")]
+    assert options.repository.paths == (Path("/models"),)
     assert sorted(_instruction(dockerfile, "EXPOSE")) == sorted(
-        str(port) for port in (options.http_port, options.grpc.port, options.metrics_port)
+        str(port) for port in (options.http.port, options.grpc.port, options.metrics.port)
     )
     assert _instruction(dockerfile, "USER") == ["1000:1000"]
     text = dockerfile.read_text()
@@ -306,11 +306,12 @@ def test_the_grace_period_covers_prestop_drain_and_exit_timeout() -> None:
         options = _options(container["args"])
         pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
         assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
-        assert options.drain_delay_secs > 0 and pre_stop > 0
+        assert options.server.drain_delay_secs > 0 and pre_stop > 0
         # The endpoint removal propagates while the pod still serves: a few seconds at least in all.
-        assert pre_stop + options.drain_delay_secs >= 5
+        assert pre_stop + options.server.drain_delay_secs >= 5
         assert (
-            pod["terminationGracePeriodSeconds"] >= pre_stop + options.drain_delay_secs + options.exit_timeout_secs + 5
+            pod["terminationGracePeriodSeconds"]
+            >= pre_stop + options.server.drain_delay_secs + options.server.exit_timeout_secs + 5
         )
 
 
@@ -328,8 +329,8 @@ def test_kserve_ports_are_named_as_knative_routes_them() -> None:
     assert runtimes
     for runtime in runtimes.values():
         container, options = _runtime_ports(runtime)
-        assert container["ports"] == [{"containerPort": options.http_port, "name": "http1", "protocol": "TCP"}]
-        assert options.grpc.port == 9000 and options.http_port == 8080  # KServe's conventions
+        assert container["ports"] == [{"containerPort": options.http.port, "name": "http1", "protocol": "TCP"}]
+        assert options.grpc.port == 9000 and options.http.port == 8080  # KServe's conventions
         assert {"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"])
     services = by_kind(objects, "InferenceService")
     grpc_services = [s for s in services if s["spec"]["predictor"]["model"].get("protocolVersion") == "grpc-v2"]
@@ -347,9 +348,9 @@ def test_kserve_ports_are_named_as_knative_routes_them() -> None:
 def test_the_multi_model_runtime_reloads_its_models_after_a_restart_and_survives_a_bad_one() -> None:
     runtime = next(d for d in by_kind(kserve_objects(), "ClusterServingRuntime") if d["spec"].get("multiModel"))
     _, options = _runtime_ports(runtime)
-    assert options.control.mode.value == "explicit"
-    assert list(options.control.startup_models) == ["*"]
-    assert not options.exit_on_error
+    assert options.repository.control_mode.value == "explicit"
+    assert list(options.repository.startup_models) == ["*"]
+    assert not options.server.exit_on_error
 
 
 def test_constraints_pin_every_runtime_dependency_within_the_declared_ranges() -> None:

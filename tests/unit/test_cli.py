@@ -9,27 +9,27 @@ from pathlib import Path
 
 import pytest
 
-from geserve.cli import parse_options
-from geserve.http.connections import ConnectionLimits
+from geserve.cli import parse_settings
 from tests.support import ROOT
 
 
 def test_defaults_are_tritonservers() -> None:
-    options = parse_options(["--model-repository=/models"])
-    assert options.model_repositories == [Path("/models")]
-    assert (options.http_port, options.grpc.port, options.metrics_port) == (8000, 8001, 8002)
+    options = parse_settings(["--model-repository=/models"])
+    assert options.repository.paths == (Path("/models"),)
+    assert (options.http.port, options.grpc.port, options.metrics.port) == (8000, 8001, 8002)
     assert options.grpc.keepalive_time_ms == 7_200_000 and options.grpc.keepalive_timeout_ms == 20_000
     assert options.grpc.http2_max_pings_without_data == 2 and options.grpc.http2_max_ping_strikes == 2
-    assert options.http_address == "0.0.0.0"
-    assert options.http_max_input_size == 1 << 26
-    assert options.http_limits == ConnectionLimits(header_timeout_s=30.0, body_timeout_s=60.0, keep_alive_s=5)
-    assert options.strict_readiness and options.exit_on_error and options.auto_complete
-    assert options.server_id == "triton"
-    assert options.log_level == logging.INFO
+    assert options.http.address == "0.0.0.0"
+    assert options.http.max_input_size == 1 << 26
+    http = options.http
+    assert (http.header_timeout_s, http.body_timeout_s, http.keep_alive_s, http.max_connections) == (30.0, 60.0, 5, 0)
+    assert options.server.strict_readiness and options.server.exit_on_error and options.workers.auto_complete
+    assert options.server.server_id == "triton"
+    assert options.workers.log_level == logging.INFO
 
 
 def test_flags() -> None:
-    options = parse_options(
+    options = parse_settings(
         [
             "--model-store", "/a",
             "--model-repository=/b",
@@ -49,21 +49,20 @@ def test_flags() -> None:
             "--http-max-connections=100",
         ]
     )  # fmt: skip
-    assert options.model_repositories == [Path("/a"), Path("/b")]
-    assert options.http_port == 9000
-    assert not options.strict_readiness and not options.exit_on_error
-    assert options.log_level == logging.DEBUG
-    assert options.http_max_input_size == 1024
-    assert options.server_id == "mine"
-    assert not options.auto_complete
+    assert options.repository.paths == (Path("/a"), Path("/b"))
+    assert options.http.port == 9000
+    assert not options.server.strict_readiness and not options.server.exit_on_error
+    assert options.workers.log_level == logging.DEBUG
+    assert options.http.max_input_size == 1024
+    assert options.server.server_id == "mine"
+    assert not options.workers.auto_complete
     assert options.grpc.port == 9001 and options.grpc.keepalive_time_ms == 1000
     assert options.grpc.keepalive_permit_without_calls
     assert ("grpc.max_receive_message_length", 2**31 - 1) in options.grpc.channel_options()
-    assert options.http_limits == ConnectionLimits(
-        header_timeout_s=2.5, body_timeout_s=7.0, keep_alive_s=9, max_connections=100
-    )
-    assert not parse_options(["--model-repository=/a", "--disable-auto-complete-config"]).auto_complete
-    assert parse_options(["--model-repository=/a", "--exit-on-error"]).exit_on_error
+    http = options.http
+    assert (http.header_timeout_s, http.body_timeout_s, http.keep_alive_s, http.max_connections) == (2.5, 7.0, 9, 100)
+    assert not parse_settings(["--model-repository=/a", "--disable-auto-complete-config"]).workers.auto_complete
+    assert parse_settings(["--model-repository=/a", "--exit-on-error"]).server.exit_on_error
 
 
 @pytest.mark.parametrize(
@@ -79,7 +78,7 @@ def test_flags() -> None:
 )
 def test_bad_flags_exit(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as error:
-        parse_options(argv)
+        parse_settings(argv)
     assert error.value.code == 2
 
 
@@ -102,7 +101,7 @@ def test_help_documents_the_flags() -> None:
 
 
 def test_deployment_flags() -> None:
-    options = parse_options(
+    options = parse_settings(
         [
             "--model-repository=/a",
             "--drain-delay-secs=10",
@@ -112,20 +111,20 @@ def test_deployment_flags() -> None:
             "--grpc-max-connection-age-grace=5000",
         ]
     )
-    assert options.drain_delay_secs == 10 and options.reuse_http_port and options.grpc.reuse_port
+    assert options.server.drain_delay_secs == 10 and options.http.reuse_port and options.grpc.reuse_port
     channel_options = dict(options.grpc.channel_options())
     assert channel_options["grpc.so_reuseport"] == 1
     assert channel_options["grpc.max_connection_age_ms"] == 60000
     assert channel_options["grpc.max_connection_age_grace_ms"] == 5000
-    defaults = parse_options(["--model-repository=/a"])
-    assert defaults.drain_delay_secs == 0 and not defaults.reuse_http_port
+    defaults = parse_settings(["--model-repository=/a"])
+    assert defaults.server.drain_delay_secs == 0 and not defaults.http.reuse_port
     default_channel = dict(defaults.grpc.channel_options())
     assert default_channel["grpc.so_reuseport"] == 0  # grpc's own default would share the port silently
     assert "grpc.max_connection_age_ms" not in default_channel
 
 
 def test_tritonserver_tuning_flags_are_ignored_with_a_warning() -> None:
-    options = parse_options(
+    options = parse_settings(
         [
             "--model-store=/a",
             "--backend-directory=/opt/tritonserver/backends",
@@ -137,7 +136,7 @@ def test_tritonserver_tuning_flags_are_ignored_with_a_warning() -> None:
             "--rate-limit=off",
         ]
     )  # fmt: skip
-    assert options.warnings == (
+    assert options.server.warnings == (
         "ignoring --backend-directory: geserve's backends are built in",
         "ignoring --pinned-memory-pool-byte-size: geserve has no pinned memory pool",
         "ignoring --cuda-memory-pool-byte-size: geserve has no CUDA memory pool",
@@ -160,6 +159,6 @@ def test_tritonserver_flags_that_would_change_behaviour_exit_2_naming_the_flag(
     flag: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as error:
-        parse_options(["--model-repository=/a", flag])
+        parse_settings(["--model-repository=/a", flag])
     assert error.value.code == 2
     assert message in capsys.readouterr().err

@@ -9,11 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError
 from geserve.http import binary
 from geserve.repository.config import parse_config_text
-from geserve.types import InferResponse, OutputTensor
+from geserve.types import InferResponse, OutputTensor, TensorSpec
 from tests.unit.builders import model_version
 
 
@@ -147,20 +146,20 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
-def raw_model(dtype: str, dims: str) -> ModelVersion:
-    return model_version(parse_config_text(RAW % (dtype, dims), "c"))
+def raw_inputs(dtype: str, dims: str) -> tuple[TensorSpec, ...]:
+    return tuple(model_version(parse_config_text(RAW % (dtype, dims), "c")).inputs.values())
 
 
 def test_raw_requests_deduce_the_shape() -> None:
-    request = binary.decode_raw_request(memoryview(bytes(24)), raw_model("TYPE_FP32", "2, -1"), "")
+    request = binary.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "2, -1"), "")
     assert request.inputs[0].shape == (1, 2, 3)
     assert request.parameters == {"binary_data_output": True}
-    strings = binary.decode_raw_request(memoryview(b"hello"), raw_model("TYPE_STRING", "1"), "")
+    strings = binary.decode_raw_request(memoryview(b"hello"), "raw", raw_inputs("TYPE_STRING", "1"), "")
     tensor = strings.inputs[0]
     assert tensor.shape == (1, 1) and isinstance(tensor.data, np.ndarray) and tensor.data[0, 0] == b"hello"
     with pytest.raises(InvalidArgumentError, match="more than one variable-sized dimension"):
-        binary.decode_raw_request(memoryview(bytes(24)), raw_model("TYPE_FP32", "-1, -1"), "")
+        binary.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "-1, -1"), "")
     with pytest.raises(
         InvalidArgumentError, match="For BYTE datatype raw input 'IN', the model must have input shape \\[1\\]"
     ):
-        binary.decode_raw_request(memoryview(b"x"), raw_model("TYPE_STRING", "2"), "")
+        binary.decode_raw_request(memoryview(b"x"), "raw", raw_inputs("TYPE_STRING", "2"), "")

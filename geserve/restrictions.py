@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from geserve.errors import InvalidArgumentError
+from geserve.settings import Restriction
 
 # Triton's API group names (restricted_features.h).
 GROUPS = (
@@ -20,12 +20,6 @@ GROUPS = (
     "trace",
     "logging",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Restriction:
-    key: str  # header name, lower case as both HTTP/2 and ASGI deliver it
-    value: str
 
 
 def parse_restrictions(entries: Sequence[str], flag: str) -> dict[str, Restriction]:
