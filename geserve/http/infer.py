@@ -9,7 +9,7 @@ from typing import Any
 from geserve.codecs.digits import is_decimal
 from geserve.core.service import DecoupledModelError, InferenceService
 from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
-from geserve.http import binary
+from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, read_body
 from geserve.http.errors import error_body, status_of, unexpected_message
 
@@ -70,22 +70,22 @@ class InferEndpoint:
             header_size = int(header_length)
         if header_size == 0 and header_length is not None:
             inputs = self._service.model_inputs(model_name, version)
-            request = binary.decode_raw_request(view, model_name, inputs, version)
-            encoding = binary.ALL_BINARY
+            request = codec.decode_raw_request(view, model_name, inputs, version)
+            encoding = codec.ALL_BINARY
         else:
-            request, encoding = binary.decode_request(
-                binary.loads(view[:header_size]), view[header_size:], model_name, version
+            request, encoding = codec.decode_request(
+                codec.loads(view[:header_size]), view[header_size:], model_name, version
             )
         try:
             response = await self._service.infer(request)
         except DecoupledModelError:
             raise UnsupportedError(DECOUPLED_REFUSAL).with_request_id(request.id) from None
-        json_header, blobs = binary.encode_response(response, encoding)
+        json_header, blobs = codec.encode_response(response, encoding)
         if blobs:
             content = b"".join((json_header, *blobs))
             response_headers = [
                 (b"content-type", b"application/octet-stream"),
-                (binary.HEADER_LENGTH.lower().encode(), str(len(json_header)).encode()),
+                (codec.HEADER_LENGTH.lower().encode(), str(len(json_header)).encode()),
             ]
         else:
             content, response_headers = json_header, list(_JSON)

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from geserve.errors import InvalidArgumentError
-from geserve.http import binary
+from geserve.http import codec
 from geserve.repository.config import parse_config_text
 from geserve.types import InferResponse, OutputTensor, TensorSpec
 from tests.unit.builders import model_version
@@ -29,7 +29,7 @@ def test_json_and_binary_inputs() -> None:
         "outputs": [{"name": "o", "parameters": {"binary_data": False}}, {"name": "p"}],
     }
     blob = np.array([1.5, 2.5], dtype=np.float32).tobytes()
-    request, encoding = binary.decode_request(header, memoryview(blob), "m", "")
+    request, encoding = codec.decode_request(header, memoryview(blob), "m", "")
     a, b, c, d = request.inputs
     assert isinstance(a.data, np.ndarray) and a.data.dtype == np.int32 and a.data.tolist() == [[1, 2], [3, 4]]
     assert isinstance(b.data, memoryview) and bytes(b.data) == blob
@@ -93,21 +93,21 @@ def test_json_and_binary_inputs() -> None:
 )
 def test_bad_requests(header: dict[str, object], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
-        binary.decode_request(header, memoryview(b""), "m", "")
+        codec.decode_request(header, memoryview(b""), "m", "")
 
 
 def test_leftover_binary_data_is_refused() -> None:
     with pytest.raises(
         InvalidArgumentError, match="holds 4 bytes of binary data but its inputs' 'binary_data_size' add up to 0"
     ):
-        binary.decode_request({"inputs": []}, memoryview(b"1234"), "m", "")
+        codec.decode_request({"inputs": []}, memoryview(b"1234"), "m", "")
 
 
 def test_loads_accepts_nan_and_infinity() -> None:
-    parsed = binary.loads(b'{"data": [NaN, Infinity, -Infinity, 1]}')
+    parsed = codec.loads(b'{"data": [NaN, Infinity, -Infinity, 1]}')
     assert np.isnan(parsed["data"][0]) and parsed["data"][1:] == [float("inf"), float("-inf"), 1]
     with pytest.raises(InvalidArgumentError, match="failed to parse the request JSON buffer"):
-        binary.loads(b"{")
+        codec.loads(b"{")
 
 
 def test_encode_response_json_binary_and_special_floats() -> None:
@@ -122,8 +122,8 @@ def test_encode_response_json_binary_and_special_floats() -> None:
         ),
         id="",
     )
-    encoding = binary.OutputEncoding(default_binary=False, per_output={"i": True, "s": True})
-    header, blobs = binary.encode_response(response, encoding)
+    encoding = codec.OutputEncoding(default_binary=False, per_output={"i": True, "s": True})
+    header, blobs = codec.encode_response(response, encoding)
     decoded = json.loads(header)
     assert "id" not in decoded and "parameters" not in decoded
     f, s, h, i = decoded["outputs"]
@@ -134,7 +134,7 @@ def test_encode_response_json_binary_and_special_floats() -> None:
     assert i["parameters"] == {"binary_data_size": 16}
     assert bytes(blobs[0]) == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 0)
     assert np.frombuffer(bytes(blobs[1]), dtype=np.int64).tolist() == [1, 2]
-    plain, _ = binary.encode_response(InferResponse("m", "1", (response.outputs[3],), id="x"), encoding)
+    plain, _ = codec.encode_response(InferResponse("m", "1", (response.outputs[3],), id="x"), encoding)
     assert orjson.loads(plain)["id"] == "x"
 
 
@@ -151,15 +151,15 @@ def raw_inputs(dtype: str, dims: str) -> tuple[TensorSpec, ...]:
 
 
 def test_raw_requests_deduce_the_shape() -> None:
-    request = binary.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "2, -1"), "")
+    request = codec.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "2, -1"), "")
     assert request.inputs[0].shape == (1, 2, 3)
     assert request.parameters == {"binary_data_output": True}
-    strings = binary.decode_raw_request(memoryview(b"hello"), "raw", raw_inputs("TYPE_STRING", "1"), "")
+    strings = codec.decode_raw_request(memoryview(b"hello"), "raw", raw_inputs("TYPE_STRING", "1"), "")
     tensor = strings.inputs[0]
     assert tensor.shape == (1, 1) and isinstance(tensor.data, np.ndarray) and tensor.data[0, 0] == b"hello"
     with pytest.raises(InvalidArgumentError, match="more than one variable-sized dimension"):
-        binary.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "-1, -1"), "")
+        codec.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "-1, -1"), "")
     with pytest.raises(
         InvalidArgumentError, match="For BYTE datatype raw input 'IN', the model must have input shape \\[1\\]"
     ):
-        binary.decode_raw_request(memoryview(b"x"), "raw", raw_inputs("TYPE_STRING", "2"), "")
+        codec.decode_raw_request(memoryview(b"x"), "raw", raw_inputs("TYPE_STRING", "2"), "")
