@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-peers soak chaos check-oldest npu-check clean
+.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers soak chaos check-oldest npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ models: $(STAMP_TEST)
 bench: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_worker
 	$(BIN)/python -m tests.perf.bench_server
+
+# The same perf_analyzer runs against another revision (BASE) and this tree (or CANDIDATE), alternating rounds.
+BASE ?= HEAD~1
+CANDIDATE ?=
+bench-ab: $(STAMP_TEST)
+	$(BIN)/python -m tests.perf.bench_ab --base $(BASE) $(if $(CANDIDATE),--candidate $(CANDIDATE))
 
 # The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
 bench-peers: $(STAMP_TEST)

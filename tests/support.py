@@ -64,9 +64,15 @@ class GeserveProcess:
     """`python -m geserve` on free loopback ports, its output kept in a log file."""
 
     def __init__(
-        self, log_path: Path, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+        self,
+        log_path: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
+        cwd: Path = ROOT,
     ) -> None:
-        """`prefix` runs the server under another command that execs it (e.g. `unshare ...`), so the pid is geserve's."""
+        """`prefix` runs the server under another command that execs it (e.g. `unshare ...`), so the pid is geserve's;
+        `cwd` is the checkout whose geserve runs (`python -m` imports from it first)."""
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = log_path
         self._args = args
@@ -83,7 +89,7 @@ class GeserveProcess:
         ]
         self._log = log_path.open("wb")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=environment)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env=environment)
 
     @property
     def url(self) -> str:
