@@ -317,7 +317,7 @@ class Scheduler:
             request.dispatched_ns = now
             wanted.update(dict.fromkeys(request.output_names))
         inputs = {name: [request.inputs[name] for request in batch] for name in batch[0].inputs}
-        infos = [RequestInfo(r.rows, r.output_names, r.request_id, dict(r.parameters)) for r in batch]
+        infos = [RequestInfo(r.rows, r.output_names, r.request_id, r.parameters) for r in batch]
         streams = {i: r.reply.stream for i, r in enumerate(batch) if isinstance(r.reply, StreamReply)}
         run = self._pool.dispatch(inputs, tuple(wanted), infos, streams)
         task = asyncio.get_running_loop().create_task(self._run(run, batch, now))

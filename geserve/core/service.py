@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -12,16 +11,15 @@ import numpy as np
 
 import geserve
 from geserve._generated import model_config_pb2 as mc
-from geserve.codecs import bytes as bytes_codec
 from geserve.codecs.digits import is_decimal
 from geserve.core import validation
-from geserve.core.classification import classification_count, classify
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.log_control import LogSettings
 from geserve.core.models import ModelVersion
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.repository import ModelRepository
-from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, CudaSharedMemory, SharedMemoryManager
+from geserve.core.responses import ResponseBuilder
+from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
 from geserve.core.stats import VersionStatistics, statistics_json
 from geserve.core.trace import TraceController
 from geserve.errors import (
@@ -38,8 +36,6 @@ from geserve.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
-    OutputTensor,
-    Parameters,
     StreamedResponse,
     TensorSpec,
 )
@@ -60,8 +56,6 @@ EXTENSIONS = (
     "trace",
     "logging",
 )
-# Larger outputs are copied into client shared memory off the event loop.
-_INLINE_COPY_BYTES = 1 << 20
 
 
 class DecoupledModelError(UnsupportedError):
@@ -77,6 +71,7 @@ class InferenceService:
         self._repository = ModelRepository(repository, pools, float(server.exit_timeout_secs))
         self._models = self._repository.models
         self._shared_memory = SharedMemoryManager(server.allow_client_shm, reserved_prefixes=(pools.segment_prefix,))
+        self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)
         self._log_settings = LogSettings.from_settings(server.logging)
@@ -283,7 +278,7 @@ class InferenceService:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
             marks = trace.timestamps if trace is not None else None
             outputs = await model.scheduler.execute(inputs, output_names, request.parameters, request.id, marks)
-            response = await self._response(model, request, output_names, outputs)
+            response = await self._responses.build(model, request, output_names, outputs)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         if trace is not None:
@@ -302,7 +297,9 @@ class InferenceService:
         try:
             responses = model.scheduler.stream(inputs, output_names, request.parameters, request.id)
             async for outputs, error, final in responses:
-                response = await self._response(model, request, output_names, outputs) if outputs is not None else None
+                response = (
+                    await self._responses.build(model, request, output_names, outputs) if outputs is not None else None
+                )
                 yield StreamedResponse(response, error.with_request_id(request.id) if error else None, final)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
@@ -322,41 +319,3 @@ class InferenceService:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
         return model, inputs, output_names
-
-    async def _response(
-        self, model: ModelVersion, request: InferRequest, output_names: tuple[str, ...], outputs: dict[str, np.ndarray]
-    ) -> InferResponse:
-        """The response, with classification applied and outputs bound for shared memory written there.
-        A python model may leave out outputs it was asked for, as Triton allows."""
-        tensors = [_output(model, name, outputs[name]) for name in output_names if name in outputs]
-        if request.outputs:
-            asked = {output.name: output.parameters for output in request.outputs}
-            tensors = [await self._post_process(model, tensor, asked.get(tensor.name, {})) for tensor in tensors]
-        return InferResponse(model.name, model.version_str, tuple(tensors), request.id)
-
-    async def _post_process(self, model: ModelVersion, tensor: OutputTensor, asked: Parameters) -> OutputTensor:
-        if "classification" in asked:
-            k = classification_count(asked["classification"], tensor.name)
-            spec = model.outputs[tensor.name]
-            labels = model.labels.get(tensor.name, [])
-            tensor = OutputTensor(tensor.name, "BYTES", classify(tensor.data, k, labels, spec.batched, tensor.name))
-        if REGION not in asked:
-            return tensor
-        data = bytes_codec.wire_bytes(tensor.datatype, tensor.data)
-        what = f"output '{tensor.name}'"
-        if len(data) > _INLINE_COPY_BYTES:
-            written = await asyncio.to_thread(self._shared_memory.write, asked, what, data)
-        else:
-            written = self._shared_memory.write(asked, what, data)
-        parameters = {REGION: asked[REGION], BYTE_SIZE: written}
-        if OFFSET in asked:
-            parameters[OFFSET] = asked[OFFSET]
-        return OutputTensor(tensor.name, tensor.datatype, tensor.data, parameters)
-
-
-def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:
-    spec = model.outputs[name]
-    if spec.reshape is not None:
-        batch = (array.shape[0],) if spec.batched and array.ndim else ()
-        array = array.reshape(batch + spec.dims)
-    return OutputTensor(name, spec.dtype.wire, array)

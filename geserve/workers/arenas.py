@@ -89,26 +89,29 @@ class Arenas:
             self._free.put_nowait(slot)
             raise
 
-    async def collect(self, placed: tuple[PlacedResult, ...]) -> tuple[RequestResult, ...]:
-        """Each request's outputs, copied out of shared memory (views are kept only for BYTES, which
-        decoding already copied); an overflow segment is unlinked after reading."""
-        refs = [ref for result in placed if not isinstance(result, GeserveError) for ref in result]
-        if sum(ref.nbytes for ref in refs) > OFFLOAD_BYTES:
-            arrays = await asyncio.to_thread(self.read, refs)
+    async def collect(
+        self, blocks: tuple[TensorRef, ...], placed: tuple[PlacedResult, ...]
+    ) -> tuple[RequestResult, ...]:
+        """Each request's outputs: every block copied out of shared memory once (the arena is reused by the
+        next batch), each request getting views of its rows; an overflow segment is unlinked after reading."""
+        if sum(block.nbytes for block in blocks) > OFFLOAD_BYTES:
+            arrays = await asyncio.to_thread(self.read, blocks)
         else:
-            arrays = self.read(refs)
+            arrays = self.read(blocks)
         results: list[RequestResult] = []
-        start = 0
         for result in placed:
             if isinstance(result, GeserveError):
                 results.append(result)
-            else:
-                results.append({ref.name: arrays[start + i] for i, ref in enumerate(result)})
-                start += len(result)
+                continue
+            outputs = {}
+            for block, first, rows in result:
+                array = arrays[block]
+                outputs[blocks[block].name] = array if rows < 0 else array[first : first + rows]
+            results.append(outputs)
         return tuple(results)
 
     def read(self, refs: Sequence[TensorRef]) -> list[np.ndarray]:
-        """Copy tensors out of shared memory once: the arena is reused by the next batch."""
+        """Copy tensors out of shared memory (views are kept only for BYTES, which decoding already copied)."""
         arrays: list[np.ndarray] = []
         overflow: shared_memory.SharedMemory | None = None
         try:
@@ -126,14 +129,16 @@ class Arenas:
                 overflow.close()
                 overflow.unlink()
 
-    def release(self, placement: Placement) -> None:
-        """The batch is answered (or failed): its overflow segments go and its slot is free again."""
+    def release(self, placement: Placement, collected: bool) -> None:
+        """The batch is answered (or failed): its overflow segments go and its slot is free again. Once its
+        outputs were collected, an output overflow segment is already gone (`read` unlinks it)."""
         if placement.input_overflow is not None:
             with contextlib.suppress(BufferError):
                 placement.input_overflow.close()
             with contextlib.suppress(FileNotFoundError):
                 placement.input_overflow.unlink()
-        unlink_quietly(placement.output_overflow)  # left behind when the worker died mid-write
+        if not collected:
+            unlink_quietly(placement.output_overflow)  # left behind when the worker died mid-write
         self._free.put_nowait(placement.slot)
 
     def unlink(self) -> None:

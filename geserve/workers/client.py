@@ -9,7 +9,6 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -125,7 +124,7 @@ class ThreadWorker:
         infos = list(requests)
         for index, stream in streams.items():
             stream_id = next(self._stream_ids)
-            infos[index] = replace(infos[index], stream_id=stream_id)
+            infos[index] = infos[index]._replace(stream_id=stream_id)
             stream.on_cancel(functools.partial(self._runner.cancelled_streams.add, stream_id))
 
         def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:

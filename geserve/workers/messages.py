@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError
-from geserve.types import InstanceStatus, ParameterValue
+from geserve.types import EMPTY_PARAMETERS, InstanceStatus, Parameters
 from geserve.workers.shm import TensorRef
 
 
@@ -47,14 +49,14 @@ class LoadFailed:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
-    """One request of a batch: its rows, and what per-request backends (python) see of it."""
+class RequestInfo(NamedTuple):
+    """One request of a batch: its rows, and what per-request backends (python) see of it. A named tuple,
+    as every batch carries one per request (tuples pickle several times faster than frozen dataclasses)."""
 
     rows: int  # its share of the batch dimension (1 for a model without one)
     output_names: tuple[str, ...]
     request_id: str = ""
-    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    parameters: Parameters = EMPTY_PARAMETERS
     stream_id: int = -1  # >= 0: its responses stream back as Partial messages (decoupled models)
 
 
@@ -69,6 +71,17 @@ class RunBatch:
     output_arena: str
     output_overflow: str
     requests: tuple[RequestInfo, ...]
+
+    def __reduce__(self) -> tuple[Callable[..., RunBatch], tuple[object, ...]]:
+        # Sent once per batch: plain tuples pickle several times faster than dataclasses and named tuples.
+        fields = (self.batch_id, self.inputs, self.output_names, self.output_arena, self.output_overflow)
+        return _run_batch, (fields, tuple(map(tuple, self.requests)))
+
+
+def _run_batch(fields: tuple[Any, ...], requests: tuple[tuple[Any, ...], ...]) -> RunBatch:
+    batch_id, inputs, output_names, output_arena, output_overflow = fields
+    infos = tuple(tuple.__new__(RequestInfo, request) for request in requests)
+    return RunBatch(batch_id, inputs, output_names, output_arena, output_overflow, infos)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,18 +103,26 @@ class Cancel:
     stream_id: int
 
 
-# Where one request's outputs lie in shared memory (slices of the output arena), or its own error.
-PlacedResult = tuple[TensorRef, ...] | GeserveError
+# One output of one request: rows [first, first + count) of block `block` (count -1: the whole block).
+RowRange = tuple[int, int, int]
+# A request's outputs, each a row range of a block in shared memory; or the request's own error.
+PlacedResult = tuple[RowRange, ...] | GeserveError
 
 
 @dataclass(frozen=True, slots=True)
 class BatchPlaced:
-    """The answer to RunBatch: every request's result, in order, and when the backend ran."""
+    """The answer to RunBatch: the output blocks in shared memory (usually one per output, holding every
+    request's rows back to back), every request's result as row ranges of them, and when the backend ran."""
 
     batch_id: int
+    blocks: tuple[TensorRef, ...]
     results: tuple[PlacedResult, ...]
     infer_start_ns: int
     infer_end_ns: int
+
+    def __reduce__(self) -> tuple[type[BatchPlaced], tuple[object, ...]]:
+        # Sent once per batch: rebuilt from its fields, not through the dataclass's generic state.
+        return BatchPlaced, (self.batch_id, self.blocks, self.results, self.infer_start_ns, self.infer_end_ns)
 
 
 @dataclass(frozen=True, slots=True)

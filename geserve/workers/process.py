@@ -196,9 +196,10 @@ class ProcessWorker:
             self._streams[stream_id] = stream
             stream.on_cancel(functools.partial(self._cancel, stream_id))
             stream_ids[index] = stream_id
-            infos[index] = replace(infos[index], stream_id=stream_id)
+            infos[index] = infos[index]._replace(stream_id=stream_id)
         batch_id = next(self._ids)
         failed = set(stream_ids)  # streams the scheduler ends with an error: forgotten here
+        collected = False
         try:
             connection, loop = self._connection, asyncio.get_running_loop()
             if not self.alive or connection is None:
@@ -209,7 +210,8 @@ class ProcessWorker:
             # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
             connection.send(message)
             placed = await answer
-            results = await self._arenas.collect(placed.results)
+            results = await self._arenas.collect(placed.blocks, placed.results)
+            collected = True
             failed = {index for index in stream_ids if isinstance(results[index], GeserveError)}
             return BatchResult(results, placed.infer_start_ns, placed.infer_end_ns)
         except (OSError, ValueError):
@@ -217,7 +219,7 @@ class ProcessWorker:
             raise UnavailableError(self._exited_message()) from None
         finally:
             self._in_flight.pop(batch_id, None)
-            self._arenas.release(placement)
+            self._arenas.release(placement, collected)
             for index in failed:
                 self._streams.pop(stream_ids[index], None)
 

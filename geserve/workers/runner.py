@@ -75,12 +75,28 @@ class InstanceRunner:
     ) -> BatchResult:
         """Run one batch and answer each of its `requests`; any failure becomes their error, never an
         exception."""
+        return self.run(inputs, output_names, requests, allocate, emit)[0]
+
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        allocate: OutputAllocator | None = None,
+        emit: ResponseEmitter | None = None,
+        *,
+        split: bool = True,
+    ) -> tuple[BatchResult, dict[str, np.ndarray]]:
+        """`execute`, and the batch's whole outputs when the backend ran it as one tensor per output, which
+        the worker process places once. Each request's result then holds views of its rows of them, or,
+        with `split` false, nothing (its rows are in the whole outputs)."""
         backend = self._backend
         started = time.monotonic_ns()
         if backend is None:
-            return self._failed(InternalError(f"instance '{self.spec.instance_name}' is not loaded"), requests, started)
+            failure = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
+            return self._failed(failure, requests, started), {}
         if hasattr(backend, "execute_requests"):
-            return self._execute_requests(backend, inputs, requests, emit, started)  # type: ignore[arg-type]
+            return self._execute_requests(backend, inputs, requests, emit, started), {}  # type: ignore[arg-type]
         try:
             outputs = backend.execute(inputs, output_names, allocate)
             missing = [name for name in output_names if name not in outputs]
@@ -89,15 +105,16 @@ class InstanceRunner:
             arrays = {name: np.asarray(outputs[name]) for name in output_names}
             for name, array in arrays.items():
                 self._check_output(name, array)
-            results = self._split(arrays, requests)
+            self._check_rows(arrays, requests)
+            results = self._split(arrays, requests) if split else tuple({} for _ in requests)
         except Exception as error:
-            return self._failed(error, requests, started)
-        return BatchResult(results, started, time.monotonic_ns())
+            return self._failed(error, requests, started), {}
+        return BatchResult(results, started, time.monotonic_ns()), arrays
 
-    def _split(self, outputs: dict[str, np.ndarray], requests: Sequence[RequestInfo]) -> tuple[RequestResult, ...]:
-        """Each request's outputs: views of its rows of the batch's outputs, no copies."""
+    def _check_rows(self, outputs: dict[str, np.ndarray], requests: Sequence[RequestInfo]) -> None:
+        """A batch of several requests needs outputs with a row per input row, to give each its own."""
         if len(requests) == 1:
-            return ({name: outputs[name] for name in requests[0].output_names},)
+            return
         rows = sum(info.rows for info in requests)
         for name, array in outputs.items():
             returned = array.shape[0] if array.ndim else 0
@@ -106,6 +123,11 @@ class InstanceRunner:
                     f"model '{self.spec.model_name}' returned output '{name}' with {returned} rows "
                     f"for a batch of {rows}"
                 )
+
+    def _split(self, outputs: dict[str, np.ndarray], requests: Sequence[RequestInfo]) -> tuple[RequestResult, ...]:
+        """Each request's outputs: views of its rows of the batch's outputs, no copies."""
+        if len(requests) == 1:
+            return ({name: outputs[name] for name in requests[0].output_names},)
         results: list[RequestResult] = []
         row = 0
         for info in requests:

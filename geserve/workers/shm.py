@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -113,9 +114,10 @@ def align(size: int) -> int:
     return (size + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
 
 
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    """Where a tensor lies: in shared-memory `segment` at `offset`; BYTES tensors are framed."""
+class TensorRef(NamedTuple):
+    """Where a tensor lies: in shared-memory `segment` at `offset`; BYTES tensors are framed. A named tuple:
+    a batch's answer carries one per request and output, and tuples pickle several times faster than
+    frozen dataclasses."""
 
     name: str
     datatype: str

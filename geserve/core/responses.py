@@ -1,0 +1,61 @@
+"""Responses of a model version: outputs reshaped as configured, classification, and client shared memory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from geserve.codecs import bytes as bytes_codec
+from geserve.core.classification import classification_count, classify
+from geserve.core.models import ModelVersion
+from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryManager
+from geserve.types import InferRequest, InferResponse, OutputTensor, Parameters
+
+# Larger outputs are copied into client shared memory off the event loop.
+_INLINE_COPY_BYTES = 1 << 20
+
+
+class ResponseBuilder:
+    """Turns a model's outputs into the response a request asked for."""
+
+    def __init__(self, shared_memory: SharedMemoryManager) -> None:
+        self._shared_memory = shared_memory
+
+    async def build(
+        self, model: ModelVersion, request: InferRequest, output_names: tuple[str, ...], outputs: dict[str, np.ndarray]
+    ) -> InferResponse:
+        """The response, with classification applied and outputs bound for shared memory written there.
+        A python model may leave out outputs it was asked for, as Triton allows."""
+        tensors = [_output(model, name, outputs[name]) for name in output_names if name in outputs]
+        if request.outputs:
+            asked = {output.name: output.parameters for output in request.outputs}
+            tensors = [await self._post_process(model, tensor, asked.get(tensor.name, {})) for tensor in tensors]
+        return InferResponse(model.name, model.version_str, tuple(tensors), request.id)
+
+    async def _post_process(self, model: ModelVersion, tensor: OutputTensor, asked: Parameters) -> OutputTensor:
+        if "classification" in asked:
+            k = classification_count(asked["classification"], tensor.name)
+            spec = model.outputs[tensor.name]
+            labels = model.labels.get(tensor.name, [])
+            tensor = OutputTensor(tensor.name, "BYTES", classify(tensor.data, k, labels, spec.batched, tensor.name))
+        if REGION not in asked:
+            return tensor
+        data = bytes_codec.wire_bytes(tensor.datatype, tensor.data)
+        what = f"output '{tensor.name}'"
+        if len(data) > _INLINE_COPY_BYTES:
+            written = await asyncio.to_thread(self._shared_memory.write, asked, what, data)
+        else:
+            written = self._shared_memory.write(asked, what, data)
+        parameters = {REGION: asked[REGION], BYTE_SIZE: written}
+        if OFFSET in asked:
+            parameters[OFFSET] = asked[OFFSET]
+        return OutputTensor(tensor.name, tensor.datatype, tensor.data, parameters)
+
+
+def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:
+    spec = model.outputs[name]
+    if spec.reshape is not None:
+        batch = (array.shape[0],) if spec.batched and array.ndim else ()
+        array = array.reshape(batch + spec.dims)
+    return OutputTensor(name, spec.dtype.wire, array)

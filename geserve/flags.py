@@ -1,0 +1,300 @@
+"""tritonserver's flags as geserve accepts them: names, types, defaults and help, in one argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from geserve import triton_flags
+from geserve.core.log_control import FORMATS
+from geserve.restrictions import GROUPS
+from geserve.settings import DEFAULT_ARENA_BYTES, DEFAULT_MAX_INPUT_SIZE, ControlMode, GrpcSettings, HttpSettings
+from geserve.workers.devices import parse_device_ids
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in [0, 65535], got {port}")
+    return port
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    try:
+        return parse_device_ids(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _boolean(group: argparse._ArgumentGroup, name: str, default: bool, help_text: str) -> None:
+    group.add_argument(
+        name,
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=f"{help_text} (default: {str(default).lower()})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="geserve",
+        description="A Triton-compatible (KServe v2) inference server. Boolean flags take true/false "
+        "(`--strict-readiness=false`); a bare boolean flag means true.",
+    )
+    group = parser.add_argument_group("model repository")
+    group.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repositories",
+        action="append",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="a model repository folder; repeat for several",
+    )
+    group.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="do not complete configs from the model files",
+    )
+    group.add_argument(
+        "--strict-model-config",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="BOOL",
+        help="deprecated: true is --disable-auto-complete-config",
+    )
+    _boolean(group, "--exit-on-error", True, "exit when any model fails to load")
+    _boolean(group, "--strict-readiness", True, "ready only while every model is ready")
+    group.add_argument(
+        "--exit-timeout-secs",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="how long shutdown waits for in-flight requests and workers (default: 30)",
+    )
+    group.add_argument(
+        "--drain-delay-secs",
+        type=_non_negative,
+        default=0,
+        metavar="SECONDS",
+        help="on SIGTERM, report not ready at once but keep accepting and serving this long before stopping, "
+        "while load balancers take the server out of rotation (default: 0)",
+    )
+    group.add_argument(
+        "--worker-arena-size",
+        type=_positive,
+        default=DEFAULT_ARENA_BYTES,
+        metavar="BYTES",
+        help="shared memory per worker process for a batch's inputs, and as much for its outputs; larger "
+        f"batches use a one-off segment (default: {DEFAULT_ARENA_BYTES})",
+    )
+    group.add_argument(
+        "--worker-pipeline-depth",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="batches a worker process holds at once: one running and N-1 waiting behind it, each in its own "
+        "pair of arenas (default: 1; on CPU models 2 formed smaller batches and lowered throughput)",
+    )
+    group.add_argument(
+        "--device-ids",
+        type=_device_ids,
+        default=None,
+        metavar="IDS",
+        help="logical NPU ids instances may use, e.g. 0,1, as acl.rt.set_device numbers them (default: 0..n-1 for "
+        "the n devices ASCEND_RT_VISIBLE_DEVICES lists, else for the n /dev/davinciN chips, whatever their numbers)",
+    )
+    group.add_argument(
+        "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"
+    )
+
+    group = parser.add_argument_group("model control")
+    group.add_argument(
+        "--model-control-mode",
+        choices=[mode.value for mode in ControlMode],
+        default="none",
+        help="none: load everything at start; poll: also follow repository changes; explicit: load "
+        "--load-model at start, then through the repository API (default: none)",
+    )
+    group.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode=explicit, a model to load at start; repeatable; '*' loads all",
+    )
+    group.add_argument(
+        "--repository-poll-secs",
+        type=_positive,
+        default=15,
+        metavar="SECONDS",
+        help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
+    )
+    _boolean(group, "--allow-client-shm", False, "let clients register system shared-memory regions for tensors")
+
+    group = parser.add_argument_group("HTTP")
+    _boolean(group, "--allow-http", True, "serve HTTP/REST")
+    group.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="APIS:KEY=VALUE",
+        help="only requests with header KEY: VALUE may use these API groups (comma-separated: "
+        f"{', '.join(GROUPS)}); repeatable",
+    )
+    group.add_argument("--http-address", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
+    _boolean(group, "--reuse-http-port", False, "let several servers listen on the HTTP port (SO_REUSEPORT)")
+    group.add_argument("--http-port", type=_port, default=8000, help="HTTP port (default: 8000)")
+    group.add_argument(
+        "--http-max-input-size",
+        type=_positive,
+        default=DEFAULT_MAX_INPUT_SIZE,
+        metavar="BYTES",
+        help=f"largest request body, also after decompression (default: {DEFAULT_MAX_INPUT_SIZE})",
+    )
+    limits = HttpSettings()
+    group.add_argument(
+        "--http-header-timeout-secs",
+        type=_positive_float,
+        default=limits.header_timeout_s,
+        metavar="SECONDS",
+        help="time from a request's first byte to the end of its headers; past it the answer is 408 and the "
+        f"connection closes (default: {limits.header_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-body-timeout-secs",
+        type=_positive_float,
+        default=limits.body_timeout_s,
+        metavar="SECONDS",
+        help=f"longest silence while a request body arrives; past it, 408 (default: {limits.body_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-keepalive-timeout-secs",
+        type=_positive,
+        default=limits.keep_alive_s,
+        metavar="SECONDS",
+        help=f"an idle connection is closed after this (default: {limits.keep_alive_s})",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="open HTTP connections at most; past it a new connection is answered 503 and closed (default: half "
+        "the file-descriptor limit, which geserve raises to its hard limit)",
+    )
+
+    group = parser.add_argument_group("gRPC")
+    _boolean(group, "--allow-grpc", True, "serve gRPC")
+    group.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="PROTOCOLS:KEY=VALUE",
+        help="only calls with metadata triton-grpc-protocol-KEY: VALUE may use these API groups; repeatable",
+    )
+    group.add_argument("--grpc-address", default="0.0.0.0", help="gRPC bind address (default: 0.0.0.0)")
+    group.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default: 8001)")
+    defaults = GrpcSettings()
+    for flag, default, meaning in (
+        ("--grpc-keepalive-time", defaults.keepalive_time_ms, "ms between keepalive pings"),
+        ("--grpc-keepalive-timeout", defaults.keepalive_timeout_ms, "ms to wait for a keepalive ping's answer"),
+        ("--grpc-http2-max-pings-without-data", defaults.http2_max_pings_without_data, "pings sent without data"),
+        (
+            "--grpc-http2-min-recv-ping-interval-without-data",
+            defaults.http2_min_recv_ping_interval_without_data_ms,
+            "least ms between pings received without data",
+        ),
+        ("--grpc-http2-max-ping-strikes", defaults.http2_max_ping_strikes, "bad pings tolerated before closing"),
+    ):
+        group.add_argument(flag, type=int, default=default, metavar="N", help=f"{meaning} (default: {default})")
+    _boolean(group, "--grpc-keepalive-permit-without-calls", False, "allow keepalive pings with no call open")
+    _boolean(group, "--reuse-grpc-port", False, "let several servers listen on the gRPC port (SO_REUSEPORT)")
+    for flag, meaning in (
+        ("--grpc-max-connection-age", "ms a connection may live before the server asks the client to reconnect"),
+        ("--grpc-max-connection-age-grace", "ms a connection past its age has to finish its calls"),
+    ):
+        group.add_argument(flag, type=_non_negative, default=0, metavar="MS", help=f"{meaning} (default: unset)")
+
+    group = parser.add_argument_group("metrics")
+    _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
+    group.add_argument("--metrics-address", default="", help="metrics bind address (default: the HTTP address)")
+    group.add_argument("--metrics-port", type=_port, default=8002, help="metrics port (default: 8002)")
+    group.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="counter_latencies, summary_latencies, summary_quantiles (q:e,...) or histogram_latencies; repeatable",
+    )
+    group.add_argument(
+        "--metrics-interval-ms",
+        type=_positive,
+        default=2000,
+        metavar="MS",
+        help="how often CPU utilization is refreshed (default: 2000)",
+    )
+    _boolean(group, "--allow-cpu-metrics", True, "publish nv_cpu_* metrics")
+    _boolean(group, "--allow-gpu-metrics", True, 'NPU memory and utilization as nv_gpu_* (gpu_uuid="NPU-<id>")')
+
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="LEVEL",
+        help="verbose logging level; >0 logs debug details (default: 0)",
+    )
+    _boolean(group, "--log-info", True, "log informational messages")
+    _boolean(group, "--log-warning", True, "log warnings")
+    _boolean(group, "--log-error", True, "log errors")
+    group.add_argument("--log-format", choices=list(FORMATS), default="default", help="log line format")
+    group.add_argument("--log-file", default="", metavar="PATH", help="log to this file instead of the console")
+    group.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]KEY=VALUE",
+        help="level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N; traces go to the log; repeatable",
+    )
+    triton_flags.add_flags(parser)
+    return parser
