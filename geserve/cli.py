@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(filename=log_file)
     else:
         logging.basicConfig()
-    LogSettings.from_settings(settings.server.logging).apply()
+    LogSettings(settings.server.logging).apply()
     with asyncio.Runner(loop_factory=_loop_factory) as runner:
         return runner.run(Server(settings).serve())
 

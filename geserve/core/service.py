@@ -74,7 +74,7 @@ class InferenceService:
         self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)
-        self._log_settings = LogSettings.from_settings(server.logging)
+        self._log_settings = LogSettings(server.logging)
         self._monitor = InstanceMonitor(self.loaded_versions)
         self._accepting = False
         self._draining = False
