@@ -329,6 +329,9 @@ class Scheduler:
     ) -> None:
         try:
             result = await run
+            if len(result.results) != len(batch):
+                answered = len(result.results)
+                raise InternalError(f"model '{self._model_name}': {answered} results for {len(batch)} requests")
         except Exception as failure:
             if not isinstance(failure, GeserveError):
                 logger.exception("model '%s': batch failed", self._model_name)

@@ -66,6 +66,7 @@ class ScriptedInstance:
         self._waiting: list[asyncio.Future[None]] = []
         self.alive = True
         self.fail_with: Exception | None = None
+        self.answers_short = False  # a faulty instance: one result fewer than the batch has requests
         self.on_ready: Callable[[Any], None] | None = None
         self.capacity = 1
 
@@ -100,6 +101,8 @@ class ScriptedInstance:
         for request in requests:
             results.append({name: outputs[name][row : row + request.rows] for name in request.output_names})
             row += request.rows
+        if self.answers_short:
+            results.pop()
         return BatchResult(tuple(results), started + MS, self.clock.now - MS)
 
     @property
@@ -461,6 +464,25 @@ async def test_backend_failure_fails_only_its_batch() -> None:
     h.instances[0].finish()
     assert (await later)["OUT0"].shape == (1, 2)
     assert h.stats.failures["OTHER"] == 2 and h.stats.execution_count == 1
+
+
+async def test_a_result_per_request_or_every_request_fails_and_the_next_batch_is_served() -> None:
+    h = Harness(policy_from(BATCHING % (2, "max_queue_delay_microseconds: 1000")))
+    h.instances[0].answers_short = True
+    short = [h.submit(1, value=1.0), h.submit(1, value=2.0)]
+    await settle()
+    h.instances[0].finish()
+    await settle()
+    for task in short:
+        with pytest.raises(InternalError, match="1 results for 2 requests"):
+            await task
+    h.instances[0].answers_short = False
+    later = h.submit(1, value=3.0)
+    await settle()
+    h.clock.advance(1 * MS)
+    await settle()
+    h.instances[0].finish()
+    assert (await later)["OUT0"][0, 0] == 3.0
 
 
 async def test_stats_count_rows_and_executions() -> None:
