@@ -45,13 +45,6 @@ class InstancePool:
         # Called when a restarted instance's slots are back, so queued work can go to them.
         self.on_idle: Callable[[], None] | None = None
 
-    @property
-    def instances(self) -> list[WorkerClient]:
-        return list(self._instances)
-
-    def any_alive(self) -> bool:
-        return any(instance.alive for instance in self._instances)
-
     def ready(self) -> bool:
         """An instance can take work, and its model says it is ready (python models' is_ready())."""
         return any(instance.alive and instance.model_ready for instance in self._instances)

@@ -166,10 +166,6 @@ class ProcessWorker:
         self._spawner.shutdown(wait=False)
         self._arenas.unlink()
 
-    def release_segments(self) -> None:
-        """Unlink every segment this instance owns (also usable from a signal handler's fast path)."""
-        self._arenas.unlink()
-
     def kill(self) -> None:
         """Forced exit: no drain, no waiting."""
         self._state = InstanceState.STOPPED
