@@ -15,13 +15,9 @@ from tests.perf import models
 from tests.perf.bench_server import RESULTS, find_perf_analyzer, input_data, run_perf_analyzer
 from tests.support import ROOT, GeserveProcess, http_status
 
-# (model, protocol, concurrency): one request at a time, and enough at once for the batcher to form batches.
-CASES = tuple(
-    (model, protocol, concurrency)
-    for model in ("identity", "simple")
-    for protocol in ("http", "grpc")
-    for concurrency in (1, 16)
-)
+# Models and concurrencies measured: one request at a time, and enough at once for the batcher to form batches.
+MODELS = ("identity", "simple")
+CONCURRENCY = (1, 16)
 
 
 def checkout(revision: str, folder: Path) -> Path:
@@ -30,13 +26,15 @@ def checkout(revision: str, folder: Path) -> Path:
     return folder
 
 
-def measure(tree: Path, repository: Path, work: Path, tool: str, interval_ms: int) -> dict[str, dict[str, float]]:
-    """Every case once against the geserve of `tree`."""
+def measure(
+    tree: Path, repository: Path, work: Path, tool: str, interval_ms: int, cases: list[tuple[str, str, int]]
+) -> dict[str, dict[str, float]]:
+    """Every (model, protocol, concurrency) case once against the geserve of `tree`."""
     server = GeserveProcess(work / f"{tree.name}.log", f"--model-repository={repository}", cwd=tree).wait_live()
     figures: dict[str, dict[str, float]] = {}
     try:
         assert http_status(f"http://{server.url}/v2/health/ready") == 200
-        for model, protocol, concurrency in CASES:
+        for model, protocol, concurrency in cases:
             port = server.http_port if protocol == "http" else server.grpc_port
             data = work / f"{model}.json"
             figures[f"{model} {protocol} c={concurrency}"] = _stable_run(
@@ -67,7 +65,15 @@ def main() -> None:
     parser.add_argument("--candidate", default="", help="the revision measured as B (default: the working tree)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCY))
     arguments = parser.parse_args()
+    cases = [
+        (model, protocol, concurrency)
+        for model in arguments.models
+        for protocol in ("http", "grpc")
+        for concurrency in arguments.concurrency
+    ]
     tool = find_perf_analyzer()
     work = Path(tempfile.mkdtemp(prefix="geserve-ab-"))
     repository = work / "models"
@@ -83,7 +89,7 @@ def main() -> None:
             order = ("A", "B") if round_number % 2 == 0 else ("B", "A")
             for side in order:
                 print(f"round {round_number + 1}/{arguments.rounds}: {side} ({trees[side]})", flush=True)
-                for case, figures in measure(trees[side], repository, work, tool, arguments.interval_ms).items():
+                for case, figures in measure(trees[side], repository, work, tool, arguments.interval_ms, cases).items():
                     samples[side].setdefault(case, []).append(figures)
     finally:
         for tree in {trees["A"], trees["B"]} - {ROOT}:
