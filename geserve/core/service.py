@@ -238,13 +238,11 @@ class InferenceService:
 
     def version_statistics(self) -> list[VersionStatistics]:
         """Every loaded version's statistics, by name then version (what the metrics publish)."""
-        return [VersionStatistics(v.name, v.version, v.config, v.stats) for v in self.loaded_versions()]
+        return [_statistics(version) for version in self.loaded_versions()]
 
     def on_version_loaded(self, listener: Callable[[VersionStatistics], None]) -> None:
         """Call `listener` with every version that finishes loading from now on."""
-        self._repository.listeners.append(
-            lambda version: listener(VersionStatistics(version.name, version.version, version.config, version.stats))
-        )
+        self._repository.listeners.append(lambda version: listener(_statistics(version)))
 
     def device_usage(self) -> dict[int, DeviceUsage]:
         """The accelerators' memory and load at the last status read, by device."""
@@ -319,3 +317,7 @@ class InferenceService:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
         return model, inputs, output_names
+
+
+def _statistics(version: ModelVersion) -> VersionStatistics:
+    return VersionStatistics(version.name, version.version, version.config, version.stats)

@@ -72,11 +72,11 @@ class _Segments:
                 inputs, message.output_names, message.requests, placement.allocate, emit, split=False
             )
             del inputs
+            blocks = _Blocks(runner.output_datatypes, placement)
             try:
-                blocks, placed = _Blocks(runner.output_datatypes, placement).place(result.results, whole, message)
-                refs = self._write(blocks.layout, message.output_arena, message.output_overflow, placement.end)
-                blocks.written(refs)
-            except GeserveError as error:
+                placed = blocks.place(result.results, whole, message.requests)
+                blocks.written(self._write(blocks.layout, message.output_arena, message.output_overflow, placement.end))
+            except GeserveError as error:  # the outputs do not fit in /dev/shm: every request fails with it
                 blocks, placed = _Blocks(runner.output_datatypes, placement), (error,) * len(message.requests)
             return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns)
         finally:
@@ -207,12 +207,12 @@ class _Blocks:
         self._written: tuple[TensorRef, ...] = ()
 
     def place(
-        self, results: tuple[RequestResult, ...], whole: dict[str, np.ndarray], message: RunBatch
-    ) -> tuple[_Blocks, tuple[PlacedResult, ...]]:
+        self, results: tuple[RequestResult, ...], whole: dict[str, np.ndarray], requests: tuple[RequestInfo, ...]
+    ) -> tuple[PlacedResult, ...]:
         """Blocks for `whole` (a batch's outputs, each request's rows in turn) or else for the requests'
         own outputs, and every request's outputs as row ranges of them."""
         if whole:
-            return self, self._place_whole(whole, message.requests)
+            return self._place_whole(whole, requests)
         ranges: list[dict[str, RowRange]] = [{} for _ in results]
         by_name: dict[str, list[tuple[int, np.ndarray]]] = {}
         for index, result in enumerate(results):
@@ -221,11 +221,10 @@ class _Blocks:
                     by_name.setdefault(name, []).append((index, array))
         for name, entries in by_name.items():
             self._add_own(name, entries, ranges)
-        placed = tuple(
+        return tuple(
             result if isinstance(result, GeserveError) else tuple(ranges[index][name] for name in result)
             for index, result in enumerate(results)
         )
-        return self, placed
 
     def _place_whole(self, whole: dict[str, np.ndarray], requests: tuple[RequestInfo, ...]) -> tuple[PlacedResult, ...]:
         """One block per output, in place where the backend wrote it there; each request has its rows of the

@@ -116,8 +116,7 @@ def align(size: int) -> int:
 
 class TensorRef(NamedTuple):
     """Where a tensor lies: in shared-memory `segment` at `offset`; BYTES tensors are framed. A named tuple:
-    a batch's answer carries one per request and output, and tuples pickle several times faster than
-    frozen dataclasses."""
+    every batch message carries some, and tuples pickle several times faster than frozen dataclasses."""
 
     name: str
     datatype: str
@@ -213,15 +212,6 @@ class OutputPlacement:
         return array
 
     def ref_of(self, name: str, array: np.ndarray) -> TensorRef | None:
-        """Where `array` lies in the arena, if it is the output the backend wrote in place or a block of its
-        rows (one request's share of the batch)."""
+        """The output's place in the arena, if the backend returned the very array it was given."""
         placed = self.placed.get(name)
-        if placed is None:
-            return None
-        whole, ref = placed
-        if array is whole:
-            return ref
-        start = array.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
-        if not array.flags.c_contiguous or start < 0 or start + array.nbytes > ref.nbytes or array.dtype != whole.dtype:
-            return None
-        return TensorRef(name, ref.datatype, tuple(array.shape), ref.offset + start, array.nbytes, ref.segment)
+        return placed[1] if placed is not None and placed[0] is array else None

@@ -42,7 +42,8 @@ def round_trip(
         target = placement.allocate(name, "FP32", array.shape)
         target[...] = array
         outputs[name] = target
-    blocks, placed = _Blocks({"A": "FP32", "B": "FP32", "S": "BYTES"}, placement).place(results, outputs, message)
+    blocks = _Blocks({"A": "FP32", "B": "FP32", "S": "BYTES"}, placement)
+    placed = blocks.place(results, outputs, message.requests)
     blocks.written(segments._write(blocks.layout, output_arena, message.output_overflow, placement.end))
     answer = pickle.loads(pickle.dumps(BatchPlaced(7, blocks.refs(), placed, 1, 2)))
     del outputs, placement
