@@ -1,4 +1,4 @@
-"""Build the ONNX models of model_repository/ (simple, simple_string, digits) from scratch."""
+"""Build the ONNX models of model_repository/ (simple, simple_string, digits and the sequence models) from scratch."""
 
 from __future__ import annotations
 
@@ -59,6 +59,66 @@ def build_simple_string(repository: Path) -> None:
     _save(model, repository / "simple_string" / "1" / "model.onnx")
 
 
+def _model(
+    name: str, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs)
+    return helper.make_model(
+        graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="geserve"
+    )
+
+
+def _column(name: str, element_type: int) -> onnx.ValueInfoProto:
+    """A [batch, 1] tensor: one value per sequence request."""
+    return helper.make_tensor_value_info(name, element_type, ["batch", 1])
+
+
+def build_simple_sequence(repository: Path) -> None:
+    """OUTPUT = READY * (INPUT + START): the sequence batcher fills START and READY."""
+    nodes = [
+        helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+        helper.make_node("Mul", ["READY", "sum"], ["OUTPUT"]),
+    ]
+    inputs = [_column(n, TensorProto.INT32) for n in ("INPUT", "START", "READY")]
+    model = _model("simple_sequence", nodes, inputs, [_column("OUTPUT", TensorProto.INT32)])
+    _save(model, repository / "simple_sequence" / "1" / "model.onnx")
+
+
+def build_sequence_controls(repository: Path) -> None:
+    """All four controls, each in its own encoding: START int32, END fp32, READY bool, CORRID uint64.
+    OUTPUT = READY * (INPUT + START + 2 * END); CORRID_OUT echoes the sequence id."""
+    nodes = [
+        helper.make_node("Cast", ["END"], ["end"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["READY"], ["ready"], to=TensorProto.INT32),
+        helper.make_node("Add", ["end", "end"], ["twice_end"]),
+        helper.make_node("Add", ["INPUT", "START"], ["started"]),
+        helper.make_node("Add", ["started", "twice_end"], ["sum"]),
+        helper.make_node("Mul", ["ready", "sum"], ["OUTPUT"]),
+        helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
+    ]
+    inputs = [
+        _column("INPUT", TensorProto.INT32),
+        _column("START", TensorProto.INT32),
+        _column("END", TensorProto.FLOAT),
+        _column("READY", TensorProto.BOOL),
+        _column("CORRID", TensorProto.UINT64),
+    ]
+    outputs = [_column("OUTPUT", TensorProto.INT32), _column("CORRID_OUT", TensorProto.UINT64)]
+    _save(_model("sequence_controls", nodes, inputs, outputs), repository / "sequence_controls" / "1" / "model.onnx")
+
+
+def build_sequence_accumulator(repository: Path) -> None:
+    """Implicit state: OUTPUT_STATE = INPUT_STATE + INPUT, and OUTPUT is that running sum."""
+    nodes = [
+        helper.make_node("Add", ["INPUT_STATE", "INPUT"], ["OUTPUT_STATE"]),
+        helper.make_node("Identity", ["OUTPUT_STATE"], ["OUTPUT"]),
+    ]
+    inputs = [_column("INPUT", TensorProto.INT32), _column("INPUT_STATE", TensorProto.INT32)]
+    outputs = [_column("OUTPUT", TensorProto.INT32), _column("OUTPUT_STATE", TensorProto.INT32)]
+    model = _model("sequence_accumulator", nodes, inputs, outputs)
+    _save(model, repository / "sequence_accumulator" / "1" / "model.onnx")
+
+
 def build_digits(repository: Path) -> float:
     """Train a classifier on scikit-learn's bundled 8x8 digits; returns its held-out accuracy."""
     from skl2onnx import convert_sklearn
@@ -100,6 +160,9 @@ def main() -> None:
     args = parser.parse_args()
     build_simple(args.repository)
     build_simple_string(args.repository)
+    build_simple_sequence(args.repository)
+    build_sequence_controls(args.repository)
+    build_sequence_accumulator(args.repository)
     accuracy = build_digits(args.repository)
     print(f"digits: held-out accuracy {accuracy:.4f} on 25% of scikit-learn's digits data set")
 

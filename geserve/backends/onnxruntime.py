@@ -15,6 +15,7 @@ from geserve.backends.base import OutputAllocator
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import ModelLoadError
+from geserve.repository import sequence
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,11 @@ class OnnxRuntimeBackend:
             if config.WhichOneof("scheduling_choice") is None:
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
-        _complete_tensors(config.name, config.input, self._inputs, skip)
-        _complete_tensors(config.name, config.output, self._outputs, skip)
+        # Control and state tensors are the sequence batcher's, never the client's.
+        served = sequence.control_and_state_inputs(config)
+        kept = sequence.state_outputs(config)
+        _complete_tensors(config.name, config.input, [t for t in self._inputs if t.name not in served], skip)
+        _complete_tensors(config.name, config.output, [t for t in self._outputs if t.name not in kept], skip)
 
     def _check(self, config: mc.ModelConfig) -> None:
         skip = 1 if config.max_batch_size > 0 else 0
@@ -102,10 +106,43 @@ class OnnxRuntimeBackend:
                         f"whose {kind}s are {sorted(by_name)}"
                     )
                 _check_tensor(config.name, kind, tensor, found, skip)
-        declared_inputs = {t.name for t in config.input}
+        declared_inputs = {t.name for t in config.input} | self._check_sequence_inputs(config)
         missing = [t.name for t in self._inputs if t.name not in declared_inputs]
         if missing:
             raise ModelLoadError(f"model '{config.name}': model file inputs {missing} are missing from the config")
+
+    def _check_sequence_inputs(self, config: mc.ModelConfig) -> set[str]:
+        """The control and state inputs the sequence batcher feeds, each in the model file with its data type."""
+        if not config.HasField("sequence_batching"):
+            return set()
+        settings = sequence.settings_of(config)
+        expected: dict[str, dtypes.DataType] = {}
+        for control in (settings.start, settings.end, settings.ready, settings.correlation):
+            if control is not None:
+                expected[control.name] = control.datatype
+        for state in config.sequence_batching.state:
+            expected[state.input_name] = dtypes.from_config(state.data_type)
+        by_name = {t.name: t for t in self._inputs}
+        for name, datatype in expected.items():
+            found = by_name.get(name)
+            if found is None:
+                raise ModelLoadError(
+                    f"model '{config.name}': sequence batching input '{name}' is not in the model file, "
+                    f"whose inputs are {sorted(by_name)}"
+                )
+            if found.datatype is not None and found.datatype.config != datatype.config:
+                raise ModelLoadError(
+                    f"model '{config.name}': sequence batching input '{name}' is {datatype.config_name} in the "
+                    f"config but {found.datatype.config_name} in the model file"
+                )
+        outputs = {t.name for t in self._outputs}
+        for state in config.sequence_batching.state:
+            if state.output_name not in outputs:
+                raise ModelLoadError(
+                    f"model '{config.name}': state output '{state.output_name}' is not in the model file, "
+                    f"whose outputs are {sorted(outputs)}"
+                )
+        return set(expected)
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None

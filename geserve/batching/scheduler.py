@@ -134,8 +134,7 @@ class Scheduler:
         try:
             return await reply.future
         except asyncio.CancelledError:
-            if self._queue.remove(request):
-                self.stats.pending = len(self._queue)
+            if self._withdraw(request):
                 self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
                 self._finish(request, CancelledError("request cancelled"))
                 self._schedule()
@@ -174,14 +173,20 @@ class Scheduler:
 
     def _abandon(self, request: PendingRequest, stream: ResponseStream) -> None:
         """The client of a stream went away: out of the queue, or the model is told."""
-        if self._queue.remove(request):
-            self.stats.pending = len(self._queue)
+        if self._withdraw(request):
             self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
             self._schedule()
         else:
             # Running in the model: it is told, and the request ends as Triton ends it, a CANCELED failure.
             self.stats.record_failure("CANCELED", self._clock.now_ns() - request.enqueued_ns)
             stream.cancel()
+
+    def _withdraw(self, request: PendingRequest) -> bool:
+        """Take a request its client gave up on out of the queue; False when it already runs."""
+        if not self._queue.remove(request):
+            return False
+        self.stats.pending = len(self._queue)
+        return True
 
     def _enqueue(
         self,
@@ -320,7 +325,11 @@ class Scheduler:
         infos = [RequestInfo(r.rows, r.output_names, r.request_id, r.parameters) for r in batch]
         streams = {i: r.reply.stream for i, r in enumerate(batch) if isinstance(r.reply, StreamReply)}
         run = self._pool.dispatch(inputs, tuple(wanted), infos, streams)
-        task = asyncio.get_running_loop().create_task(self._run(run, batch, now))
+        self._start_task(self._run(run, batch, now))
+
+    def _start_task(self, run: Coroutine[Any, Any, None]) -> None:
+        """Run a batch's await-and-deliver as a task that `drain` waits for."""
+        task = asyncio.get_running_loop().create_task(run)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -333,18 +342,22 @@ class Scheduler:
                 answered = len(result.results)
                 raise InternalError(f"model '{self._model_name}': {answered} results for {len(batch)} requests")
         except Exception as failure:
-            if not isinstance(failure, GeserveError):
-                logger.exception("model '%s': batch failed", self._model_name)
-                failure = InternalError(f"{type(failure).__name__}: {failure}")
-            done_ns = self._clock.now_ns()
-            for request in batch:
-                self.stats.record_failure("OTHER", done_ns - request.enqueued_ns)
-                self._finish(request, failure)
+            self._fail_batch(batch, failure)
         else:
             self._deliver(batch, result, dispatched_ns)
         self._schedule()
 
-    def _deliver(self, batch: list[PendingRequest], result: BatchResult, dispatched_ns: int) -> None:
+    def _fail_batch(self, batch: Sequence[PendingRequest], failure: Exception) -> None:
+        """A batch that did not run: every request gets its error."""
+        if not isinstance(failure, GeserveError):
+            logger.exception("model '%s': batch failed", self._model_name, exc_info=failure)
+            failure = InternalError(f"{type(failure).__name__}: {failure}")
+        done_ns = self._clock.now_ns()
+        for request in batch:
+            self.stats.record_failure("OTHER", done_ns - request.enqueued_ns)
+            self._finish(request, failure)
+
+    def _deliver(self, batch: Sequence[PendingRequest], result: BatchResult, dispatched_ns: int) -> None:
         """Each request gets its own result: its outputs, or its own error."""
         done_ns = self._clock.now_ns()
         input_ns = max(result.infer_start_ns - dispatched_ns, 0)
@@ -378,11 +391,14 @@ class Scheduler:
     async def drain(self) -> None:
         """Wait until every request admitted so far has been answered: the queued ones get batches as
         instances free up, so this waits for them too while any instance can still take them."""
-        while self._running or (self._queue and self._pool.recoverable()):
+        while self._running or (self._has_queued() and self._pool.recoverable()):
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
             else:
                 await asyncio.sleep(0.005)  # queued behind a restarting instance
+
+    def _has_queued(self) -> bool:
+        return bool(self._queue)
 
 
 def _mark(request: PendingRequest, result: BatchResult, done_ns: int) -> None:

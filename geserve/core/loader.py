@@ -9,12 +9,14 @@ import time
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.scheduler import Scheduler
+from geserve.batching.sequence import SequenceScheduler
 from geserve.core.classification import read_labels
 from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
+from geserve.repository import sequence
 from geserve.repository.scan import ModelSource, available_versions, select_versions
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ def prepare_model(
             f"at least one version must be available under the version policy of model '{source.name}'"
         )
     pools.complete(config, source, versions)
+    sequence.read_states(config, source.path)  # a bad initial_state fails the load before any worker starts
     return config, versions
 
 
@@ -71,7 +74,11 @@ async def _load_version(source: ModelSource, config: mc.ModelConfig, version: in
     pool, completed = await pools.create(source, config, version)
     stats = ModelStats()
     stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
-    scheduler = Scheduler(completed.name, pool, BatchingPolicy.from_config(completed), stats)
+    scheduler: Scheduler
+    if completed.HasField("sequence_batching"):
+        scheduler = SequenceScheduler(completed.name, pool, sequence.settings_of(completed), stats)
+    else:
+        scheduler = Scheduler(completed.name, pool, BatchingPolicy.from_config(completed), stats)
     served = ModelVersion(completed, version, scheduler, stats)
     served.labels = await asyncio.to_thread(read_labels, source.path, completed)
     return served

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.scheduler import Instances
+from geserve.batching.sequence import SequenceInstances
 from geserve.repository.scan import ModelSource
 
 
@@ -21,6 +21,6 @@ class PoolFactory(Protocol):
 
     async def create(
         self, source: ModelSource, config: mc.ModelConfig, version: int
-    ) -> tuple[Instances, mc.ModelConfig]:
+    ) -> tuple[SequenceInstances, mc.ModelConfig]:
         """Start the version's instances; the pool and the config they serve. Raises ModelLoadError."""
         ...

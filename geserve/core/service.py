@@ -48,6 +48,7 @@ EXTENSIONS = (
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
+    "sequence",
     "model_configuration",
     "system_shared_memory",
     "binary_tensor_data",

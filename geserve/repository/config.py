@@ -10,6 +10,7 @@ from google.protobuf import descriptor, json_format, text_format
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import ModelLoadError
+from geserve.repository import sequence
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILENAME = "config.pbtxt"
@@ -73,6 +74,7 @@ def fill_defaults(config: mc.ModelConfig, backend: str, default_filename: str, d
         config.optimization.output_pinned_memory.enable = True
     if not config.HasField("model_transaction_policy"):
         config.model_transaction_policy.decoupled = False
+    sequence.fill_defaults(config)
 
 
 # Each instance is a process: a config asking for more in one group is refused before any starts.
@@ -80,7 +82,7 @@ MAX_INSTANCES_PER_GROUP = 64
 
 
 def refuse_unsupported(config: mc.ModelConfig) -> None:
-    """Schedulers geserve does not have, and instance counts no machine could start, fail the load at
+    """Schedulers geserve does not have (ensembles), and instance counts no machine could start, fail the load at
     once, before any worker starts."""
     name = config.name
     for group in config.instance_group:
@@ -89,11 +91,6 @@ def refuse_unsupported(config: mc.ModelConfig) -> None:
                 f"instance group '{group.name or name}' of model '{name}' asks for {group.count} instances; "
                 f"count must be between 1 and {MAX_INSTANCES_PER_GROUP}"
             )
-    if config.HasField("sequence_batching"):
-        raise ModelLoadError(
-            f"model '{name}': sequence batching (sequence_batching in the config) is not supported by geserve; "
-            "use dynamic_batching, or no scheduler"
-        )
     if config.HasField("ensemble_scheduling") or config.platform == "ensemble":
         raise ModelLoadError(f"model '{name}': ensembles are not supported by geserve")
 
@@ -123,12 +120,39 @@ def validate_config(config: mc.ModelConfig) -> None:
                     raise ModelLoadError(
                         f"model '{name}' {kind} '{tensor.name}' dimension {dim} is invalid: dims must be positive or -1"
                     )
+    if config.HasField("sequence_batching"):
+        _validate_sequence(config)
     if config.HasField("dynamic_batching"):
         for size in config.dynamic_batching.preferred_batch_size:
             if size < 1 or size > max(config.max_batch_size, 1):
                 raise ModelLoadError(
                     f"model '{name}': preferred_batch_size {size} must be in [1, max_batch_size "
                     f"{config.max_batch_size}]"
+                )
+
+
+def _validate_sequence(config: mc.ModelConfig) -> None:
+    """The sequence batcher's controls and states must not clash with the model's declared tensors."""
+    name = config.name
+    settings = sequence.settings_of(config)
+    declared_inputs = {tensor.name for tensor in config.input}
+    for control in settings.control_names():
+        if control in declared_inputs:
+            raise ModelLoadError(
+                f"model '{name}': control input '{control}' is filled by the sequence batcher; remove it from 'input'"
+            )
+    for state in config.sequence_batching.state:
+        if state.input_name in declared_inputs:
+            raise ModelLoadError(
+                f"model '{name}': state input '{state.input_name}' is fed by the sequence batcher; "
+                "remove it from 'input'"
+            )
+    if settings.oldest:
+        for size in config.sequence_batching.oldest.preferred_batch_size:
+            if size < 1 or size > max(config.max_batch_size, 1):
+                raise ModelLoadError(
+                    f"model '{name}': preferred_batch_size {size} must be in "
+                    f"[1, max_batch_size {config.max_batch_size}]"
                 )
 
 

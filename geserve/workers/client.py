@@ -42,6 +42,8 @@ class WorkerClient(Protocol):
     on_ready: Callable[[WorkerClient], None] | None
     # What the model said at the last status read (its is_ready()); True until then.
     model_ready: bool
+    # Counts the processes that have served the instance: a sequence's state lives in one of them.
+    incarnation: int
 
     @property
     def alive(self) -> bool:
@@ -93,6 +95,7 @@ class ThreadWorker:
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self._runner = InstanceRunner(spec)
         self.model_ready = True
+        self.incarnation = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-{spec.instance_name}")
         self._state = InstanceState.STARTING
         self._stream_ids = itertools.count()

@@ -35,6 +35,8 @@ class InstanceSpec:
     on_device: bool = False
     # Polled for its status (device usage, the model's readiness and custom metrics).
     polled: bool = False
+    # The model's folder (a sequence model's initial_state/ lies there).
+    model_directory: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,17 @@ class RequestInfo(NamedTuple):
     request_id: str = ""
     parameters: Parameters = EMPTY_PARAMETERS
     stream_id: int = -1  # >= 0: its responses stream back as Partial messages (decoupled models)
+    # A sequence model's request: the batch slot whose implicit state it reads and writes (-1: none), and
+    # SEQUENCE_* flags (a padding row of an empty slot has the slot but not SEQUENCE_READY).
+    slot: int = -1
+    sequence_flags: int = 0
+
+
+# RequestInfo.sequence_flags: the first and last request of a sequence (Triton's TRITONSERVER_REQUEST_FLAG_*
+# values), and a real request rather than the padding of an empty slot.
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+SEQUENCE_READY = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,7 @@ def instance_specs(
                         backend=backend.name,
                         config=config.SerializeToString(),
                         model_path=str(model_path),
+                        model_directory=str(source.path),
                         device_id=device,
                         auto_complete=settings.auto_complete,
                         log_level=settings.log_level,

@@ -85,6 +85,41 @@ class InstancePool:
             self._busy[id(instance)] -= 1
             self._idle.append(instance)
 
+    # -- one instance at a time (the sequence batcher pins each sequence to one) -------------------
+
+    @property
+    def size(self) -> int:
+        return len(self._instances)
+
+    def instance_alive(self, index: int) -> bool:
+        return self._instances[index].alive
+
+    def instance_recoverable(self, index: int) -> bool:
+        return self._instances[index].recoverable
+
+    def incarnation(self, index: int) -> int:
+        """Which process of the instance runs now: it changes when a dead one is replaced, state and all."""
+        return self._instances[index].incarnation
+
+    def idle_on(self, index: int) -> bool:
+        """Whether instance `index` can take a batch now."""
+        instance = self._instances[index]
+        return instance.alive and instance in self._idle
+
+    def dispatch_to(
+        self,
+        index: int,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> Coroutine[Any, Any, BatchResult]:
+        """`dispatch` to instance `index` (call `idle_on` first)."""
+        instance = self._instances[index]
+        self._idle.remove(instance)
+        self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
+        return self._run(instance, inputs, output_names, requests, streams)
+
     def _instance_ready(self, instance: WorkerClient) -> None:
         """A restarted instance is back: its free slots rejoin the idle ones and take queued work."""
         held = sum(1 for entry in self._idle if entry is instance) + self._busy.get(id(instance), 0)

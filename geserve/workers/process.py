@@ -65,6 +65,7 @@ class ProcessWorker:
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self.reason = ""
         self.model_ready = True
+        self.incarnation = 0
         self._arenas = Arenas(self.capacity, arena_bytes)
         self._supervisor = Supervisor(
             spec.instance_name, restart or RestartPolicy(), self._respawn, self._back_up, self._give_up
@@ -124,6 +125,7 @@ class ProcessWorker:
     async def _spawn(self) -> Loaded | LoadFailed:
         loop = asyncio.get_running_loop()
         self._pipe_lost = False
+        self.incarnation += 1
         parent, child = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=worker_main.run_worker,

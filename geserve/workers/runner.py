@@ -24,8 +24,10 @@ from geserve.backends.base import (
 )
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
+from geserve.repository.sequence import read_states
 from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
 from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.states import SlotStates
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class InstanceRunner:
         # Set when the device failed under a batch: the worker must be replaced, not reused.
         self.fault = ""
         self.cancelled_streams: set[int] = set()
+        self._states = SlotStates(())
 
     def load(self) -> mc.ModelConfig:
         """Load the backend and return the config it serves; raises ModelLoadError."""
@@ -53,6 +56,7 @@ class InstanceRunner:
                 describe(spec.instance_name, "GPU" if spec.on_device else "CPU")
             backend.load(config, Path(spec.model_path), spec.device_id)
             backend.complete_config(config, spec.auto_complete)
+            self._states = SlotStates(read_states(config, Path(spec.model_directory)))
         except Exception as error:
             if backend is not None:
                 with contextlib.suppress(Exception):
@@ -95,6 +99,13 @@ class InstanceRunner:
         if backend is None:
             failure = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
             return self._failed(failure, requests, started), {}
+        states = self._states
+        if states:
+            try:
+                inputs = states.feed(inputs, requests)
+            except Exception as error:  # states whose shapes do not stack
+                return self._failed(error, requests, started), {}
+            output_names = output_names + tuple(n for n in states.output_names if n not in output_names)
         if hasattr(backend, "execute_requests"):
             return self._execute_requests(backend, inputs, requests, emit, started), {}  # type: ignore[arg-type]
         try:
@@ -104,8 +115,11 @@ class InstanceRunner:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
             arrays = {name: np.asarray(outputs[name]) for name in output_names}
             for name, array in arrays.items():
-                self._check_output(name, array)
+                if name in self.output_datatypes:  # a state output need not be declared
+                    self._check_output(name, array)
             self._check_rows(arrays, requests)
+            if states:
+                states.keep_whole(arrays, requests)
             results = self._split(arrays, requests) if split else tuple({} for _ in requests)
         except Exception as error:
             return self._failed(error, requests, started), {}
@@ -162,6 +176,8 @@ class InstanceRunner:
         if answered is None:  # decoupled: the responses stream
             return BatchResult(tuple({} for _ in requests), started, finished)
         results = tuple(self.checked(result) for result in answered)
+        if self._states:
+            self._states.keep_own(results, requests)
         if len(results) < len(requests):
             missing = InternalError(f"model '{self.spec.model_name}' returned no response for a request")
             results += (missing,) * (len(requests) - len(results))

@@ -227,19 +227,3 @@ def test_bad_restriction_flags_stop_startup(launch: Launch, tmp_path: Path) -> N
         assert server.wait_exit() != 0
         assert message in server.log()
         server.stop()
-
-
-# -- schedulers geserve does not have --------------------------------------------------------------
-
-
-def test_sequence_batching_fails_to_load_saying_so(launch: Launch, tmp_path: Path) -> None:
-    repository = tmp_path / "models"
-    copy_model("simple", repository)
-    write_identity_model(repository, "stateful", extra="sequence_batching { max_sequence_idle_microseconds: 5000000 }")
-    server = launch(f"--model-repository={repository}", "--exit-on-error=false").wait_live()
-    http = httpclient.InferenceServerClient(server.url)
-    assert not http.is_model_ready("stateful")
-    index = {entry["name"]: entry for entry in http.get_model_repository_index()}
-    assert "sequence batching (sequence_batching in the config) is not supported" in index["stateful"]["reason"]
-    _simple(server)
-    assert server.stop() == 0

@@ -35,6 +35,7 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
         "model_repository",
         "model_repository(unload_dependents)",
         "schedule_policy",
+        "sequence",
         "model_configuration",
         "system_shared_memory",
         "binary_tensor_data",

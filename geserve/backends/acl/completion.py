@@ -8,6 +8,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import names
 from geserve.backends.acl.description import OmDescription, OmTensor
 from geserve.errors import ModelLoadError
+from geserve.repository import sequence
 
 
 def complete(config: mc.ModelConfig, om: OmDescription, auto_complete: bool, model_file: str) -> dict[str, OmTensor]:
@@ -35,11 +36,14 @@ def _auto_complete(config: mc.ModelConfig, om: OmDescription, model_file: str) -
             sizes = om.gears or (om.rows,)
             batching.preferred_batch_size.extend(size for size in sizes if size <= config.max_batch_size)
     skip = 1 if config.max_batch_size > 0 else 0
+    # Control and state tensors are the sequence batcher's, never the client's.
+    served, kept = sequence.control_and_state_inputs(config), sequence.state_outputs(config)
     if not config.input:
         for tensor in om.inputs:
-            config.input.add(name=tensor.name)
+            if tensor.name not in served:
+                config.input.add(name=tensor.name)
     if not config.output:
-        full_names = [tensor.name for tensor in om.outputs]
+        full_names = [tensor.name for tensor in om.outputs if tensor.name not in kept]
         for full, shown in zip(full_names, names.shortest_unique(full_names), strict=True):
             config.output.add(name=shown)
             if shown != full:
@@ -117,7 +121,17 @@ def check(config: mc.ModelConfig, om: OmDescription, model_file: str) -> dict[st
         om_output = outputs[names.resolve(output.name, list(outputs), name, model_file)]
         _check_tensor(name, "output", output, om_output, skip=skip, model_file=model_file)
         matched[output.name] = om_output
-    missing = sorted(set(inputs) - {t.name for t in config.input})
+    served = sequence.control_and_state_inputs(config)
+    for input_name in sorted(served):
+        if input_name not in inputs:
+            raise ModelLoadError(
+                f"model '{name}': sequence batching input '{input_name}' is not in '{model_file}', whose inputs are "
+                f"{sorted(inputs)}"
+            )
+    for state_output in sorted(sequence.state_outputs(config)):
+        if state_output not in matched:
+            matched[state_output] = outputs[names.resolve(state_output, list(outputs), name, model_file)]
+    missing = sorted(set(inputs) - {t.name for t in config.input} - served)
     if missing:
         raise ModelLoadError(f"model '{name}': inputs {missing} of '{model_file}' are missing from the config")
     return matched

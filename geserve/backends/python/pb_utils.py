@@ -249,7 +249,9 @@ class InferenceRequest:
 
     def set_release_flags(self, flags: int) -> None:
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("request rescheduling is only for sequence batching, which geserve lacks")
+            raise TritonModelException(
+                "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by geserve"
+            )
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported by geserve")
