@@ -243,12 +243,13 @@ class SequenceScheduler(Scheduler):
             "state stopped; start the sequence again"
         )
         logger.warning("%s", message)
+        failed = list(sequence.requests)
         if self._live.get(sequence.correlation_id) is sequence:
             del self._live[sequence.correlation_id]
-            self._lost[sequence.correlation_id] = message
-            while len(self._lost) > _LOST_REMEMBERED:
-                self._lost.popitem(last=False)
-        failed = list(sequence.requests)
+            if not failed:  # else the client hears it from those requests
+                self._lost[sequence.correlation_id] = message
+                while len(self._lost) > _LOST_REMEMBERED:
+                    self._lost.popitem(last=False)
         sequence.requests.clear()
         for request in failed:
             del self._owner[request]

@@ -69,6 +69,7 @@ class ScriptedInstance:
         self.answers_short = False  # a faulty instance: one result fewer than the batch has requests
         self.on_ready: Callable[[Any], None] | None = None
         self.capacity = 1
+        self.incarnation = 0
 
     @property
     def recoverable(self) -> bool:

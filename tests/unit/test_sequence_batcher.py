@@ -1,0 +1,186 @@
+"""The sequence batcher with a manual clock and scripted instances: slots, padding, controls, backlog, idle, loss."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from geserve.batching.sequence import SequenceScheduler
+from geserve.core.stats import ModelStats
+from geserve.errors import InvalidArgumentError, UnavailableError
+from geserve.repository.config import parse_config_text
+from geserve.repository.sequence import settings_of
+from geserve.workers.pool import InstancePool
+from tests.unit.test_batcher import MS, ManualClock, ScriptedInstance, settle
+
+CONTROLS = """
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+"""
+
+
+class Harness:
+    def __init__(self, max_batch_size: int, strategy: str = "", instances: int = 1) -> None:
+        config = parse_config_text(
+            f'name: "m" max_batch_size: {max_batch_size} '
+            f"sequence_batching {{ max_sequence_idle_microseconds: 100000 {strategy} {CONTROLS} }}",
+            "config.pbtxt",
+        )
+        self.clock = ManualClock()
+        self.instances = [ScriptedInstance(self.clock, f"i{n}") for n in range(instances)]
+        self.stats = ModelStats()
+        settings = settings_of(config)
+        self.scheduler = SequenceScheduler("m", InstancePool(self.instances), settings, self.stats, self.clock)
+        self.batched = max_batch_size > 0
+
+    def send(
+        self, sequence_id: int | str, value: float, start: bool = False, end: bool = False
+    ) -> asyncio.Task[dict[str, np.ndarray]]:
+        array = np.full((1, 2) if self.batched else (2,), value, dtype=np.float32)
+        parameters: dict[str, Any] = {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+        return asyncio.ensure_future(self.scheduler.execute({"IN0": array}, ("OUT0",), parameters))
+
+    def column(self, batch: int, name: str, instance: int = 0) -> list[Any]:
+        return np.asarray(self.instances[instance].batches[batch][name]).reshape(-1).tolist()
+
+
+async def test_direct_pads_empty_slots_and_fills_the_controls() -> None:
+    h = Harness(max_batch_size=4)
+    a = h.send(11, 1.0, start=True)
+    await settle()
+    assert h.column(0, "READY") == [True] and h.column(0, "START") == [1] and h.column(0, "CORRID") == [11]
+    b, c = h.send(12, 2.0, start=True), h.send(13, 3.0, start=True)
+    await settle()
+    h.instances[0].finish()
+    assert (await a)["OUT0"].tolist() == [[1.0, 1.0]]
+    await settle()
+    # Slots 0 (A, nothing queued: padding), 1 (B) and 2 (C): one row per slot up to the highest one in use.
+    assert h.column(1, "READY") == [False, True, True]
+    assert h.column(1, "START") == [0, 1, 1] and h.column(1, "END") == [0.0, 0.0, 0.0]
+    assert h.column(1, "CORRID") == [0, 12, 13]
+    assert h.instances[0].batches[1]["IN0"].tolist() == [[0.0, 0.0], [2.0, 2.0], [3.0, 3.0]]
+    h.instances[0].finish()
+    assert (await b)["OUT0"].tolist() == [[2.0, 2.0]] and (await c)["OUT0"].tolist() == [[3.0, 3.0]]
+    # Padding is not an inference.
+    assert h.stats.inference_count == 3 and h.stats.execution_count == 2
+    d = h.send(12, 4.0, end=True)
+    await settle()
+    assert h.column(2, "READY") == [False, True] and h.column(2, "END") == [0.0, 1.0]
+    h.instances[0].finish()
+    await d
+
+
+async def test_a_sequence_runs_one_request_at_a_time_in_order() -> None:
+    h = Harness(max_batch_size=4)
+    tasks = [h.send(5, float(v), start=v == 0) for v in range(3)]
+    await settle()
+    for index in range(3):
+        assert len(h.instances[0].batches) == index + 1, "a second request of the sequence ran alongside the first"
+        assert h.instances[0].batches[index]["IN0"].tolist() == [[float(index)] * 2]
+        h.instances[0].finish()
+        await settle()
+    assert [(await t)["OUT0"][0, 0] for t in tasks] == [0.0, 1.0, 2.0]
+
+
+async def test_backlog_takes_freed_slots_in_arrival_order() -> None:
+    h = Harness(max_batch_size=1)  # one slot
+    a = h.send(1, 1.0, start=True)
+    b, c = h.send(2, 2.0, start=True), h.send(3, 3.0, start=True)
+    await settle()
+    h.instances[0].finish()
+    await a
+    await settle()
+    assert len(h.instances[0].batches) == 1 and h.stats.pending == 2  # 2 and 3 wait for the slot
+    end = h.send(1, 4.0, end=True)
+    await settle()
+    h.instances[0].finish()
+    await end
+    await settle()
+    assert h.column(2, "CORRID") == [2] and h.column(2, "START") == [1]  # the first to arrive takes the slot
+    h.instances[0].finish()
+    assert (await b)["OUT0"][0, 0] == 2.0
+    await settle()
+    assert not c.done()  # 2 holds the slot until it ends or idles out
+    h.clock.advance(100 * MS)
+    await settle()
+    assert h.column(3, "CORRID") == [3]
+    h.instances[0].finish()
+    assert (await c)["OUT0"][0, 0] == 3.0
+
+
+async def test_string_ids_are_refused_where_corrid_is_uint64() -> None:
+    h = Harness(max_batch_size=2)
+    with pytest.raises(InvalidArgumentError, match="data-type is 'BYTES', but model 'm' expects 'UINT64'"):
+        await h.send("a", 1.0, start=True)
+
+
+async def test_idle_sequences_free_their_slot_for_the_backlog() -> None:
+    h = Harness(max_batch_size=1)
+    a = h.send(1, 1.0, start=True)
+    await settle()
+    h.instances[0].finish()
+    await a
+    b = h.send(2, 2.0, start=True)
+    await settle()
+    assert len(h.instances[0].batches) == 1
+    h.clock.advance(100 * MS)  # max_sequence_idle_microseconds: sequence 1 leaves its slot, 2 takes it
+    await settle()
+    assert h.column(1, "CORRID") == [2] and h.column(1, "START") == [1]
+    h.instances[0].finish()
+    await b
+    with pytest.raises(InvalidArgumentError, match="must specify the START flag"):
+        await h.send(1, 3.0)
+
+
+async def test_oldest_batches_one_request_per_sequence() -> None:
+    h = Harness(max_batch_size=4, strategy="oldest { max_candidate_sequences: 4 }")
+    first = h.send(1, 1.0, start=True)
+    await settle()
+    later = [h.send(1, 2.0), h.send(2, 3.0, start=True), h.send(1, 4.0), h.send(3, 5.0, start=True)]
+    await settle()
+    h.instances[0].finish()
+    await first
+    await settle()
+    # The oldest request of each ready sequence, compact (no padding), oldest first.
+    assert h.column(1, "CORRID") == [1, 2, 3] and h.column(1, "READY") == [True] * 3
+    assert h.instances[0].batches[1]["IN0"][:, 0].tolist() == [2.0, 3.0, 5.0]
+    h.instances[0].finish()
+    await settle()
+    assert h.column(2, "CORRID") == [1]
+    h.instances[0].finish()
+    assert [(await t)["OUT0"][0, 0] for t in later] == [2.0, 3.0, 4.0, 5.0]
+
+
+async def test_sequences_are_lost_with_their_instance() -> None:
+    h = Harness(max_batch_size=2, instances=2)
+    a, b = h.send(1, 1.0, start=True), h.send(2, 2.0, start=True)
+    await settle()
+    # Lowest slot first, across instances: one sequence on each.
+    assert [len(i.batches) for i in h.instances] == [1, 1]
+    for instance in h.instances:
+        instance.finish()
+    await asyncio.gather(a, b)
+    h.instances[1].incarnation += 1  # died and came back: its state is gone
+    with pytest.raises(UnavailableError, match="sequence 2 of model 'm' was lost"):
+        await h.send(2, 3.0)
+    with pytest.raises(InvalidArgumentError, match="must specify the START flag"):
+        await h.send(2, 3.0)
+    c = h.send(1, 4.0, end=True)
+    await settle()
+    h.instances[0].finish()
+    assert (await c)["OUT0"][0, 0] == 4.0
+
+
+async def test_batch_size_above_one_is_refused() -> None:
+    h = Harness(max_batch_size=4)
+    parameters: dict[str, Any] = {"sequence_id": 3, "sequence_start": True}
+    array = np.zeros((2, 2), dtype=np.float32)
+    with pytest.raises(InvalidArgumentError, match="must specify batch-size 1 due to requirements of sequence batcher"):
+        await h.scheduler.execute({"IN0": array}, ("OUT0",), parameters)
