@@ -195,8 +195,11 @@ def test_statistics_endpoints(server: GeserveProcess) -> None:
     assert [(s["name"], s["version"]) for s in everything] == [
         ("digits", "1"),
         ("repeat_int32", "1"),
+        ("sequence_accumulator", "1"),
+        ("sequence_controls", "1"),
         ("simple", "1"),
         ("simple_identity", "1"),
+        ("simple_sequence", "1"),
         ("simple_string", "1"),
     ]
     entry = http.get_inference_statistics("digits", "1")["model_stats"][0]
