@@ -163,12 +163,22 @@ class SequenceScheduler(Scheduler):
             raise InvalidArgumentError(
                 f"inference request to model '{name}' must specify a non-zero or non-empty correlation ID"
             )
+        if isinstance(correlation_id, int) and not 0 < correlation_id < 1 << 64:
+            raise InvalidArgumentError(
+                f"inference request to model '{name}' has sequence_id {correlation_id}: a numeric sequence id must be "
+                "an unsigned 64-bit integer"
+            )
         control = self._settings.correlation
         if control is not None and not control.accepts(correlation_id):
             given = "BYTES" if isinstance(correlation_id, str) else "UINT64"
             raise InvalidArgumentError(
                 f"sequence batching control 'CORRID' data-type is '{given}', but model '{name}' expects "
                 f"'{control.datatype.wire}'"
+            )
+        if control is not None and isinstance(correlation_id, int) and not control.holds(correlation_id):
+            raise InvalidArgumentError(
+                f"sequence id {correlation_id} does not fit the '{control.datatype.wire}' CORRID control of model "
+                f"'{name}'"
             )
         start, end = parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
         if correlation_id not in self._live and not start:
@@ -350,7 +360,6 @@ class SequenceScheduler(Scheduler):
 
     def _dispatch_rows(self, index: int, rows: list[_Row], now: int) -> None:
         """Send one batch to instance `index`: the requests' inputs, padding for empty slots, and the controls."""
-        settings = self._settings
         sequences: list[_Sequence | None] = []
         for _, request in rows:
             if request is None:
@@ -362,6 +371,17 @@ class SequenceScheduler(Scheduler):
             request.dispatched_ns = now
             sequences.append(sequence)
         self._queued -= sum(1 for s in sequences if s is not None)
+        try:
+            run = self._send(index, rows, sequences)
+        except Exception as failure:  # a batch that cannot even be built fails its requests, not the batcher
+            logger.exception("model '%s': could not build a sequence batch", self._model_name)
+            run = _failing(InternalError(f"model '{self._model_name}': {type(failure).__name__}: {failure}"))
+        self._start_task(self._run_rows(run, rows, sequences, now))
+
+    def _send(
+        self, index: int, rows: list[_Row], sequences: list[_Sequence | None]
+    ) -> Coroutine[Any, Any, BatchResult]:
+        settings = self._settings
         model = next(request for _, request in rows if request is not None)
         inputs: dict[str, list[np.ndarray]] = {
             name: [request.inputs[name] if request is not None else _padding(array) for _, request in rows]
@@ -395,8 +415,7 @@ class SequenceScheduler(Scheduler):
             for i, (_, request) in enumerate(rows)
             if request is not None and isinstance(request.reply, StreamReply)
         }
-        run = self._instances.dispatch_to(index, inputs, tuple(wanted), infos, streams)
-        self._start_task(self._run_rows(run, rows, sequences, now))
+        return self._instances.dispatch_to(index, inputs, tuple(wanted), infos, streams)
 
     async def _run_rows(
         self,
@@ -422,6 +441,10 @@ class SequenceScheduler(Scheduler):
             if request.parameters.get("sequence_end") is True:
                 self._free_slot(sequence)
         self._schedule()
+
+
+async def _failing(error: InternalError) -> BatchResult:
+    raise error
 
 
 def _padding(like: np.ndarray) -> np.ndarray:

@@ -134,6 +134,10 @@ def validate_config(config: mc.ModelConfig) -> None:
 def _validate_sequence(config: mc.ModelConfig) -> None:
     """The sequence batcher's controls and states must not clash with the model's declared tensors."""
     name = config.name
+    if config.sequence_batching.iterative_sequence:
+        raise ModelLoadError(
+            f"model '{name}': iterative_sequence (request rescheduling) is not supported by geserve's sequence batcher"
+        )
     settings = sequence.settings_of(config)
     declared_inputs = {tensor.name for tensor in config.input}
     for control in settings.control_names():

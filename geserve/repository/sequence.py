@@ -51,6 +51,11 @@ class CorrelationControl:
             values = np.array([int(i) if isinstance(i, int) else 0 for i in ids], dtype=self.datatype.numpy)
         return values.reshape(-1, 1) if batched else values.reshape(1)
 
+    def holds(self, correlation_id: int) -> bool:
+        """Whether a numeric id fits the control's integer type."""
+        limits = np.iinfo(self.datatype.numpy.name)
+        return int(limits.min) <= correlation_id <= int(limits.max)
+
     def accepts(self, correlation_id: int | str) -> bool:
         numeric = self.datatype.wire != "BYTES"
         return isinstance(correlation_id, int) == numeric

@@ -27,10 +27,11 @@ CONTROLS = """
 
 
 class Harness:
-    def __init__(self, max_batch_size: int, strategy: str = "", instances: int = 1) -> None:
+    def __init__(self, max_batch_size: int, strategy: str = "", instances: int = 1, corrid: str = "UINT64") -> None:
+        controls = CONTROLS.replace("TYPE_UINT64", f"TYPE_{corrid}")
         config = parse_config_text(
             f'name: "m" max_batch_size: {max_batch_size} '
-            f"sequence_batching {{ max_sequence_idle_microseconds: 100000 {strategy} {CONTROLS} }}",
+            f"sequence_batching {{ max_sequence_idle_microseconds: 100000 {strategy} {controls} }}",
             "config.pbtxt",
         )
         self.clock = ManualClock()
@@ -184,3 +185,23 @@ async def test_batch_size_above_one_is_refused() -> None:
     array = np.zeros((2, 2), dtype=np.float32)
     with pytest.raises(InvalidArgumentError, match="must specify batch-size 1 due to requirements of sequence batcher"):
         await h.scheduler.execute({"IN0": array}, ("OUT0",), parameters)
+
+
+@pytest.mark.parametrize(
+    ("corrid", "sequence_id", "message"),
+    [
+        ("UINT64", -5, "a numeric sequence id must be an unsigned 64-bit integer"),
+        ("UINT64", 1 << 64, "a numeric sequence id must be an unsigned 64-bit integer"),
+        ("INT32", 1 << 40, "does not fit the 'INT32' CORRID control of model 'm'"),
+        ("STRING", 7, "sequence batching control 'CORRID' data-type is 'UINT64', but model 'm' expects 'BYTES'"),
+    ],
+)
+async def test_ids_the_corrid_control_cannot_hold_are_refused(corrid: str, sequence_id: int, message: str) -> None:
+    h = Harness(max_batch_size=2, corrid=corrid)
+    with pytest.raises(InvalidArgumentError, match=message):
+        await h.send(sequence_id, 1.0, start=True)
+    good = h.send("s" if corrid == "STRING" else 3, 1.0, start=True)
+    await settle()
+    assert h.column(0, "CORRID") == ([b"s"] if corrid == "STRING" else [3])
+    h.instances[0].finish()
+    await good

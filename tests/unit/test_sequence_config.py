@@ -56,6 +56,7 @@ def control(name: str, kind: str, values: str) -> str:
         (control("C", "CONTROL_SEQUENCE_CORRID", "data_type: TYPE_FP32"), "must have data_type TYPE_UINT64"),
         (control("INPUT", "CONTROL_SEQUENCE_START", "int32_false_true: [ 0, 1 ]"), "control input 'INPUT' is filled"),
         ("oldest { preferred_batch_size: [ 9 ] }", "preferred_batch_size 9 must be in [1, max_batch_size 4]"),
+        ("iterative_sequence: true", "iterative_sequence (request rescheduling) is not supported"),
     ],
 )
 def test_bad_controls_fail_the_load(sequence: str, message: str) -> None:
