@@ -67,7 +67,16 @@ class InstancePool:
         streams: Mapping[int, ResponseStream],
     ) -> Coroutine[Any, Any, BatchResult]:
         """Claim an idle slot now (call `has_idle` first) and return the batch's run, to be awaited."""
-        instance = self._idle.popleft()
+        return self._claim(self._idle.popleft(), inputs, output_names, requests, streams)
+
+    def _claim(
+        self,
+        instance: WorkerClient,
+        inputs: Mapping[str, Sequence[np.ndarray]],
+        output_names: tuple[str, ...],
+        requests: Sequence[RequestInfo],
+        streams: Mapping[int, ResponseStream],
+    ) -> Coroutine[Any, Any, BatchResult]:
         self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
         return self._run(instance, inputs, output_names, requests, streams)
 
@@ -94,9 +103,6 @@ class InstancePool:
     def instance_alive(self, index: int) -> bool:
         return self._instances[index].alive
 
-    def instance_recoverable(self, index: int) -> bool:
-        return self._instances[index].recoverable
-
     def incarnation(self, index: int) -> int:
         """Which process of the instance runs now: it changes when a dead one is replaced, state and all."""
         return self._instances[index].incarnation
@@ -117,8 +123,7 @@ class InstancePool:
         """`dispatch` to instance `index` (call `idle_on` first)."""
         instance = self._instances[index]
         self._idle.remove(instance)
-        self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
-        return self._run(instance, inputs, output_names, requests, streams)
+        return self._claim(instance, inputs, output_names, requests, streams)
 
     def _instance_ready(self, instance: WorkerClient) -> None:
         """A restarted instance is back: its free slots rejoin the idle ones and take queued work."""

@@ -6,7 +6,6 @@ import ctypes
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,7 @@ from geserve.backends.base import DeviceFaultError
 from geserve.errors import ModelLoadError
 from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
 GEARS = [1, 2, 4, 8]
-
-
-@pytest.fixture
-def acl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The simulator, importable as `acl` for this test only, in a fresh state."""
-    monkeypatch.syspath_prepend(str(FAKES))
-    for name in ("ACL_SIM_RUN_MODE", "ACL_SIM_FAULT_FILE", "ACL_SIM_REPORT_DIR", "ASCEND_RT_VISIBLE_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    import acl as simulator
-    from acl._state import RUNTIME
-
-    RUNTIME.reset()
-    yield simulator
-    RUNTIME.reset()
 
 
 def _runtime() -> Any:

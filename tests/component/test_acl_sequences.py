@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -18,7 +16,6 @@ from geserve.workers.runner import InstanceRunner
 from tests.fakes.acl.om import twin_path
 from tests.fakes.om_writer import write_om
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
 GEARS = [1, 2, 4]
 CONFIG = """
 name: "om_sequence"
@@ -34,19 +31,6 @@ sequence_batching {
 input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
-
-
-@pytest.fixture
-def acl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.syspath_prepend(str(FAKES))
-    for name in ("ACL_SIM_RUN_MODE", "ACL_SIM_FAULT_FILE", "ACL_SIM_REPORT_DIR", "ASCEND_RT_VISIBLE_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    import acl as simulator
-    from acl._state import RUNTIME
-
-    RUNTIME.reset()
-    yield simulator
-    RUNTIME.reset()
 
 
 def _graph() -> bytes:

@@ -129,8 +129,9 @@ def _array(value: int, batched: bool = True) -> np.ndarray:
     return np.array([[value]] if batched else [value], dtype=np.int32)
 
 
-def http_step(
-    client: httpclient.InferenceServerClient,
+def _step(
+    module: Any,
+    client: Any,
     model: str,
     sequence_id: int | str,
     value: int,
@@ -138,27 +139,24 @@ def http_step(
     end: bool = False,
     batched: bool = True,
 ) -> dict[str, Any]:
+    """One request of a sequence through tritonclient's http or grpc module; its outputs by name."""
     data = _array(value, batched)
-    tensor = httpclient.InferInput("INPUT", list(data.shape), "INT32")
+    tensor = module.InferInput("INPUT", list(data.shape), "INT32")
     tensor.set_data_from_numpy(data)
     result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
-    return {output["name"]: result.as_numpy(output["name"]) for output in result.get_response()["outputs"]}
+    response = result.get_response()
+    names = (
+        [o["name"] for o in response["outputs"]] if isinstance(response, dict) else [o.name for o in response.outputs]
+    )
+    return {name: result.as_numpy(name) for name in names}
 
 
-def grpc_step(
-    client: grpcclient.InferenceServerClient,
-    model: str,
-    sequence_id: int | str,
-    value: int,
-    start: bool = False,
-    end: bool = False,
-    batched: bool = True,
-) -> dict[str, Any]:
-    data = _array(value, batched)
-    tensor = grpcclient.InferInput("INPUT", list(data.shape), "INT32")
-    tensor.set_data_from_numpy(data)
-    result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
-    return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
+def http_step(client: httpclient.InferenceServerClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    return _step(httpclient, client, *args, **kwargs)
+
+
+def grpc_step(client: grpcclient.InferenceServerClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    return _step(grpcclient, client, *args, **kwargs)
 
 
 def _run_sequence(step: Callable[..., dict[str, Any]], model: str, sequence_id: int | str, number: int) -> None:
