@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.scheduler import Scheduler
 from geserve.batching.sequence import SequenceScheduler
+from geserve.core import ensemble
 from geserve.core.classification import read_labels
 from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
@@ -22,14 +24,21 @@ from geserve.repository.scan import ModelSource, available_versions, select_vers
 logger = logging.getLogger(__name__)
 
 
-async def load_model(source: ModelSource, pools: PoolFactory, override: mc.ModelConfig | None = None) -> Model:
+async def load_model(
+    source: ModelSource,
+    pools: PoolFactory,
+    override: mc.ModelConfig | None = None,
+    models: Mapping[str, Model] | None = None,
+) -> Model:
     """Load every version the policy selects; a failure is recorded as the model's reason. `override`
-    replaces config.pbtxt (the repository API's `config` parameter); auto-complete fills what it omits."""
+    replaces config.pbtxt (the repository API's `config` parameter); auto-complete fills what it omits.
+    An ensemble's steps run on the loaded `models`."""
     model = Model(source.name)
     try:
         config, versions = await asyncio.to_thread(prepare_model, source, pools, override)
         loaded = await asyncio.gather(
-            *(_load_version(source, config, version, pools) for version in versions), return_exceptions=True
+            *(_load_version(source, config, version, pools, models or {}) for version in versions),
+            return_exceptions=True,
         )
     except ModelLoadError as error:
         model.reason = error.message
@@ -59,18 +68,32 @@ def prepare_model(
     else:
         config, _ = config_io.read_model_config(source.path, source.name)
     config_io.refuse_unsupported(config)
+    if ensemble.is_ensemble(config):
+        ensemble.validate_scheduling(config)
+        if not config.HasField("version_policy"):
+            config.version_policy.latest.num_versions = 1
     versions = select_versions(available_versions(source.path), config.version_policy)
     if not versions:
         raise ModelLoadError(
             f"at least one version must be available under the version policy of model '{source.name}'"
         )
+    if ensemble.is_ensemble(config):
+        config_io.validate_config(config)
+        return config, versions
     pools.complete(config, source, versions)
     sequence.read_states(config, source.path)  # a bad initial_state fails the load before any worker starts
     return config, versions
 
 
-async def _load_version(source: ModelSource, config: mc.ModelConfig, version: int, pools: PoolFactory) -> ModelVersion:
+async def _load_version(
+    source: ModelSource, config: mc.ModelConfig, version: int, pools: PoolFactory, models: Mapping[str, Model]
+) -> ModelVersion:
     started_ns = time.monotonic_ns()
+    if ensemble.is_ensemble(config):
+        ensemble.check_steps(config, models)
+        stats = ModelStats()
+        stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
+        return ModelVersion(config, version, ensemble.EnsembleScheduler(config, models, stats), stats)
     pool, completed = await pools.create(source, config, version)
     stats = ModelStats()
     stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9

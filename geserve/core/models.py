@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.batching.scheduler import Scheduler
 from geserve.codecs import dtypes
+from geserve.codecs.digits import is_decimal
 from geserve.core.stats import ModelStats
-from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
+from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.types import InstanceStatus, ModelMetadata, Parameters, TensorMetadata, TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +33,7 @@ def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: 
 class ModelVersion:
     """One served version of a model and the scheduler that feeds its instances."""
 
-    def __init__(self, config: mc.ModelConfig, version: int, scheduler: Scheduler, stats: ModelStats) -> None:
+    def __init__(self, config: mc.ModelConfig, version: int, scheduler: ModelScheduler, stats: ModelStats) -> None:
         self.name = config.name
         self.version = version
         self.version_str = str(version)
@@ -66,6 +71,35 @@ class ModelVersion:
         await self.scheduler.stop(timeout_s)
 
 
+class ModelScheduler(Protocol):
+    """What feeds a version's requests to its instances: the dynamic or sequence batcher, or an ensemble's steps."""
+
+    def ready(self) -> bool: ...
+
+    async def read_statuses(self) -> list[InstanceStatus]: ...
+
+    def kill(self) -> None: ...
+
+    async def stop(self, timeout_s: float) -> None: ...
+
+    async def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters | None = None,
+        request_id: str = "",
+        marks: list[tuple[str, int]] | None = None,
+    ) -> dict[str, np.ndarray]: ...
+
+    def stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters | None = None,
+        request_id: str = "",
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]: ...
+
+
 @dataclass(slots=True)
 class Model:
     """A model name in the repository: its loaded versions, or why it could not be loaded."""
@@ -78,3 +112,27 @@ class Model:
 
     def ready_versions(self) -> list[ModelVersion]:
         return [self.versions[v] for v in sorted(self.versions) if self.versions[v].ready]
+
+
+def find_version(models: Mapping[str, Model], name: str, version: str = "") -> ModelVersion:
+    """The version a request addresses (the latest ready one without a number); Triton's errors for unknown
+    models and versions."""
+    model = models.get(name)
+    if model is None:
+        raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
+    if version:
+        if not is_decimal(version):
+            raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
+        found = model.versions.get(int(version))
+        if found is None:
+            raise NotFoundError(f"Request for unknown model: '{name}' version {int(version)} is not found")
+        if not found.ready:
+            # Known but restarting or failed: clients should retry, not give up on a missing model.
+            raise UnavailableError(f"'{name}' version {int(version)} is not at ready state")
+        return found
+    ready = model.ready_versions()
+    if not ready:
+        if model.versions:
+            raise UnavailableError(f"'{name}' version {max(model.versions)} is not at ready state")
+        raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
+    return ready[-1]

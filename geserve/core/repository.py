@@ -15,10 +15,12 @@ from typing import Any
 from google.protobuf import json_format
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.core.ensemble import is_ensemble, steps_of
 from geserve.core.loader import load_model
 from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
-from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
+from geserve.errors import InternalError, InvalidArgumentError, ModelLoadError, UnavailableError
+from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, fingerprint, scan_repositories
 from geserve.settings import ControlMode, RepositorySettings
 
@@ -77,7 +79,16 @@ class ModelRepository:
                 logger.error("failed to load '%s': no such model in the repository", name)
                 self.models[name] = Model(name, reason=f"failed to load '{name}', failed to poll from model repository")
             sources = {name: source for name, source in sources.items() if name in self.startup_models}
-        await asyncio.gather(*(self._load_source(source) for source in sources.values()))
+        steps = {name: await asyncio.to_thread(_composing_models, source) for name, source in sources.items()}
+        # Composing models first, then each ensemble once the models it uses have been tried.
+        await asyncio.gather(*(self._load_source(source) for name, source in sources.items() if steps[name] is None))
+        waiting = {name: set(composing or ()) for name, composing in steps.items() if composing is not None}
+        while waiting:
+            tried = set(sources) - set(waiting)
+            ready = [name for name, needs in waiting.items() if needs <= tried or not needs & set(waiting)]
+            for name in ready or sorted(waiting):  # a cycle between ensembles: each fails naming what it lacks
+                del waiting[name]
+                await self._load_source(sources[name])
         return {name: model.reason for name, model in sorted(self.models.items()) if model.reason}
 
     def start_polling(self) -> None:
@@ -129,16 +140,41 @@ class ModelRepository:
                 # Triton's text and code (INTERNAL) for a name the repository does not hold.
                 raise InternalError(f"failed to load '{name}', failed to poll from model repository")
             source = found
+            # Loading an ensemble loads the models it uses that are not loaded yet, as Triton does.
+            for composing in await asyncio.to_thread(_composing_models, source) or ():
+                if composing != name and composing in scan.models and not self._serving(composing):
+                    await self._load_source(scan.models[composing])
         model = await self._load_source(source, override)
         if model.reason:
             raise InvalidArgumentError(f"failed to load '{name}', {model.reason}")
 
     async def unload(self, name: str, unload_dependents: bool = False, api: bool = True) -> None:
-        """Stop serving `name`: requests already admitted finish first. (Without ensembles, no model
-        has dependents, so `unload_dependents` changes nothing.)"""
+        """Stop serving `name`: requests already admitted finish first. With `unload_dependents`, an
+        ensemble's composing models go too, unless another loaded ensemble still uses them."""
         if api and self.mode is not ControlMode.EXPLICIT:
             raise UnavailableError(EXPLICIT_ONLY)
         check_model_name(name)
+        composing = self._composing_of(name) if unload_dependents else ()
+        await self._unload_one(name)
+        for dependent in composing:
+            users = [other for other in self.models if other != name and dependent in self._composing_of(other)]
+            if not users:
+                await self._unload_one(dependent)
+
+    def _serving(self, name: str) -> bool:
+        model = self.models.get(name)
+        return model is not None and bool(model.versions)
+
+    def _composing_of(self, name: str) -> tuple[str, ...]:
+        """The models a loaded ensemble's steps use (none for other models)."""
+        model = self.models.get(name)
+        if model is None:
+            return ()
+        return tuple(
+            dict.fromkeys(step.model_name for version in model.versions.values() for step in steps_of(version.config))
+        )
+
+    async def _unload_one(self, name: str) -> None:
         async with self._lock(name):
             old = self.models.get(name)
             if old is None or (old.unloaded and not old.versions):
@@ -184,7 +220,7 @@ class ModelRepository:
             self._loading.add(source.name)
             try:
                 current = await asyncio.to_thread(fingerprint, source.path)
-                model = await load_model(source, self._pools, override)
+                model = await load_model(source, self._pools, override, self.models)
             finally:
                 self._loading.discard(source.name)
             old = self.models.get(source.name)
@@ -267,6 +303,18 @@ class ModelRepository:
 _MAX_NAME_BYTES = 255
 _MAX_PATH_BYTES = 1024
 _MAX_DEPTH = 32
+
+
+def _composing_models(source: ModelSource) -> tuple[str, ...] | None:
+    """The models an ensemble's steps name, read from its config.pbtxt; None for a model that is not an ensemble
+    (or whose config cannot be read: its load reports why)."""
+    try:
+        config, _ = config_io.read_model_config(source.path, source.name)
+    except ModelLoadError:
+        return None
+    if not is_ensemble(config):
+        return None
+    return tuple(dict.fromkeys(step.model_name for step in steps_of(config)))
 
 
 def _check_override_path(name: str, relative: str) -> None:

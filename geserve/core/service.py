@@ -11,11 +11,10 @@ import numpy as np
 
 import geserve
 from geserve._generated import model_config_pb2 as mc
-from geserve.codecs.digits import is_decimal
 from geserve.core import validation
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.log_control import LogSettings
-from geserve.core.models import ModelVersion
+from geserve.core.models import ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
@@ -24,7 +23,6 @@ from geserve.core.stats import VersionStatistics, statistics_json
 from geserve.core.trace import TraceController
 from geserve.errors import (
     GeserveError,
-    InvalidArgumentError,
     NotFoundError,
     UnavailableError,
     UnsupportedError,
@@ -188,25 +186,7 @@ class InferenceService:
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The version a request addresses; Triton's errors for unknown models and versions."""
-        model = self._models.get(name)
-        if model is None:
-            raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
-        if version:
-            if not is_decimal(version):
-                raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
-            found = model.versions.get(int(version))
-            if found is None:
-                raise NotFoundError(f"Request for unknown model: '{name}' version {int(version)} is not found")
-            if not found.ready:
-                # Known but restarting or failed: clients should retry, not give up on a missing model.
-                raise UnavailableError(f"'{name}' version {int(version)} is not at ready state")
-            return found
-        ready = model.ready_versions()
-        if not ready:
-            if model.versions:
-                raise UnavailableError(f"'{name}' version {max(model.versions)} is not at ready state")
-            raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
-        return ready[-1]
+        return find_version(self._models, name, version)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         """Whether the model (version) can serve; unknown model names are an error, as in Triton."""

@@ -82,8 +82,7 @@ MAX_INSTANCES_PER_GROUP = 64
 
 
 def refuse_unsupported(config: mc.ModelConfig) -> None:
-    """Schedulers geserve does not have (ensembles), and instance counts no machine could start, fail the load at
-    once, before any worker starts."""
+    """Instance counts no machine could start fail the load at once, before any worker starts."""
     name = config.name
     for group in config.instance_group:
         if not 0 <= group.count <= MAX_INSTANCES_PER_GROUP:
@@ -91,8 +90,6 @@ def refuse_unsupported(config: mc.ModelConfig) -> None:
                 f"instance group '{group.name or name}' of model '{name}' asks for {group.count} instances; "
                 f"count must be between 1 and {MAX_INSTANCES_PER_GROUP}"
             )
-    if config.HasField("ensemble_scheduling") or config.platform == "ensemble":
-        raise ModelLoadError(f"model '{name}': ensembles are not supported by geserve")
 
 
 def validate_config(config: mc.ModelConfig) -> None:

@@ -1,0 +1,349 @@
+"""Ensembles: the step graph of `ensemble_scheduling`, checked as Triton checks it, and run step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.codecs import dtypes
+from geserve.core import validation
+from geserve.core.models import Model, ModelVersion, find_version
+from geserve.core.stats import ModelStats
+from geserve.errors import GeserveError, InternalError, ModelLoadError, UnsupportedError
+from geserve.types import InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
+
+logger = logging.getLogger(__name__)
+
+ENSEMBLE_PLATFORM = "ensemble"
+# Request parameters an ensemble passes on to its steps (Triton forwards the sequence and scheduling ones).
+_FORWARDED = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+
+
+def is_ensemble(config: mc.ModelConfig) -> bool:
+    return config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step: a composing model, which ensemble tensors feed its inputs and which of its outputs it writes."""
+
+    index: int
+    model_name: str
+    model_version: int  # -1: the latest ready version
+    inputs: dict[str, str]  # model input -> ensemble tensor
+    outputs: dict[str, str]  # model output -> ensemble tensor
+
+
+def steps_of(config: mc.ModelConfig) -> tuple[Step, ...]:
+    return tuple(
+        Step(index, step.model_name, int(step.model_version), dict(step.input_map), dict(step.output_map))
+        for index, step in enumerate(config.ensemble_scheduling.step)
+    )
+
+
+def validate_scheduling(config: mc.ModelConfig) -> None:
+    """The checks Triton makes of an ensemble's own config (ValidateEnsembleSchedulingConfig); ModelLoadError."""
+    name = config.name
+    if config.platform != ENSEMBLE_PLATFORM:
+        raise ModelLoadError(
+            f"ensemble scheduling cannot be set for model '{name}' whose platform is not {ENSEMBLE_PLATFORM}"
+        )
+    if not config.HasField("ensemble_scheduling"):
+        raise ModelLoadError(f"ensemble scheduling must be set for ensemble {name} whose platform is ensemble")
+    if config.instance_group:
+        raise ModelLoadError(f"instance group should not be specified for ensemble '{name}'")
+    if not config.ensemble_scheduling.step:
+        raise ModelLoadError(f"must specify 'step' for ensemble '{name}'")
+    writers: dict[str, int] = {}  # ensemble tensor -> the step that writes it
+    readers: dict[str, list[int]] = {}
+    for step in steps_of(config):
+        where = f"step {step.index} of ensemble '{name}'"
+        if not step.model_name:
+            raise ModelLoadError(f"must specify 'model_name' in {where}")
+        if not step.inputs:
+            raise ModelLoadError(f"must specify 'input_map' in {where}")
+        if not step.outputs:
+            raise ModelLoadError(f"must specify 'output_map' in {where}")
+        for tensor in step.outputs.values():
+            if tensor in writers:
+                raise ModelLoadError(
+                    f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble '{name}' "
+                    f"step {step.index}"
+                )
+            writers[tensor] = step.index
+        for tensor in step.inputs.values():
+            readers.setdefault(tensor, []).append(step.index)
+    steps = steps_of(config)
+    ready = {tensor.name for tensor in config.input}
+    for tensor in ready:
+        if tensor not in readers and tensor not in writers:
+            raise ModelLoadError(f"ensemble input '{tensor}' for ensemble {name}' is not used")
+    # Data flow: a step runs once all its inputs are ready; whatever never becomes ready is a cycle or unfed.
+    done: set[int] = set()
+    progress = True
+    while progress:
+        progress = False
+        for step in steps:
+            if step.index not in done and all(tensor in ready for tensor in step.inputs.values()):
+                done.add(step.index)
+                ready.update(step.outputs.values())
+                progress = True
+    outputs = {tensor.name for tensor in config.output}
+    for output in config.output:
+        if output.name not in readers and output.name not in writers:
+            raise ModelLoadError(f"ensemble output '{output.name}' for ensemble {name}' is not used")
+        if output.name not in ready:
+            raise ModelLoadError(f"output '{output.name}' for ensemble '{name}' is not written")
+    for tensor in sorted(set(readers) | set(writers)):
+        if tensor in outputs:
+            continue
+        if tensor not in ready or tensor not in readers:
+            raise ModelLoadError(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
+
+
+def check_steps(config: mc.ModelConfig, models: Mapping[str, Model]) -> None:
+    """The checks Triton makes against the composing models' configs (ValidateEnsembleConfig): every model
+    loaded, every input mapped once, and each ensemble tensor with one data type and compatible dims."""
+    name = config.name
+    missing = sorted({step.model_name for step in steps_of(config) if not _loaded(models, step.model_name)})
+    if missing:
+        raise ModelLoadError(f"ensemble {name} contains models that are not available: {', '.join(missing)}")
+    batching = config.max_batch_size > 0
+    tensors: dict[str, _TensorNode] = {}
+    declared: list[mc.ModelInput | mc.ModelOutput] = [*config.input, *config.output]
+    for tensor in declared:
+        dims = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
+        tensors[tensor.name] = _TensorNode(name, batching, tensor.data_type, dims)
+    for step in steps_of(config):
+        composing = _version(models, step).config
+        if composing.max_batch_size != 0 and composing.max_batch_size < config.max_batch_size:
+            raise ModelLoadError(
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "
+                f"{step.model_name} which only allows maximum batch size to be {composing.max_batch_size}"
+            )
+        _check_mapping(name, step, composing, tensors)
+
+
+def _loaded(models: Mapping[str, Model], name: str) -> bool:
+    model = models.get(name)
+    return model is not None and bool(model.versions)
+
+
+def _version(models: Mapping[str, Model], step: Step) -> ModelVersion:
+    version = str(step.model_version) if step.model_version >= 0 else ""
+    return find_version(models, step.model_name, version)
+
+
+@dataclass(frozen=True, slots=True)
+class _TensorNode:
+    model: str
+    batching: bool
+    datatype: int
+    dims: tuple[int, ...]
+
+    @property
+    def full_dims(self) -> tuple[int, ...]:
+        return ((-1,) if self.batching else ()) + self.dims
+
+
+def _same_dims(left: tuple[int, ...], right: tuple[int, ...]) -> bool:
+    return len(left) == len(right) and all(a == b or a == -1 or b == -1 for a, b in zip(left, right, strict=True))
+
+
+def _consistent(ensemble: str, tensor: str, known: _TensorNode, found: _TensorNode) -> None:
+    prefix = f"in ensemble {ensemble}, ensemble tensor {tensor}: "
+    if known.datatype != found.datatype:
+        raise ModelLoadError(
+            f"{prefix}inconsistent data type: {mc.DataType.Name(known.datatype)} is inferred from model "  # type: ignore[arg-type]
+            f"{known.model} while {mc.DataType.Name(found.datatype)} is inferred from model {found.model}"  # type: ignore[arg-type]
+        )
+    if not _same_dims(known.dims, found.dims) and not _same_dims(known.full_dims, found.full_dims):
+        raise ModelLoadError(
+            f"{prefix}inconsistent shape: {list(known.full_dims)} is inferred from model {known.model} while "
+            f"{list(found.full_dims)} is inferred from model {found.model}"
+        )
+
+
+def _check_mapping(ensemble: str, step: Step, composing: mc.ModelConfig, tensors: dict[str, _TensorNode]) -> None:
+    batching = composing.max_batch_size > 0
+    inputs = {tensor.name: tensor for tensor in composing.input}
+    for input_name, tensor in step.inputs.items():
+        if input_name not in inputs:
+            raise ModelLoadError(
+                f"in ensemble {ensemble}, ensemble tensor {tensor} is mapping to non-existing input {input_name} "
+                f"in model {step.model_name}"
+            )
+    for declared_input in composing.input:
+        if declared_input.name not in step.inputs:
+            if declared_input.optional:
+                continue
+            raise ModelLoadError(
+                f"in ensemble {ensemble}, input {declared_input.name} in model {composing.name} is not mapped to any "
+                "ensemble tensors"
+            )
+        node = _TensorNode(step.model_name, batching, declared_input.data_type, tuple(declared_input.dims))
+        _link(ensemble, step.inputs[declared_input.name], node, tensors)
+    outputs = {tensor.name: tensor for tensor in composing.output}
+    for output_name, tensor in step.outputs.items():
+        declared_output = outputs.get(output_name)
+        if declared_output is None:
+            raise ModelLoadError(
+                f"in ensemble {ensemble}, ensemble tensor {tensor} is mapped from non-existing output {output_name} "
+                f"in model {step.model_name}"
+            )
+        node = _TensorNode(step.model_name, batching, declared_output.data_type, tuple(declared_output.dims))
+        _link(ensemble, tensor, node, tensors)
+
+
+def _link(ensemble: str, tensor: str, node: _TensorNode, tensors: dict[str, _TensorNode]) -> None:
+    known = tensors.get(tensor)
+    if known is None:
+        tensors[tensor] = node
+    else:
+        _consistent(ensemble, tensor, known, node)
+
+
+# -- running an ensemble ------------------------------------------------------------------------------------
+
+
+class EnsembleScheduler:
+    """Runs each request through the step graph: a step starts as soon as its inputs exist, so independent
+    steps run side by side, each through its composing model's own scheduler (its batching and instances
+    apply); the first failing step fails the request with its error."""
+
+    def __init__(self, config: mc.ModelConfig, models: Mapping[str, Model], stats: ModelStats) -> None:
+        self._name = config.name
+        self._steps = steps_of(config)
+        self._models = models
+        self._stats = stats
+        self._running: set[asyncio.Task[object]] = set()
+        self._stopping = False
+
+    def ready(self) -> bool:
+        try:
+            return not self._stopping and all(_version(self._models, step).ready for step in self._steps)
+        except GeserveError:
+            return False
+
+    async def read_statuses(self) -> list[InstanceStatus]:
+        return []  # an ensemble has no instances of its own
+
+    def kill(self) -> None:
+        self._stopping = True
+
+    async def stop(self, timeout_s: float) -> None:
+        """Let requests already admitted finish (their steps run on the composing models)."""
+        self._stopping = True
+        if self._running:
+            await asyncio.wait(list(self._running), timeout=timeout_s)
+
+    def stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters | None = None,
+        request_id: str = "",
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
+        raise UnsupportedError(f"ensemble '{self._name}': decoupled ensembles are not supported by geserve")
+
+    async def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: tuple[str, ...],
+        parameters: Parameters | None = None,
+        request_id: str = "",
+        marks: list[tuple[str, int]] | None = None,
+    ) -> dict[str, np.ndarray]:
+        started = time.monotonic_ns()
+        task = asyncio.ensure_future(self._run(dict(inputs), output_names, parameters or {}, request_id))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        try:
+            outputs, timing = await task
+        except GeserveError:
+            self._stats.record_failure("OTHER", time.monotonic_ns() - started)
+            raise
+        except asyncio.CancelledError:
+            self._stats.record_failure("CANCELED", time.monotonic_ns() - started)
+            raise
+        total = time.monotonic_ns() - started
+        self._stats.record_success(RequestTiming(total, *timing))
+        self._stats.record_execution(_rows(inputs), *timing[1:])
+        return outputs
+
+    async def _run(
+        self, tensors: dict[str, np.ndarray], output_names: tuple[str, ...], parameters: Parameters, request_id: str
+    ) -> tuple[dict[str, np.ndarray], tuple[int, int, int, int]]:
+        forwarded = {key: parameters[key] for key in _FORWARDED if key in parameters}
+        pending = {step.index: step for step in self._steps}
+        running: dict[asyncio.Task[dict[str, np.ndarray]], tuple[Step, list[tuple[str, int]]]] = {}
+        timing = [0, 0, 0, 0]  # queue, compute input, infer, output: the sum over the steps
+        try:
+            while pending or running:
+                for index, step in list(pending.items()):
+                    if all(tensor in tensors for tensor in step.inputs.values()):
+                        del pending[index]
+                        marks: list[tuple[str, int]] = []
+                        call = self._call(step, tensors, forwarded, request_id, marks)
+                        running[asyncio.ensure_future(call)] = (step, marks)
+                if not running:
+                    break  # what is left never gets its inputs (the config check makes this unreachable)
+                done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step, marks = running.pop(task)
+                    outputs = task.result()  # a step's error fails the whole request
+                    for model_output, tensor in step.outputs.items():
+                        tensors[tensor] = outputs[model_output]
+                    _add_timing(timing, marks)
+        finally:
+            for task in running:
+                task.cancel()
+        missing = [name for name in output_names if name not in tensors]
+        if missing:
+            raise InternalError(f"ensemble '{self._name}' did not produce output(s) {missing}")
+        return {name: tensors[name] for name in output_names}, (timing[0], timing[1], timing[2], timing[3])
+
+    async def _call(
+        self,
+        step: Step,
+        tensors: Mapping[str, np.ndarray],
+        parameters: Parameters,
+        request_id: str,
+        marks: list[tuple[str, int]],
+    ) -> dict[str, np.ndarray]:
+        """One step through its composing model, validated as a client's request to it would be; its errors are
+        the ensemble request's, word for word."""
+        model = _version(self._models, step)
+        request = InferRequest(
+            step.model_name,
+            str(model.version),
+            tuple(_input(name, tensors[tensor]) for name, tensor in step.inputs.items()),
+            id=request_id,
+            parameters=dict(parameters),
+        )
+        inputs = validation.validate_inputs(request, model)
+        return await model.scheduler.execute(inputs, tuple(step.outputs), dict(parameters), request_id, marks)
+
+
+def _input(name: str, array: np.ndarray) -> InferInput:
+    return InferInput(name, dtypes.from_numpy(array.dtype).wire, tuple(array.shape), array)
+
+
+def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+    first = next(iter(inputs.values()), None)
+    return int(first.shape[0]) if first is not None and first.ndim else 1
+
+
+def _add_timing(timing: list[int], marks: list[tuple[str, int]]) -> None:
+    at = dict(marks)
+    if {"QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"} <= set(at):
+        timing[0] += at["COMPUTE_START"] - at["QUEUE_START"]
+        timing[1] += max(at["COMPUTE_INPUT_END"] - at["COMPUTE_START"], 0)
+        timing[2] += max(at["COMPUTE_OUTPUT_START"] - at["COMPUTE_INPUT_END"], 0)
+        timing[3] += max(at["COMPUTE_END"] - at["COMPUTE_OUTPUT_START"], 0)
