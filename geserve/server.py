@@ -93,7 +93,9 @@ class Server:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.service = InferenceService(settings.server, settings.repository, PoolFactory(settings.workers))
+        pools = PoolFactory(settings.workers)
+        self.service = InferenceService(settings.server, settings.repository, pools)
+        pools.caller = self.service  # python models' BLS requests
         # The collector subscribes to versions as they load, so it exists before the models do.
         self.registry = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
         self._stop = asyncio.Event()

@@ -283,8 +283,32 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
 
-    def _admit(self, request: InferRequest) -> tuple[ModelVersion, dict[str, np.ndarray], tuple[str, ...]]:
-        if not self._accepting:
+    async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]:
+        """A python model's BLS request (`exec`): validated and scheduled as a client's request, also while
+        the server drains at shutdown (the request that made it was admitted); its outputs as arrays."""
+        model, inputs, output_names = self._admit(request, internal=True)
+        if model.decoupled:
+            raise DecoupledModelError(
+                f"model '{model.name}' is decoupled: call it with exec(decoupled=True) or async_exec(decoupled=True)"
+            )
+        return await model.scheduler.execute(inputs, output_names, request.parameters, request.id)
+
+    async def stream_model(
+        self, request: InferRequest
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
+        """A BLS request with `decoupled=True`: every response the model sends (one, for a model that is not
+        decoupled)."""
+        model, inputs, output_names = self._admit(request, internal=True)
+        if not model.decoupled:
+            yield await model.scheduler.execute(inputs, output_names, request.parameters, request.id), None, True
+            return
+        async for item in model.scheduler.stream(inputs, output_names, request.parameters, request.id):
+            yield item
+
+    def _admit(
+        self, request: InferRequest, internal: bool = False
+    ) -> tuple[ModelVersion, dict[str, np.ndarray], tuple[str, ...]]:
+        if not self._accepting and not internal:
             raise UnavailableError("the server is shutting down").with_request_id(request.id)
         try:
             validation.check_parameters(request.parameters)

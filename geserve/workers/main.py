@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import threading
 from collections.abc import Mapping
@@ -16,8 +17,10 @@ import numpy as np
 from geserve.backends.base import RequestResult, ResponseEmitter
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, ModelLoadError
+from geserve.workers.bls import BlsClient
 from geserve.workers.messages import (
     BatchPlaced,
+    BlsReply,
     Cancel,
     InstanceSpec,
     Loaded,
@@ -164,10 +167,11 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         connection.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
     connection.send(Loaded(config.SerializeToString()))
+    inbox = _Inbox(connection, runner, outbox, threaded=spec.backend == "python")
     try:
         while True:
             try:
-                message = connection.recv()
+                message = inbox.get()
             except EOFError:
                 # The front-end is gone without a Shutdown (killed): nobody else will remove the arenas.
                 for name in spec.arenas:
@@ -184,13 +188,69 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                     break
             elif isinstance(message, ReadStatus):
                 outbox.send(StatusReport(runner.status()))
-            elif isinstance(message, Cancel):
-                runner.cancelled_streams.add(message.stream_id)
             else:
                 logger.error("ignoring unknown message %r", type(message).__name__)
     finally:
+        inbox.close()
         runner.unload()
         connection.close()
+
+
+class _Inbox:
+    """What the front-end sends. A python model may wait inside `execute` for a BLS reply, so for python
+    models a reader thread takes every message: BLS replies and cancellations are handled at once, the rest
+    queue for the main loop. Other backends read the pipe directly, one batch after the other."""
+
+    _END = object()
+
+    def __init__(self, connection: Connection, runner: InstanceRunner, outbox: _Outbox, threaded: bool) -> None:
+        self._connection = connection
+        self._runner = runner
+        self._bls: BlsClient | None = None
+        self._queue: queue.SimpleQueue[object] | None = None
+        if threaded:
+            from geserve.backends.python import pb_utils
+
+            self._bls = BlsClient(outbox.send)
+            pb_utils.set_bls_caller(self._bls.call)
+            self._queue = queue.SimpleQueue()
+            threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()
+
+    def get(self) -> object:
+        """The next message for the main loop; EOFError once the front-end is gone."""
+        while True:
+            if self._queue is None:
+                message = self._connection.recv()
+            else:
+                message = self._queue.get()
+                if message is self._END:
+                    raise EOFError
+            if isinstance(message, Cancel):
+                self._runner.cancelled_streams.add(message.stream_id)
+                continue
+            return message
+
+    def _read(self) -> None:
+        assert self._queue is not None and self._bls is not None
+        while True:
+            try:
+                message = self._connection.recv()
+            except (EOFError, OSError):
+                self._bls.close()
+                self._queue.put(self._END)
+                return
+            if isinstance(message, BlsReply):
+                self._bls.deliver(message)
+            elif isinstance(message, Cancel):
+                self._runner.cancelled_streams.add(message.stream_id)
+            else:
+                self._queue.put(message)
+                if isinstance(message, Shutdown):
+                    return
+
+    def close(self) -> None:
+        if self._bls is not None:
+            self._bls.close()
 
 
 class _Blocks:

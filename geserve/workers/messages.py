@@ -150,6 +150,33 @@ class BatchResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BlsCall:
+    """A python model's BLS request (`InferenceRequest.exec`): its inputs in a segment the front-end reads
+    and unlinks; answered by one BlsReply, or by several ending with a final one when `decoupled`."""
+
+    call_id: int
+    model_name: str
+    model_version: str  # "": the latest ready version
+    inputs: tuple[TensorRef, ...]
+    output_names: tuple[str, ...]  # empty: every output
+    request_id: str
+    parameters: Parameters
+    timeout_us: int  # 0: none
+    decoupled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BlsReply:
+    """One response to a BlsCall: outputs in a segment of its own (the worker reads and unlinks it), or the
+    error the call met; `final` ends the call."""
+
+    call_id: int
+    outputs: tuple[TensorRef, ...]
+    error: GeserveError | None
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ReadStatus:
     """Ask how the instance is doing; answered with a StatusReport between batches."""
 

@@ -18,6 +18,7 @@ from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.types import InstanceStatus
 from geserve.workers import placement
+from geserve.workers.bls import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
 from geserve.workers.process import ProcessWorker
@@ -155,6 +156,8 @@ class PoolFactory:
     def __init__(self, settings: WorkerSettings, restart: RestartPolicy | None = None) -> None:
         self._settings = settings
         self._restart = restart
+        # Where the instances' BLS requests go: the server sets it once its service exists.
+        self.caller: ModelCaller | None = None
 
     def complete(self, config: mc.ModelConfig, source: ModelSource, versions: list[int]) -> None:
         """Select the config's backend and fill the defaults it implies (backend, model file, instance kinds);
@@ -192,6 +195,10 @@ class PoolFactory:
     def _worker(self, spec: InstanceSpec) -> WorkerClient:
         if self._settings.process_workers:
             return ProcessWorker(
-                spec, self._settings.arena_bytes, restart=self._restart, pipeline_depth=self._settings.pipeline_depth
+                spec,
+                self._settings.arena_bytes,
+                restart=self._restart,
+                pipeline_depth=self._settings.pipeline_depth,
+                caller=lambda: self.caller,
             )
         return ThreadWorker(spec)

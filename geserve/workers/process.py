@@ -9,6 +9,7 @@ import itertools
 import logging
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -22,11 +23,14 @@ from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import InstanceStatus
 from geserve.workers import main as worker_main
 from geserve.workers.arenas import Arenas
+from geserve.workers.bls import ModelCaller, serve_call
 from geserve.workers.client import InstanceState, WorkerClient
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
 from geserve.workers.messages import (
     BatchPlaced,
     BatchResult,
+    BlsCall,
+    BlsReply,
     Cancel,
     InstanceSpec,
     Loaded,
@@ -39,6 +43,7 @@ from geserve.workers.messages import (
     Shutdown,
     StatusReport,
 )
+from geserve.workers.shm import unlink_quietly
 from geserve.workers.streams import ResponseStream
 from geserve.workers.supervisor import RestartPolicy, Supervisor
 
@@ -57,8 +62,14 @@ class ProcessWorker:
         arena_bytes: int = DEFAULT_ARENA_BYTES,
         restart: RestartPolicy | None = None,
         pipeline_depth: int = 1,
+        caller: Callable[[], ModelCaller | None] | None = None,
     ) -> None:
         self.spec = spec
+        # Where the model's BLS requests go (the server, once it is up).
+        self._caller = caller or (lambda: None)
+        self._bls_tasks: set[asyncio.Task[None]] = set()
+        # Recent BLS reply segments: a worker that dies before reading one cannot unlink it, so we do.
+        self._bls_segments: deque[str] = deque(maxlen=256)
         # Batches the worker may hold at once: one running, the rest waiting in its pipe, each in its
         # own pair of arenas, so the next batch is already there when the running one finishes.
         self.capacity = max(pipeline_depth, 1)
@@ -276,6 +287,28 @@ class ProcessWorker:
         with contextlib.suppress(ValueError, OSError):  # already closed
             asyncio.get_running_loop().remove_reader(connection.fileno())
         connection.close()
+        while self._bls_segments:
+            unlink_quietly(self._bls_segments.popleft())
+
+    def _serve_bls(self, call: BlsCall) -> None:
+        """A BLS request of the model: run on the server, answered on the pipe it came from."""
+        connection = self._connection
+
+        def reply(answer: BlsReply) -> None:
+            names = {ref.segment for ref in answer.outputs}
+            if connection is self._connection and connection is not None and not connection.closed:
+                try:
+                    connection.send(answer)
+                    self._bls_segments.extend(names)
+                    return
+                except (OSError, ValueError):
+                    pass
+            for name in names:  # nobody will read it
+                unlink_quietly(name)
+
+        task = asyncio.get_running_loop().create_task(serve_call(self._caller(), call, reply))
+        self._bls_tasks.add(task)
+        task.add_done_callback(self._bls_tasks.discard)
 
     async def _reap(self, process: multiprocessing.process.BaseProcess, exited: asyncio.Future[None]) -> None:
         # Let the exit code settle so the error can report it.
@@ -294,6 +327,8 @@ class ProcessWorker:
                 answer.set_result(message)
         elif isinstance(message, Partial):
             self._on_partial(message)
+        elif isinstance(message, BlsCall):
+            self._serve_bls(message)
         elif isinstance(message, Loaded | LoadFailed):
             if self._started is not None and not self._started.done():
                 self._started.set_result(message)

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -215,3 +215,34 @@ class OutputPlacement:
         """The output's place in the arena, if the backend returned the very array it was given."""
         placed = self.placed.get(name)
         return placed[1] if placed is not None and placed[0] is array else None
+
+
+def write_tensors(arrays: Mapping[str, np.ndarray], role: str) -> tuple[TensorRef, ...]:
+    """Tensors in a segment of their own, which the reader unlinks (`take_tensors`); () for none."""
+    if not arrays:
+        return ()
+    layout = TensorLayout()
+    for name, array in arrays.items():
+        layout.add(name, dtypes.from_numpy(array.dtype).wire, [np.ascontiguousarray(array)])
+    segment = create_segment(segment_name(role), layout.size)
+    try:
+        return layout.write(buffer_of(segment), segment.name)
+    finally:
+        segment.close()
+
+
+def take_tensors(refs: Sequence[TensorRef]) -> dict[str, np.ndarray]:
+    """Copies of tensors `write_tensors` placed, their segment unlinked once read."""
+    arrays: dict[str, np.ndarray] = {}
+    for name in dict.fromkeys(ref.segment for ref in refs):
+        segment = attach_segment(name)
+        try:
+            buffer = buffer_of(segment)
+            for ref in refs:
+                if ref.segment == name:
+                    arrays[ref.name] = np.array(read_tensor(buffer, ref), copy=True)
+            del buffer
+        finally:
+            segment.close()
+            segment.unlink()
+    return arrays

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -188,9 +189,18 @@ class InferenceResponseSender:
         return self._cancelled()
 
 
+# How a BLS request reaches the server: set in a worker process (BlsClient.call); None elsewhere.
+BlsCaller = Callable[["InferenceRequest", bool], Any]
+_bls_callers: list[BlsCaller] = []
+
+
+def set_bls_caller(caller: BlsCaller | None) -> None:
+    """Where `InferenceRequest.exec` sends requests (geserve's worker sets it; not part of Triton's API)."""
+    _bls_callers[:] = [caller] if caller is not None else []
+
+
 class InferenceRequest:
-    """A request the server hands to `execute`. (Built by models, it would be a BLS request, which
-    geserve does not run.)"""
+    """A request the server hands to `execute`, or one a model builds and sends with `exec` (BLS)."""
 
     def __init__(  # noqa: PLR0917 - Triton's signature
         self,
@@ -202,9 +212,11 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         parameters: Mapping[str, Any] | str | None = None,
+        model_version: int = -1,
         **_: Any,
     ) -> None:
         self._model_name = model_name
+        self._model_version = int(model_version)
         self._inputs = list(inputs)
         self._requested_output_names = list(requested_output_names)
         self._request_id = request_id
@@ -253,11 +265,19 @@ class InferenceRequest:
                 "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by geserve"
             )
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported by geserve")
+    def model_version(self) -> int:
+        return self._model_version
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException("BLS requests (InferenceRequest.async_exec) are not supported by geserve")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on model `model_name` and wait: its InferenceResponse (errors in `error()`), or
+        with `decoupled` an iterator of responses, the last one carrying the final flag."""
+        if not _bls_callers:
+            raise TritonModelException("BLS requests (InferenceRequest.exec) need a model served by geserve's workers")
+        return _bls_callers[0](self, decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """`exec` without blocking the model's event loop: the wait happens on a thread."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
     def attach(self, sender: InferenceResponseSender, cancelled: Callable[[], bool]) -> None:
         """Give a server-made request its response sender (not part of Triton's API)."""
