@@ -1,0 +1,137 @@
+"""BLS (python models calling models with InferenceRequest.exec / async_exec) through tritonclient."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.support import GeserveProcess, copy_model, write_identity_model
+
+pytestmark = pytest.mark.e2e
+PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
+
+
+@pytest.fixture(scope="module")
+def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]:
+    root = tmp_path_factory.mktemp("bls")
+    repository = root / "models"
+    repository.mkdir()
+    for name in ("simple", "digits", "bls_example", "repeat_int32"):
+        copy_model(name, repository)
+    for name in ("bls_call", "bls_async", "bls_stream"):
+        shutil.copytree(PYTHON_MODELS / name, repository / name)
+    write_identity_model(repository, "echo", max_batch_size=0)
+    write_identity_model(
+        repository,
+        "slow_echo",
+        max_batch_size=0,
+        extra='parameters { key: "execute_delay_ms" value { string_value: "2000" } }',
+    )
+    process = GeserveProcess(root / "geserve.log", f"--model-repository={repository}").wait_live()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _inputs(module: Any, arrays: dict[str, tuple[np.ndarray, str]]) -> list[Any]:
+    tensors = []
+    for name, (array, datatype) in arrays.items():
+        tensor = module.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def _example_inputs(seed: int) -> dict[str, tuple[np.ndarray, str]]:
+    rng = np.random.default_rng(seed)
+    return {
+        "INPUT0": (rng.integers(-100, 100, size=(1, 16), dtype=np.int32), "INT32"),
+        "INPUT1": (rng.integers(-100, 100, size=(1, 16), dtype=np.int32), "INT32"),
+        "PIXELS": (rng.uniform(0, 16, size=(1, 64)).astype(np.float32), "FP32"),
+    }
+
+
+def _check_example(client: Any, module: Any, arrays: dict[str, tuple[np.ndarray, str]]) -> None:
+    result = client.infer("bls_example", _inputs(module, arrays))
+    left, right = arrays["INPUT0"][0], arrays["INPUT1"][0]
+    np.testing.assert_array_equal(result.as_numpy("SUM"), left + right)
+    np.testing.assert_array_equal(result.as_numpy("DIFFERENCE"), left - right)
+    digits = client.infer("digits", _inputs(module, {"pixels": arrays["PIXELS"]})).as_numpy("probabilities")
+    assert result.as_numpy("DIGIT").tolist() == digits.argmax(axis=1).tolist()
+
+
+def test_shipped_bls_model_calls_simple_and_digits(bls_server: GeserveProcess) -> None:
+    _check_example(httpclient.InferenceServerClient(bls_server.url), httpclient, _example_inputs(1))
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{bls_server.grpc_port}")
+    _check_example(grpc, grpcclient, _example_inputs(2))
+
+
+def test_concurrent_clients_of_a_bls_model_each_get_their_own_answer(bls_server: GeserveProcess) -> None:
+    failures: list[BaseException] = []
+
+    def client(seed: int) -> None:
+        try:
+            with httpclient.InferenceServerClient(bls_server.url) as own:
+                for round_ in range(4):
+                    _check_example(own, httpclient, _example_inputs(100 * seed + round_))
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+
+
+def _call(server: GeserveProcess, target: str, data: np.ndarray, timeout_us: int = 0) -> tuple[np.ndarray, str]:
+    http = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    arrays = {
+        "TARGET": (np.array([target.encode()], dtype=np.object_), "BYTES"),
+        "DATA": (data, "FP32"),
+        "TIMEOUT_US": (np.array([timeout_us], dtype=np.int64), "INT64"),
+    }
+    result = http.infer("bls_call", _inputs(httpclient, arrays))
+    return result.as_numpy("OUTPUT"), result.as_numpy("ERROR")[0].decode()
+
+
+def test_a_bls_call_returns_the_target_models_outputs(bls_server: GeserveProcess) -> None:
+    data = np.linspace(-1, 1, 7, dtype=np.float32)
+    output, error = _call(bls_server, "echo", data)
+    assert error == "" and output.tolist() == data.tolist()
+
+
+def test_a_bls_call_to_a_missing_model_answers_with_an_error(bls_server: GeserveProcess) -> None:
+    output, error = _call(bls_server, "does_not_exist", np.ones(3, dtype=np.float32))
+    assert error == "Request for unknown model: 'does_not_exist' is not found" and output.size == 0
+    assert _call(bls_server, "echo", np.ones(3, dtype=np.float32))[1] == ""
+
+
+def test_a_bls_call_with_a_timeout_gives_up_on_a_slow_model(bls_server: GeserveProcess) -> None:
+    started = time.monotonic()
+    output, error = _call(bls_server, "slow_echo", np.ones(3, dtype=np.float32), timeout_us=200_000)
+    assert error == "Request timeout expired" and output.size == 0
+    assert time.monotonic() - started < 1.8  # the slow model takes 2 s
+    assert _call(bls_server, "echo", np.ones(3, dtype=np.float32))[1] == ""
+
+
+def test_a_bls_call_to_a_model_that_itself_uses_bls_async(bls_server: GeserveProcess) -> None:
+    data = np.arange(5, dtype=np.float32)
+    output, error = _call(bls_server, "bls_async", data)
+    assert error == "" and output.tolist() == (2 * data).tolist()
+
+
+def test_a_decoupled_target_streams_its_responses_to_the_caller(bls_server: GeserveProcess) -> None:
+    http = httpclient.InferenceServerClient(bls_server.url)
+    values = np.array([4, 8, 15, 16, 23, 42], dtype=np.int32)
+    result = http.infer("bls_stream", _inputs(httpclient, {"IN": (values, "INT32")}))
+    assert result.as_numpy("OUT").tolist() == values.tolist()
