@@ -122,6 +122,11 @@ def check_steps(config: mc.ModelConfig, models: Mapping[str, Model]) -> None:
         tensors[tensor.name] = _TensorNode(name, batching, tensor.data_type, dims)
     for step in steps_of(config):
         composing = _version(models, step).config
+        if composing.model_transaction_policy.decoupled:
+            raise ModelLoadError(
+                f"ensemble {name} step {step.index} uses decoupled model {step.model_name}: geserve's ensembles "
+                "answer one response per request and cannot run decoupled models"
+            )
         if composing.max_batch_size != 0 and composing.max_batch_size < config.max_batch_size:
             raise ModelLoadError(
                 f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "

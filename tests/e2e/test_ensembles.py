@@ -141,6 +141,7 @@ def graph_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeservePr
     repository = root / "models"
     repository.mkdir()
     copy_model("simple", repository)
+    copy_model("repeat_int32", repository)
     shutil.copytree(PYTHON_MODELS / "raises", repository / "raises")
     for name in ("slow_a", "slow_b"):
         write_identity_model(
@@ -214,6 +215,10 @@ BAD_ENSEMBLES = {
     "bad_input_name": f"{SIMPLE_IO}\nensemble_scheduling {{ step [ "
     f"{step('simple', {'INPUT0': 'X', 'INPUT9': 'X'}, {'OUTPUT0': 'Y'})} ] }}",
     "bad_unmapped": f"{SIMPLE_IO}\nensemble_scheduling {{ step [ {step('simple', {'INPUT0': 'X'}, {'OUTPUT0': 'Y'})} ] }}",
+    "bad_decoupled": 'input [ { name: "I" data_type: TYPE_INT32 dims: [ -1 ] }, '
+    '{ name: "D" data_type: TYPE_UINT32 dims: [ -1 ] }, { name: "W" data_type: TYPE_UINT32 dims: [ 1 ] } ]\n'
+    'output [ { name: "O" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    f"ensemble_scheduling {{ step [ {step('repeat_int32', {'IN': 'I', 'DELAY': 'D', 'WAIT': 'W'}, {'OUT': 'O'})} ] }}",
 }
 LOAD_ERRORS = {
     "bad_missing": "ensemble bad_missing contains models that are not available: nope",
@@ -224,6 +229,7 @@ LOAD_ERRORS = {
     "bad_dangling": "ensemble tensor 'dangling' is unused in ensemble 'bad_dangling'",
     "bad_input_name": "in ensemble bad_input_name, ensemble tensor X is mapping to non-existing input INPUT9 in model simple",
     "bad_unmapped": "in ensemble bad_unmapped, input INPUT1 in model simple is not mapped to any ensemble tensors",
+    "bad_decoupled": "ensemble bad_decoupled step 0 uses decoupled model repeat_int32",
 }
 
 

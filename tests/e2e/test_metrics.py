@@ -193,7 +193,11 @@ def test_statistics_endpoints(server: GeserveProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
     everything = http.get_inference_statistics()["model_stats"]
     assert [(s["name"], s["version"]) for s in everything] == [
+        ("bls_example", "1"),
         ("digits", "1"),
+        ("digits_ensemble", "1"),
+        ("digits_postprocess", "1"),
+        ("digits_preprocess", "1"),
         ("repeat_int32", "1"),
         ("sequence_accumulator", "1"),
         ("sequence_controls", "1"),
