@@ -27,7 +27,7 @@ def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProc
     repository.mkdir()
     for name in ("simple", "digits", "bls_example", "repeat_int32"):
         copy_model(name, repository)
-    for name in ("bls_call", "bls_async", "bls_stream"):
+    for name in ("bls_call", "bls_async", "bls_stream", "bls_loop"):
         shutil.copytree(PYTHON_MODELS / name, repository / name)
     write_identity_model(repository, "echo", max_batch_size=0)
     write_identity_model(
@@ -135,3 +135,13 @@ def test_a_decoupled_target_streams_its_responses_to_the_caller(bls_server: Gese
     values = np.array([4, 8, 15, 16, 23, 42], dtype=np.int32)
     result = http.infer("bls_stream", _inputs(httpclient, {"IN": (values, "INT32")}))
     assert result.as_numpy("OUT").tolist() == values.tolist()
+
+
+def test_a_model_calling_itself_is_bounded_by_the_timeout_not_deadlocked(bls_server: GeserveProcess) -> None:
+    http = httpclient.InferenceServerClient(bls_server.url, network_timeout=30)
+    for _ in range(2):  # the instance is free again after each
+        result = http.infer("bls_loop", _inputs(httpclient, {"INPUT0": (np.ones(2, dtype=np.float32), "FP32")}))
+        assert result.as_numpy("ERROR")[0] == b"Request timeout expired"
+    stats = http.get_inference_statistics("bls_loop")["model_stats"][0]["inference_stats"]
+    # The timed-out calls left the queue: only the two client requests ran.
+    assert stats["success"]["count"] == 2
