@@ -15,7 +15,7 @@ from geserve.codecs import dtypes
 from geserve.core import validation
 from geserve.core.models import Model, ModelVersion, find_version
 from geserve.core.stats import ModelStats
-from geserve.errors import GeserveError, InternalError, ModelLoadError, UnsupportedError
+from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
 
 logger = logging.getLogger(__name__)
@@ -122,10 +122,10 @@ def check_steps(config: mc.ModelConfig, models: Mapping[str, Model]) -> None:
         tensors[tensor.name] = _TensorNode(name, batching, tensor.data_type, dims)
     for step in steps_of(config):
         composing = _version(models, step).config
-        if composing.model_transaction_policy.decoupled:
+        if composing.model_transaction_policy.decoupled and not config.model_transaction_policy.decoupled:
             raise ModelLoadError(
-                f"ensemble {name} step {step.index} uses decoupled model {step.model_name}: geserve's ensembles "
-                "answer one response per request and cannot run decoupled models"
+                f"ensemble {name} step {step.index} uses decoupled model {step.model_name}, so the ensemble must be "
+                "decoupled too (model_transaction_policy { decoupled: true })"
             )
         if composing.max_batch_size != 0 and composing.max_batch_size < config.max_batch_size:
             raise ModelLoadError(
@@ -248,14 +248,53 @@ class EnsembleScheduler:
         if self._running:
             await asyncio.wait(list(self._running), timeout=timeout_s)
 
-    def stream(
+    async def stream(
         self,
         inputs: Mapping[str, np.ndarray],
         output_names: tuple[str, ...],
         parameters: Parameters | None = None,
         request_id: str = "",
     ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
-        raise UnsupportedError(f"ensemble '{self._name}': decoupled ensembles are not supported by geserve")
+        """A decoupled ensemble: every response of a decoupled step runs the steps after it, and each time the
+        requested outputs are complete they are one response; an empty final response ends the stream. Steps
+        run in graph order, one after the other."""
+        started = time.monotonic_ns()
+        forwarded = {key: (parameters or {})[key] for key in _FORWARDED if key in (parameters or {})}
+        try:
+            async for tensors in self._flow(dict(inputs), frozenset(), forwarded, request_id):
+                yield {name: tensors[name] for name in output_names if name in tensors}, None, False
+        except GeserveError as error:
+            self._stats.record_failure("OTHER", time.monotonic_ns() - started)
+            yield None, error, True
+            return
+        self._stats.record_success(RequestTiming(time.monotonic_ns() - started, 0, 0, 0, 0))
+        yield None, None, True
+
+    async def _flow(
+        self, tensors: dict[str, np.ndarray], done: frozenset[int], parameters: Parameters, request_id: str
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        step = next(
+            (s for s in self._steps if s.index not in done and all(t in tensors for t in s.inputs.values())), None
+        )
+        if step is None:
+            yield tensors
+            return
+        after = done | {step.index}
+        model = _version(self._models, step)
+        if not model.decoupled:
+            outputs = await self._call(step, tensors, parameters, request_id, [])
+            async for complete in self._flow(_with(tensors, step, outputs), after, parameters, request_id):
+                yield complete
+            return
+        request = _request(step, model, tensors, parameters, request_id)
+        inputs = validation.validate_inputs(request, model)
+        responses = model.scheduler.stream(inputs, tuple(step.outputs), dict(parameters), request_id)
+        async for streamed, error, _ in responses:
+            if error is not None:
+                raise error
+            if streamed:
+                async for complete in self._flow(_with(tensors, step, streamed), after, parameters, request_id):
+                    yield complete
 
     async def execute(
         self,
@@ -325,15 +364,30 @@ class EnsembleScheduler:
         """One step through its composing model, validated as a client's request to it would be; its errors are
         the ensemble request's, word for word."""
         model = _version(self._models, step)
-        request = InferRequest(
-            step.model_name,
-            str(model.version),
-            tuple(_input(name, tensors[tensor]) for name, tensor in step.inputs.items()),
-            id=request_id,
-            parameters=dict(parameters),
-        )
-        inputs = validation.validate_inputs(request, model)
+        inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
         return await model.scheduler.execute(inputs, tuple(step.outputs), dict(parameters), request_id, marks)
+
+
+def _request(
+    step: Step, model: ModelVersion, tensors: Mapping[str, np.ndarray], parameters: Parameters, request_id: str
+) -> InferRequest:
+    """The request a step makes of its composing model."""
+    return InferRequest(
+        step.model_name,
+        str(model.version),
+        tuple(_input(name, tensors[tensor]) for name, tensor in step.inputs.items()),
+        id=request_id,
+        parameters=dict(parameters),
+    )
+
+
+def _with(tensors: dict[str, np.ndarray], step: Step, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ensemble tensors once a step's outputs are in."""
+    merged = dict(tensors)
+    for model_output, tensor in step.outputs.items():
+        if model_output in outputs:
+            merged[tensor] = outputs[model_output]
+    return merged
 
 
 def _input(name: str, array: np.ndarray) -> InferInput:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -161,6 +162,17 @@ def graph_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeservePr
     write_ensemble(repository, "failing", ensemble("failing", failing, max_batch_size=0))
     for name, body in BAD_ENSEMBLES.items():
         write_ensemble(repository, name, ensemble(name, body))
+    write_identity_model(repository, "echo_int", dtype="TYPE_INT32", dims="1", max_batch_size=0)
+    streamed = (
+        "model_transaction_policy { decoupled: true }\n"
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] }, '
+        '{ name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]\n'
+        "ensemble_scheduling { step [ "
+        f"{step('repeat_int32', {'IN': 'IN', 'DELAY': 'DELAY', 'WAIT': 'WAIT'}, {'OUT': 'value', 'IDX': 'IDX'})}, "
+        f"{step('echo_int', {'INPUT0': 'value'}, {'OUTPUT0': 'OUT'})} ] }}"
+    )
+    write_ensemble(repository, "stream_chain", ensemble("stream_chain", streamed, max_batch_size=0))
     process = GeserveProcess(
         root / "geserve.log", f"--model-repository={repository}", "--exit-on-error=false"
     ).wait_live()
@@ -301,3 +313,35 @@ def test_explicit_load_brings_composing_models_and_unload_dependents_takes_them(
     for name in ("digits", "digits_preprocess", "digits_postprocess", "digits_ensemble"):
         assert not http.is_model_ready(name), name
     assert server.stop() == 0
+
+
+def test_a_decoupled_step_streams_through_the_rest_of_the_ensemble(graph_server: GeserveProcess) -> None:
+    """Every response of repeat_int32 runs the step after it and becomes one response of the ensemble."""
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{graph_server.grpc_port}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    values = np.array([7, -3, 11, 5], dtype=np.int32)
+    arrays = {
+        "IN": (values, "INT32"),
+        "DELAY": (np.full(values.shape, 10, dtype=np.uint32), "UINT32"),
+        "WAIT": (np.zeros(1, dtype=np.uint32), "UINT32"),
+    }
+    tensors = []
+    for name, (array, datatype) in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    try:
+        grpc.async_stream_infer("stream_chain", tensors, enable_empty_final_response=True)
+        seen = []
+        while True:
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            if response.outputs:
+                seen.append((int(result.as_numpy("OUT")[0]), int(result.as_numpy("IDX")[0])))
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        assert seen == [(int(v), i) for i, v in enumerate(values)]
+    finally:
+        grpc.stop_stream()
