@@ -55,6 +55,23 @@ parameters { key: "model_path" value { string_value: "compiled/affine_bs4.om" } 
 instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]
 """
 
+# An ensemble of `.om` models: affine_gears applied twice, y2 = 2 * (2x + 1) + 1.
+PIPELINE_CONFIG = """
+name: "affine_twice"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "S" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "affine_gears" model_version: -1 input_map { key: "x" value: "X" }
+      output_map [ { key: "y" value: "once" }, { key: "s" value: "S" } ] },
+    { model_name: "affine_gears" model_version: -1 input_map { key: "x" value: "once" }
+      output_map { key: "y" value: "Y" } }
+  ]
+}
+"""
+
 
 def _repository(root: Path) -> Path:
     repository = root / "models"
@@ -65,6 +82,8 @@ def _repository(root: Path) -> Path:
     (repository / "affine_static" / "1").mkdir(parents=True)
     (repository / "affine_static" / "config.pbtxt").write_text(STATIC_CONFIG)
     copy_model("simple", repository)
+    (repository / "affine_twice" / "1").mkdir(parents=True)
+    (repository / "affine_twice" / "config.pbtxt").write_text(PIPELINE_CONFIG)
     return repository
 
 
@@ -305,3 +324,14 @@ def test_config_contradicting_the_om_fails_startup_naming_both(launch: Launch, t
     assert "its largest batch gear is 8 (gears [1, 2, 4, 8])" in log
     assert "affine_gears/1/model.om" in log
     server.stop()
+
+
+def test_an_ensemble_of_om_models_runs_each_step_on_the_npu(npu_server: GeserveProcess) -> None:
+    client = httpclient.InferenceServerClient(npu_server.url)
+    x = _rows(3, seed=9)
+    tensor = httpclient.InferInput("X", [3, FEATURES], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("affine_twice", [tensor])
+    once = affine_reference(x)
+    np.testing.assert_array_equal(result.as_numpy("S"), once["s"])
+    np.testing.assert_array_equal(result.as_numpy("Y"), affine_reference(once["y"])["y"])
