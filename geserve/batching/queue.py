@@ -73,6 +73,7 @@ class PendingRequest:
     request_id: str = ""
     parameters: Parameters = field(default_factory=dict)
     dispatched_ns: int = 0
+    handoff: bool = False  # a pipeline's step: its outputs may stay in shared memory
     # Set for a traced request: where its queue and compute timestamps go.
     marks: list[tuple[str, int]] | None = field(default=None, repr=False)
 

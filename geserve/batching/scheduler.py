@@ -49,6 +49,8 @@ class Instances(Protocol):
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> Coroutine[Any, Any, BatchResult]: ...
 
     async def read_statuses(self) -> list[InstanceStatus]: ...
@@ -125,11 +127,14 @@ class Scheduler:
         parameters: Parameters | None = None,
         request_id: str = "",
         marks: list[tuple[str, int]] | None = None,
+        *,
+        handoff: bool = False,
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs; a traced request gets its queue and
-        compute timestamps appended to `marks`."""
+        compute timestamps appended to `marks`. With `handoff` (a pipeline's step) the outputs may be views
+        of the shared memory the worker wrote them to, for the next step to read in place."""
         reply = UnaryReply()
-        request = self._enqueue(inputs, output_names, parameters or {}, request_id, reply)
+        request = self._enqueue(inputs, output_names, parameters or {}, request_id, reply, handoff=handoff)
         request.marks = marks
         try:
             return await reply.future
@@ -195,12 +200,15 @@ class Scheduler:
         parameters: Parameters,
         request_id: str,
         reply: Reply,
+        *,
+        handoff: bool = False,
     ) -> PendingRequest:
         if not self._pool.recoverable():
             raise UnavailableError(f"model '{self._model_name}' has no running instance")
         now = self._clock.now_ns()
         request = self._pending(inputs, output_names, parameters, now, reply)
         request.request_id = request_id
+        request.handoff = handoff
         try:
             self._queue.push(request)
         except UnavailableError:
@@ -324,7 +332,8 @@ class Scheduler:
         inputs = {name: [request.inputs[name] for request in batch] for name in batch[0].inputs}
         infos = [RequestInfo(r.rows, r.output_names, r.request_id, r.parameters) for r in batch]
         streams = {i: r.reply.stream for i, r in enumerate(batch) if isinstance(r.reply, StreamReply)}
-        run = self._pool.dispatch(inputs, tuple(wanted), infos, streams)
+        keep = any(request.handoff for request in batch)
+        run = self._pool.dispatch(inputs, tuple(wanted), infos, streams, keep_outputs=keep)
         self._start_task(self._run(run, batch, now))
 
     def _start_task(self, run: Coroutine[Any, Any, None]) -> None:

@@ -47,6 +47,8 @@ class SequenceInstances(Instances, Protocol):
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> Coroutine[Any, Any, BatchResult]: ...
 
 
@@ -113,6 +115,8 @@ class SequenceScheduler(Scheduler):
         parameters: Parameters,
         request_id: str,
         reply: Reply,
+        *,
+        handoff: bool = False,
     ) -> PendingRequest:
         try:
             correlation_id, start, end = self._check(inputs, parameters)
@@ -135,6 +139,7 @@ class SequenceScheduler(Scheduler):
             )
         request = self._pending(inputs, output_names, parameters, now, reply)
         request.request_id = request_id
+        request.handoff = handoff
         self._sequence += 1
         sequence.requests.append(request)
         sequence.last_ns = now
@@ -415,7 +420,8 @@ class SequenceScheduler(Scheduler):
             for i, (_, request) in enumerate(rows)
             if request is not None and isinstance(request.reply, StreamReply)
         }
-        return self._instances.dispatch_to(index, inputs, tuple(wanted), infos, streams)
+        keep = any(request.handoff for _, request in rows if request is not None)
+        return self._instances.dispatch_to(index, inputs, tuple(wanted), infos, streams, keep_outputs=keep)
 
     async def _run_rows(
         self,

@@ -303,6 +303,8 @@ class EnsembleScheduler:
         parameters: Parameters | None = None,
         request_id: str = "",
         marks: list[tuple[str, int]] | None = None,
+        *,
+        handoff: bool = False,
     ) -> dict[str, np.ndarray]:
         started = time.monotonic_ns()
         task = asyncio.ensure_future(self._run(dict(inputs), output_names, parameters or {}, request_id))
@@ -365,7 +367,10 @@ class EnsembleScheduler:
         the ensemble request's, word for word."""
         model = _version(self._models, step)
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
-        return await model.scheduler.execute(inputs, tuple(step.outputs), dict(parameters), request_id, marks)
+        # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
+        return await model.scheduler.execute(
+            inputs, tuple(step.outputs), dict(parameters), request_id, marks, handoff=True
+        )
 
 
 def _request(

@@ -89,6 +89,8 @@ class ModelScheduler(Protocol):
         parameters: Parameters | None = None,
         request_id: str = "",
         marks: list[tuple[str, int]] | None = None,
+        *,
+        handoff: bool = False,
     ) -> dict[str, np.ndarray]: ...
 
     def stream(

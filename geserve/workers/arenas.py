@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -13,6 +14,7 @@ import numpy as np
 from geserve.backends.base import RequestResult
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError
+from geserve.workers import handoff
 from geserve.workers.messages import PlacedResult
 from geserve.workers.shm import (
     TensorLayout,
@@ -24,6 +26,8 @@ from geserve.workers.shm import (
     segment_name,
     unlink_quietly,
 )
+
+logger = logging.getLogger(__name__)
 
 # Above this many bytes, copies into and out of the arenas run on a thread, off the event loop.
 OFFLOAD_BYTES = 1 << 20
@@ -71,8 +75,14 @@ class Arenas:
         try:
             input_name, output_name = self._slots[slot]
             layout = TensorLayout()
+            passed: list[TensorRef] = []  # a previous step's outputs, still in shared memory: read in place
             for name, parts in inputs.items():
-                layout.add(name, dtypes.from_numpy(parts[0].dtype).wire, parts)
+                mapped = handoff.ref_of(parts[0]) if len(parts) == 1 else None
+                if mapped is not None:
+                    logger.debug("input '%s' passed on in place: %d bytes of %s", name, mapped.nbytes, mapped.segment)
+                    passed.append(mapped._replace(name=name))
+                else:
+                    layout.add(name, dtypes.from_numpy(parts[0].dtype).wire, parts)
             overflow = None
             if layout.size > self._arena_bytes:
                 # A batch too large for the arena; reserving its pages takes a while, so off the loop.
@@ -84,6 +94,7 @@ class Arenas:
                 placement.inputs = await asyncio.to_thread(layout.write, buffer_of(target), segment)
             else:
                 placement.inputs = layout.write(buffer_of(target), segment)
+            placement.inputs += tuple(passed)
             return placement
         except BaseException:
             self._free.put_nowait(slot)

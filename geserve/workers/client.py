@@ -65,10 +65,13 @@ class WorkerClient(Protocol):
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> BatchResult:
         """Run one batch of `requests`; each input is given as the requests' row blocks, in order. The
         requests whose index is in `streams` answer there (decoupled models), also after the batch has
-        returned. Raises GeserveError when the instance cannot run it (not running, died meanwhile)."""
+        returned. With `keep_outputs` the outputs may stay in shared memory, for a pipeline's next step.
+        Raises GeserveError when the instance cannot run it (not running, died meanwhile)."""
         ...
 
     async def read_status(self) -> InstanceStatus | None:
@@ -119,6 +122,8 @@ class ThreadWorker:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> BatchResult:
         if not self.alive:
             raise UnavailableError(f"instance '{self.spec.instance_name}' is {self._state.value}")

@@ -71,14 +71,15 @@ class _Segments:
                 for ref in message.inputs
             }
             placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
-            result, whole = runner.run(
-                inputs, message.output_names, message.requests, placement.allocate, emit, split=False
-            )
+            keep = message.keep_outputs  # the front-end keeps them: not in the arena, which the next batch reuses
+            allocate = None if keep else placement.allocate
+            result, whole = runner.run(inputs, message.output_names, message.requests, allocate, emit, split=False)
             del inputs
             blocks = _Blocks(runner.output_datatypes, placement)
             try:
                 placed = blocks.place(result.results, whole, message.requests)
-                blocks.written(self._write(blocks.layout, message.output_arena, message.output_overflow, placement.end))
+                overflow = message.output_overflow
+                blocks.written(self._write(blocks.layout, message.output_arena, overflow, placement.end, keep))
             except GeserveError as error:  # the outputs do not fit in /dev/shm: every request fails with it
                 blocks, placed = _Blocks(runner.output_datatypes, placement), (error,) * len(message.requests)
             return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns)
@@ -87,11 +88,13 @@ class _Segments:
                 with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
                     segment.close()
 
-    def _write(self, layout: TensorLayout, arena_name: str, overflow_name: str, start: int) -> tuple[TensorRef, ...]:
+    def _write(
+        self, layout: TensorLayout, arena_name: str, overflow_name: str, start: int, own_segment: bool = False
+    ) -> tuple[TensorRef, ...]:
         if not layout.count:
             return ()
         arena = self.arenas[arena_name]
-        if start + layout.size <= arena.size:
+        if not own_segment and start + layout.size <= arena.size:
             return layout.write(buffer_of(arena), arena_name, start)
         # Too large for the arena: a segment of its own, which the front-end unlinks after reading.
         segment = create_segment(overflow_name, layout.size)

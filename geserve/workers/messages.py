@@ -84,17 +84,19 @@ class RunBatch:
     output_arena: str
     output_overflow: str
     requests: tuple[RequestInfo, ...]
+    # Outputs for a pipeline's next step: always in `output_overflow`, which the front-end maps and keeps.
+    keep_outputs: bool = False
 
     def __reduce__(self) -> tuple[Callable[..., RunBatch], tuple[object, ...]]:
         # Sent once per batch: plain tuples pickle several times faster than dataclasses and named tuples.
         fields = (self.batch_id, self.inputs, self.output_names, self.output_arena, self.output_overflow)
-        return _run_batch, (fields, tuple(map(tuple, self.requests)))
+        return _run_batch, (fields, tuple(map(tuple, self.requests)), self.keep_outputs)
 
 
-def _run_batch(fields: tuple[Any, ...], requests: tuple[tuple[Any, ...], ...]) -> RunBatch:
+def _run_batch(fields: tuple[Any, ...], requests: tuple[tuple[Any, ...], ...], keep: bool) -> RunBatch:
     batch_id, inputs, output_names, output_arena, output_overflow = fields
     infos = tuple(tuple.__new__(RequestInfo, request) for request in requests)
-    return RunBatch(batch_id, inputs, output_names, output_arena, output_overflow, infos)
+    return RunBatch(batch_id, inputs, output_names, output_arena, output_overflow, infos, keep)
 
 
 @dataclass(frozen=True, slots=True)

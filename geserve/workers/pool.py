@@ -66,9 +66,11 @@ class InstancePool:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> Coroutine[Any, Any, BatchResult]:
         """Claim an idle slot now (call `has_idle` first) and return the batch's run, to be awaited."""
-        return self._claim(self._idle.popleft(), inputs, output_names, requests, streams)
+        return self._claim(self._idle.popleft(), inputs, output_names, requests, streams, keep_outputs=keep_outputs)
 
     def _claim(
         self,
@@ -77,9 +79,11 @@ class InstancePool:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool,
     ) -> Coroutine[Any, Any, BatchResult]:
         self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
-        return self._run(instance, inputs, output_names, requests, streams)
+        return self._run(instance, inputs, output_names, requests, streams, keep_outputs=keep_outputs)
 
     async def _run(
         self,
@@ -88,9 +92,11 @@ class InstancePool:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool,
     ) -> BatchResult:
         try:
-            return await instance.execute(inputs, output_names, requests, streams)
+            return await instance.execute(inputs, output_names, requests, streams, keep_outputs=keep_outputs)
         finally:
             self._busy[id(instance)] -= 1
             self._idle.append(instance)
@@ -120,11 +126,13 @@ class InstancePool:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> Coroutine[Any, Any, BatchResult]:
         """`dispatch` to instance `index` (call `idle_on` first)."""
         instance = self._instances[index]
         self._idle.remove(instance)
-        return self._claim(instance, inputs, output_names, requests, streams)
+        return self._claim(instance, inputs, output_names, requests, streams, keep_outputs=keep_outputs)
 
     def _instance_ready(self, instance: WorkerClient) -> None:
         """A restarted instance is back: its free slots rejoin the idle ones and take queued work."""

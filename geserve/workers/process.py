@@ -21,6 +21,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import InstanceStatus
+from geserve.workers import handoff
 from geserve.workers import main as worker_main
 from geserve.workers.arenas import Arenas
 from geserve.workers.bls import ModelCaller, serve_call
@@ -194,6 +195,8 @@ class ProcessWorker:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> BatchResult:
         if not self.alive or not self._arenas.available:
             raise UnavailableError(self._exited_message())
@@ -215,11 +218,14 @@ class ProcessWorker:
                 raise UnavailableError(self._exited_message())
             self._in_flight[batch_id] = answer = loop.create_future()
             arena, overflow = placement.output_arena, placement.output_overflow
-            message = RunBatch(batch_id, placement.inputs, output_names, arena, overflow, tuple(infos))
+            message = RunBatch(batch_id, placement.inputs, output_names, arena, overflow, tuple(infos), keep_outputs)
             # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
             connection.send(message)
             placed = await answer
-            results = await self._arenas.collect(placed.blocks, placed.results)
+            if keep_outputs:  # mapped where the worker wrote them, for the next step to read in place
+                results = handoff.map_results(placed.blocks, placed.results)
+            else:
+                results = await self._arenas.collect(placed.blocks, placed.results)
             collected = True
             failed = {index for index in stream_ids if isinstance(results[index], GeserveError)}
             return BatchResult(results, placed.infer_start_ns, placed.infer_end_ns)

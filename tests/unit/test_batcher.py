@@ -87,6 +87,8 @@ class ScriptedInstance:
         output_names: tuple[str, ...],
         requests: Sequence[RequestInfo],
         streams: Mapping[int, ResponseStream],
+        *,
+        keep_outputs: bool = False,
     ) -> BatchResult:
         inputs = {name: np.concatenate(parts) for name, parts in inputs.items()}
         self.batches.append(dict(inputs))

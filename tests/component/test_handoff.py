@@ -1,0 +1,61 @@
+"""Pipeline steps hand outputs on in shared memory: mapped by the front-end, read in place by the next worker."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from geserve.workers import handoff
+from geserve.workers.arenas import Arenas
+from geserve.workers.shm import write_tensors
+
+
+@pytest.fixture
+def arenas() -> Iterator[Arenas]:
+    created = Arenas(1, 1 << 16)
+    created.create()
+    yield created
+    created.unlink()
+
+
+def test_outputs_are_mapped_not_copied_and_the_segment_goes_with_the_last_view() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    labels = np.array([b"x", b"yz"], dtype=np.object_)
+    blocks = write_tensors({"A": a, "S": labels}, "test")
+    segment = blocks[0].segment
+    # Two requests: rows 0..2 and 3 of A; the second also gets S whole.
+    results = handoff.map_results(blocks, (((0, 0, 3),), ((0, 3, 1), (1, 0, -1))))
+    first, second = results
+    assert isinstance(first, dict) and isinstance(second, dict)
+    np.testing.assert_array_equal(first["A"], a[:3])
+    np.testing.assert_array_equal(second["A"], a[3:])
+    assert second["S"].tolist() == [b"x", b"yz"]
+    # Each view knows where it lies, so a worker can read it in place.
+    ref = handoff.ref_of(second["A"])
+    assert ref is not None and ref.segment == segment
+    assert (ref.offset - blocks[0].offset, ref.nbytes, ref.shape) == (3 * 3 * 4, 3 * 4, (1, 3))
+    assert handoff.ref_of(a) is None and handoff.ref_of(second["S"]) is None
+    assert os.path.exists(f"/dev/shm/{segment}")
+    del first, second, results, ref
+    gc.collect()
+    assert not os.path.exists(f"/dev/shm/{segment}")
+
+
+def test_a_mapped_input_is_passed_to_the_next_worker_by_reference(arenas: Arenas) -> None:
+    blocks = write_tensors({"OUT": np.arange(6, dtype=np.int32).reshape(2, 3)}, "test")
+    (outputs,) = handoff.map_results(blocks, (((0, 0, -1),),))
+    assert isinstance(outputs, dict)
+    fresh = np.ones((2, 2), dtype=np.float32)
+    placement = asyncio.run(arenas.place({"IN": [outputs["OUT"]], "OTHER": [fresh]}))
+    by_name = {ref.name: ref for ref in placement.inputs}
+    assert by_name["IN"].segment == blocks[0].segment and by_name["IN"].offset == blocks[0].offset
+    assert by_name["OTHER"].segment in arenas.names  # an ordinary input is written into the arena
+    arenas.release(placement, collected=True)
+    del outputs
+    gc.collect()
+    assert not os.path.exists(f"/dev/shm/{blocks[0].segment}")
