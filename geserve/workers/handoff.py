@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -14,17 +15,106 @@ from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError
 from geserve.workers.messages import PlacedResult
-from geserve.workers.shm import TensorRef, unlink_quietly
+from geserve.workers.shm import TensorRef, create_segment, segment_name, unlink_quietly
 
 _SHM_DIR = "/dev/shm"
-# The mapping of each segment still in use, by id: segment name and a weak reference to the mapping's array.
+# Free handoff segments a worker keeps for its next batches; more are unlinked when they come back.
+_IDLE_SEGMENTS = 4
+# The mappings in use, by id of their array: segment name, and a weak reference to the array.
 _MAPPED: dict[int, tuple[str, weakref.ref[np.ndarray]]] = {}
 
 
+class HandoffSegments:
+    """The segments one worker writes a pipeline step's outputs to. Each is created (its pages reserved) and
+    mapped once, then reused: it is free again once no view of what it holds is left."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._idle: list[str] = []
+        self._mappings: dict[str, mmap.mmap] = {}
+        self._lock = threading.Lock()  # views die wherever the garbage collector runs
+        self._closed = False
+
+    def acquire(self) -> str:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        name = segment_name("handoff")
+        create_segment(name, self._size).close()
+        self._mappings[name] = _map(name)
+        return name
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < _IDLE_SEGMENTS:
+                self._idle.append(name)
+                return
+            self._mappings.pop(name, None)  # the mapping goes with its last view
+        unlink_quietly(name)
+
+    def close(self) -> None:
+        """The worker stops: free segments go now, the others once their views are gone."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            for name in idle:
+                self._mappings.pop(name, None)
+        for name in idle:
+            unlink_quietly(name)
+
+    def map_results(
+        self, name: str, blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]
+    ) -> tuple[RequestResult, ...]:
+        """Each request's outputs as views of segment `name` (or of the one-off segment the worker wrote
+        outputs too large for it to): nothing is copied (BYTES are decoded)."""
+        if not blocks or any(block.segment != name for block in blocks):
+            self.release(name)
+            return map_results(blocks, placed)
+        whole = np.frombuffer(self._mappings[name], dtype=np.uint8)
+        return _results({name: _register(whole, name, self.release)}, blocks, placed)
+
+
 def map_results(blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]) -> tuple[RequestResult, ...]:
-    """Each request's outputs as views of the segment the worker wrote them to: nothing is copied (BYTES are
-    decoded). The segment is unlinked once no view of it is left."""
-    arrays = _map_blocks(blocks)
+    """`HandoffSegments.map_results` for one-off segments, which are unlinked once no view of them is left."""
+    mapped = {
+        name: _register(np.frombuffer(_map(name), dtype=np.uint8), name, unlink_quietly)
+        for name in dict.fromkeys(block.segment for block in blocks)
+    }
+    return _results(mapped, blocks, placed)
+
+
+def _map(name: str) -> mmap.mmap:
+    descriptor = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
+    try:
+        return mmap.mmap(descriptor, 0)
+    finally:
+        os.close(descriptor)
+
+
+def _register(whole: np.ndarray, name: str, done: Callable[[str], None]) -> np.ndarray:
+    """Track a mapping: `done(name)` once no view of it is left."""
+    key = id(whole)
+    _MAPPED[key] = (name, weakref.ref(whole))
+    weakref.finalize(whole, _finished, key, name, done)
+    return whole
+
+
+def _finished(key: int, name: str, done: Callable[[str], None]) -> None:
+    _MAPPED.pop(key, None)
+    done(name)
+
+
+def _results(
+    mapped: dict[str, np.ndarray], blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]
+) -> tuple[RequestResult, ...]:
+    arrays = []
+    for ref in blocks:
+        data = mapped[ref.segment][ref.offset : ref.offset + ref.nbytes]
+        if ref.datatype == "BYTES":
+            arrays.append(bytes_codec.deserialize(data.tobytes()).reshape(ref.shape))
+        else:
+            arrays.append(data.view(dtypes.from_wire(ref.datatype).numpy).reshape(ref.shape))
+    del mapped
     results: list[RequestResult] = []
     for result in placed:
         if isinstance(result, GeserveError):
@@ -38,36 +128,9 @@ def map_results(blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]) -> 
     return tuple(results)
 
 
-def _map_blocks(blocks: Sequence[TensorRef]) -> list[np.ndarray]:
-    mappings: dict[str, np.ndarray] = {}
-    for name in dict.fromkeys(block.segment for block in blocks):
-        descriptor = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
-        try:
-            whole = np.frombuffer(mmap.mmap(descriptor, 0), dtype=np.uint8)
-        finally:
-            os.close(descriptor)
-        _MAPPED[id(whole)] = (name, weakref.ref(whole))
-        weakref.finalize(whole, _forget, id(whole), name)
-        mappings[name] = whole
-    arrays = []
-    for block in blocks:
-        data = mappings[block.segment][block.offset : block.offset + block.nbytes]
-        if block.datatype == "BYTES":
-            arrays.append(bytes_codec.deserialize(data.tobytes()).reshape(block.shape))
-        else:
-            arrays.append(data.view(dtypes.from_wire(block.datatype).numpy).reshape(block.shape))
-    return arrays
-
-
-def _forget(key: int, name: str) -> None:
-    """The last view of a mapped segment is gone: the mapping goes with it, and so does the segment."""
-    _MAPPED.pop(key, None)
-    unlink_quietly(name)
-
-
 def ref_of(array: np.ndarray) -> TensorRef | None:
-    """Where a view `map_results` made lies in shared memory, so that a worker can read it in place; None for
-    any other array (or one that is not contiguous)."""
+    """Where a view made by `map_results` lies in shared memory, so that a worker can read it in place; None
+    for any other array (or one that is not contiguous)."""
     base = array.base
     if not isinstance(base, np.ndarray) or array.dtype.kind == "O" or not array.flags.c_contiguous:
         return None

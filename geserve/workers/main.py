@@ -6,8 +6,10 @@ import contextlib
 import logging
 import os
 import queue
+import secrets
 import signal
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -16,7 +18,7 @@ import numpy as np
 
 from geserve.backends.base import RequestResult, ResponseEmitter
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError, ModelLoadError
+from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.workers.bls import BlsClient
 from geserve.workers.messages import (
     BatchPlaced,
@@ -50,6 +52,12 @@ from geserve.workers.shm import (
 
 logger = logging.getLogger(__name__)
 
+# Outputs kept for a pipeline's next step get a segment of their own from this size: below it, creating and
+# mapping a segment costs more than the copies it saves, and they go through the arena as usual.
+HANDOFF_MIN_BYTES = 64 << 10
+# The name suffix of pipeline handoff segments, and how many of them a worker keeps attached.
+_HANDOFF_ROLE = "_handoff"
+_ATTACHED_HANDOFFS = 16
 # Streamed responses up to this size travel in the message itself; larger ones in a segment.
 _INLINE_BYTES = 64 << 10
 
@@ -59,16 +67,32 @@ class _Segments:
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.arenas = {name: attach_segment(name) for name in spec.arenas}
+        # Pipeline handoff segments (any worker's), attached once: they are reused batch after batch.
+        self._handoffs: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
+
+    def _handoff(self, name: str) -> shared_memory.SharedMemory:
+        segment = self._handoffs.pop(name, None) or attach_segment(name)
+        self._handoffs[name] = segment
+        while len(self._handoffs) > _ATTACHED_HANDOFFS:
+            _, oldest = self._handoffs.popitem(last=False)
+            with contextlib.suppress(BufferError):
+                oldest.close()
+        return segment
+
+    def _segment(self, name: str, extra: dict[str, shared_memory.SharedMemory]) -> shared_memory.SharedMemory:
+        if name in self.arenas:
+            return self.arenas[name]
+        if name.endswith(_HANDOFF_ROLE):
+            return self._handoff(name)
+        if name not in extra:
+            extra[name] = attach_segment(name)
+        return extra[name]
 
     def run(self, runner: InstanceRunner, message: RunBatch, emit: ResponseEmitter | None = None) -> BatchPlaced:
         extra: dict[str, shared_memory.SharedMemory] = {}
         try:
-            for ref in message.inputs:
-                if ref.segment not in self.arenas and ref.segment not in extra:
-                    extra[ref.segment] = attach_segment(ref.segment)
             inputs = {
-                ref.name: read_tensor(buffer_of(self.arenas.get(ref.segment) or extra[ref.segment]), ref)
-                for ref in message.inputs
+                ref.name: read_tensor(buffer_of(self._segment(ref.segment, extra)), ref) for ref in message.inputs
             }
             placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
             keep = message.keep_outputs  # the front-end keeps them: not in the arena, which the next batch reuses
@@ -80,7 +104,9 @@ class _Segments:
                 placed = blocks.place(result.results, whole, message.requests)
                 overflow = message.output_overflow
                 blocks.written(self._write(blocks.layout, message.output_arena, overflow, placement.end, keep))
-            except GeserveError as error:  # the outputs do not fit in /dev/shm: every request fails with it
+            except (GeserveError, OSError) as error:  # the outputs do not fit in /dev/shm: every request fails
+                if isinstance(error, OSError):
+                    error = UnavailableError(f"the batch's outputs cannot be placed in shared memory: {error}")
                 blocks, placed = _Blocks(runner.output_datatypes, placement), (error,) * len(message.requests)
             return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns)
         finally:
@@ -94,8 +120,15 @@ class _Segments:
         if not layout.count:
             return ()
         arena = self.arenas[arena_name]
+        own_segment = own_segment and layout.size >= HANDOFF_MIN_BYTES
         if not own_segment and start + layout.size <= arena.size:
             return layout.write(buffer_of(arena), arena_name, start)
+        if overflow_name.endswith(_HANDOFF_ROLE):
+            target = self._handoff(overflow_name)
+            if layout.size <= target.size:
+                return layout.write(buffer_of(target), overflow_name)
+            # Too large for it: a one-off segment (a fresh name, as the last one may still be in use).
+            overflow_name = f"{overflow_name}_{secrets.token_hex(8)}"
         # Too large for the arena: a segment of its own, which the front-end unlinks after reading.
         segment = create_segment(overflow_name, layout.size)
         try:

@@ -21,12 +21,12 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import InstanceStatus
-from geserve.workers import handoff
 from geserve.workers import main as worker_main
 from geserve.workers.arenas import Arenas
 from geserve.workers.bls import ModelCaller, serve_call
 from geserve.workers.client import InstanceState, WorkerClient
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
+from geserve.workers.handoff import HandoffSegments
 from geserve.workers.messages import (
     BatchPlaced,
     BatchResult,
@@ -79,6 +79,7 @@ class ProcessWorker:
         self.model_ready = True
         self.incarnation = 0
         self._arenas = Arenas(self.capacity, arena_bytes)
+        self._handoff = HandoffSegments(arena_bytes)
         self._supervisor = Supervisor(
             spec.instance_name, restart or RestartPolicy(), self._respawn, self._back_up, self._give_up
         )
@@ -179,6 +180,7 @@ class ProcessWorker:
             self._forget(connection)
         self._spawner.shutdown(wait=False)
         self._arenas.unlink()
+        self._handoff.close()
 
     def kill(self) -> None:
         """Forced exit: no drain, no waiting."""
@@ -186,6 +188,7 @@ class ProcessWorker:
         if self._process is not None and is_alive(self._process):
             self._process.kill()
         self._arenas.unlink()
+        self._handoff.close()
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -212,19 +215,22 @@ class ProcessWorker:
         batch_id = next(self._ids)
         failed = set(stream_ids)  # streams the scheduler ends with an error: forgotten here
         collected = False
+        # A pipeline's step: its outputs go to a segment of their own, which the next step reads in place.
+        handoff_segment = self._handoff.acquire() if keep_outputs else ""
         try:
             connection, loop = self._connection, asyncio.get_running_loop()
             if not self.alive or connection is None:
                 raise UnavailableError(self._exited_message())
             self._in_flight[batch_id] = answer = loop.create_future()
-            arena, overflow = placement.output_arena, placement.output_overflow
+            arena, overflow = placement.output_arena, handoff_segment or placement.output_overflow
             message = RunBatch(batch_id, placement.inputs, output_names, arena, overflow, tuple(infos), keep_outputs)
             # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
             connection.send(message)
             placed = await answer
-            if keep_outputs:  # mapped where the worker wrote them, for the next step to read in place
-                results = handoff.map_results(placed.blocks, placed.results)
-            else:
+            if handoff_segment and placed.blocks and placed.blocks[0].segment not in self._arenas.names:
+                results = self._handoff.map_results(handoff_segment, placed.blocks, placed.results)
+                handoff_segment = ""  # its views own it now
+            else:  # small outputs come through the arena, as any batch's
                 results = await self._arenas.collect(placed.blocks, placed.results)
             collected = True
             failed = {index for index in stream_ids if isinstance(results[index], GeserveError)}
@@ -235,6 +241,8 @@ class ProcessWorker:
         finally:
             self._in_flight.pop(batch_id, None)
             self._arenas.release(placement, collected)
+            if handoff_segment:
+                self._handoff.release(handoff_segment)
             for index in failed:
                 self._streams.pop(stream_ids[index], None)
 

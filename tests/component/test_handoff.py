@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 from collections.abc import Iterator
+from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
@@ -59,3 +60,28 @@ def test_a_mapped_input_is_passed_to_the_next_worker_by_reference(arenas: Arenas
     del outputs
     gc.collect()
     assert not os.path.exists(f"/dev/shm/{blocks[0].segment}")
+
+
+def test_handoff_segments_are_reused_once_their_views_are_gone() -> None:
+    pool = handoff.HandoffSegments(1 << 16)
+    first = pool.acquire()
+    ref = write_tensors({"A": np.arange(4, dtype=np.float32)}, "test")[0]
+    # The worker wrote into `first` (as the test writes into a one-off segment, then copies it there).
+    segment = shared_memory.SharedMemory(name=first)
+    try:
+        segment.buf[: ref.nbytes] = np.arange(4, dtype=np.float32).tobytes()
+    finally:
+        segment.close()
+    (outputs,) = pool.map_results(first, (ref._replace(segment=first, offset=0),), (((0, 0, -1),),))
+    assert isinstance(outputs, dict) and outputs["A"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    second = pool.acquire()
+    assert second != first  # still in use
+    pool.release(second)
+    del outputs
+    gc.collect()
+    assert pool.acquire() == first  # free again, and not recreated
+    pool.close()
+    pool.release(first)
+    gc.collect()
+    assert not os.path.exists(f"/dev/shm/{first}") and not os.path.exists(f"/dev/shm/{second}")
+    os.unlink(f"/dev/shm/{ref.segment}")

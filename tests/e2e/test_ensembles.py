@@ -173,6 +173,14 @@ def graph_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeservePr
         f"{step('echo_int', {'INPUT0': 'value'}, {'OUTPUT0': 'OUT'})} ] }}"
     )
     write_ensemble(repository, "stream_chain", ensemble("stream_chain", streamed, max_batch_size=0))
+    for name in ("pass_a", "pass_b"):
+        write_identity_model(repository, name)
+    chain = (
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\noutput [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {step('pass_a', {'INPUT0': 'X'}, {'OUTPUT0': 'mid'})}, "
+        f"{step('pass_b', {'INPUT0': 'mid'}, {'OUTPUT0': 'Y'})} ] }}"
+    )
+    write_ensemble(repository, "big_chain", ensemble("big_chain", chain))
     process = GeserveProcess(
         root / "geserve.log", f"--model-repository={repository}", "--exit-on-error=false"
     ).wait_live()
@@ -345,3 +353,27 @@ def test_a_decoupled_step_streams_through_the_rest_of_the_ensemble(graph_server:
         assert seen == [(int(v), i) for i, v in enumerate(values)]
     finally:
         grpc.stop_stream()
+
+
+@pytest.mark.parametrize("elements", [100_000, 5_000_000])
+def test_large_tensors_pass_between_steps_in_shared_memory_intact(graph_server: GeserveProcess, elements: int) -> None:
+    """400 KB go through a reused handoff segment, 20 MB (more than an arena) through a one-off one."""
+    failures: list[BaseException] = []
+
+    def client(seed: int) -> None:
+        try:
+            data = np.random.default_rng(seed).standard_normal((1, elements)).astype(np.float32)
+            with httpclient.InferenceServerClient(graph_server.url, network_timeout=120) as own:
+                tensor = httpclient.InferInput("X", list(data.shape), "FP32")
+                tensor.set_data_from_numpy(data)
+                for _ in range(3):
+                    np.testing.assert_array_equal(own.infer("big_chain", [tensor]).as_numpy("Y"), data)
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert not failures, failures
