@@ -18,7 +18,7 @@ from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, UnavailableError
 from geserve.types import InferInput, InferRequest, RequestedOutput
 from geserve.workers.messages import BlsCall, BlsReply
-from geserve.workers.shm import take_tensors, write_tensors
+from geserve.workers.shm import take_tensors, unlink_quietly, write_tensors
 
 logger = logging.getLogger(__name__)
 # Triton's text for a request whose timeout ran out.
@@ -40,6 +40,9 @@ class BlsClient:
             waiting = self._waiting.get(reply.call_id)
         if waiting is not None:
             waiting.put(reply)
+            return
+        for name in {ref.segment for ref in reply.outputs}:  # a call the model stopped listening to
+            unlink_quietly(name)
 
     def close(self) -> None:
         """The front-end is gone: every waiting call ends."""

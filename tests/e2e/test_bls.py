@@ -27,7 +27,7 @@ def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProc
     repository.mkdir()
     for name in ("simple", "digits", "bls_example", "repeat_int32"):
         copy_model(name, repository)
-    for name in ("bls_call", "bls_async", "bls_stream", "bls_loop"):
+    for name in ("bls_call", "bls_async", "bls_stream", "bls_loop", "bls_first"):
         shutil.copytree(PYTHON_MODELS / name, repository / name)
     write_identity_model(repository, "echo", max_batch_size=0)
     write_identity_model(
@@ -145,3 +145,14 @@ def test_a_model_calling_itself_is_bounded_by_the_timeout_not_deadlocked(bls_ser
     stats = http.get_inference_statistics("bls_loop")["model_stats"][0]["inference_stats"]
     # The timed-out calls left the queue: only the two client requests ran.
     assert stats["success"]["count"] == 2
+
+
+def test_a_model_may_stop_listening_to_a_decoupled_target(bls_server: GeserveProcess) -> None:
+    """The responses it no longer reads are dropped (their shared memory too: the session checks)."""
+    http = httpclient.InferenceServerClient(bls_server.url)
+    for first in (5, 9):
+        values = np.array([first, 2, 3, 4], dtype=np.int32)
+        result = http.infer("bls_first", _inputs(httpclient, {"IN": (values, "INT32")}))
+        assert result.as_numpy("OUT").tolist() == [first]
+    time.sleep(0.3)  # the rest of the stream arrives meanwhile
+    assert http.infer("bls_first", _inputs(httpclient, {"IN": (values, "INT32")})).as_numpy("OUT").tolist() == [9]
