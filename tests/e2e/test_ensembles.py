@@ -181,6 +181,12 @@ def graph_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeservePr
         f"{step('pass_b', {'INPUT0': 'mid'}, {'OUTPUT0': 'Y'})} ] }}"
     )
     write_ensemble(repository, "big_chain", ensemble("big_chain", chain))
+    copy_model("sequence_accumulator", repository)
+    stateful = (
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\noutput [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {step('sequence_accumulator', {'INPUT': 'X'}, {'OUTPUT': 'SUM'})} ] }}"
+    )
+    write_ensemble(repository, "stateful_pipeline", ensemble("stateful_pipeline", stateful))
     process = GeserveProcess(
         root / "geserve.log", f"--model-repository={repository}", "--exit-on-error=false"
     ).wait_live()
@@ -377,3 +383,28 @@ def test_large_tensors_pass_between_steps_in_shared_memory_intact(graph_server: 
     for thread in threads:
         thread.join(300)
     assert not failures, failures
+
+
+def test_an_ensemble_passes_the_sequence_on_to_a_sequence_model_step(graph_server: GeserveProcess) -> None:
+    """sequence_id, sequence_start and sequence_end reach the step, whose implicit state follows the sequence."""
+    http = httpclient.InferenceServerClient(graph_server.url)
+
+    def send(sequence_id: int, value: int, start: bool = False, end: bool = False) -> int:
+        tensor = httpclient.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        result = http.infer(
+            "stateful_pipeline", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
+        )
+        return int(result.as_numpy("SUM").item())
+
+    assert [send(41, 2, start=True), send(42, 10, start=True), send(41, 3), send(42, 1), send(41, 4, end=True)] == [
+        2,
+        10,
+        5,
+        11,
+        9,
+    ]
+    with pytest.raises(InferenceServerException) as caught:
+        send(41, 1)
+    assert "must specify the START flag on the first request of the sequence" in caught.value.message()
+    assert send(42, 1, end=True) == 12
