@@ -153,6 +153,21 @@ def test_device_usage_reads_memory_and_utilization(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("acl")
+def test_device_time_grows_with_the_gear_and_counts_as_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """t(b) = t0 + k*b: 2 ms + 0.5 ms per row of the gear that runs, spent on the device, not the host."""
+    monkeypatch.setenv("ACL_SIM_EXECUTE_US", "2000")
+    monkeypatch.setenv("ACL_SIM_EXECUTE_US_PER_ROW", "500")
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    runtime = _runtime()
+    for rows, gear in ((1, 1), (3, 4), (8, 8)):
+        before = runtime.busy_ns[0]
+        backend.execute({"x": _rows(rows)}, ["y"])
+        assert runtime.rows_executed[-1] == gear
+        assert runtime.busy_ns[0] - before >= (2000 + 500 * gear) * 1000  # at least t(gear)
+    backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
 def test_utilization_that_reads_minus_one_is_unknown_not_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACL_SIM_UTILIZATION_UNKNOWN", "1")
     backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
@@ -363,7 +378,7 @@ def test_execute_holds_the_gil_as_the_real_binding_does(acl: Any, monkeypatch: p
     try:
         runtime = _runtime()
         before = ticks[0]
-        runtime.spend_device_time()  # what every simulated execute ends with
+        runtime.spend_device_time(1)  # what every simulated execute ends with
         during_execute = ticks[0] - before
         before = ticks[0]
         time.sleep(0.5)

@@ -7,7 +7,8 @@ from the environment, since the simulator runs inside geserve's worker processes
 - ACL_SIM_DEVICE_COUNT   physical NPUs (default 2); ASCEND_RT_VISIBLE_DEVICES restricts and re-indexes
 - ACL_SIM_RUN_MODE       1 = ACL_HOST (default, PCIe card), 0 = ACL_DEVICE (app on the device's CPU)
 - ACL_SIM_MEMORY_BYTES   device memory per NPU (default 8 GiB)
-- ACL_SIM_EXECUTE_US     simulated device time per execute, spent holding the GIL (default 0)
+- ACL_SIM_EXECUTE_US     simulated device time per execute, spent holding the GIL (default 0): t0 of t(b) = t0 + k*b
+- ACL_SIM_EXECUTE_US_PER_ROW  k of t(b): device time per row of the gear (or static batch) that runs (default 0)
 - ACL_SIM_FAULT_FILE     a file holding an error code: the next execute in any process takes it
                          (renames it away) and fails with that code; the device then stays faulty
 - ACL_SIM_REPORT_DIR     where each process writes `acl-sim-<pid>.json` (calls, executions, leaks)
@@ -285,8 +286,10 @@ class Runtime:
 
     # -- device time and faults ----------------------------------------------------------------
 
-    def spend_device_time(self) -> None:
+    def spend_device_time(self, rows: int) -> None:
+        """t(b) = t0 + k*b for a batch of b rows: the device is busy, the host's core is not."""
         microseconds = int(os.environ.get("ACL_SIM_EXECUTE_US", "0"))
+        microseconds += int(float(os.environ.get("ACL_SIM_EXECUTE_US_PER_ROW", "0")) * rows)
         if microseconds > 0:
             _LIBC.usleep(microseconds)
 

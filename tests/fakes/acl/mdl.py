@@ -401,10 +401,11 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
         if len(data) != _nbytes(model, tensor, batch) or size < len(data):
             raise RUNTIME.fail(INVALID_PARAM, f"output {index} needs {len(data)} bytes; its buffer holds {size}")
         RUNTIME.write(address, data)
-    RUNTIME.spend_device_time()
+    rows = batch if batch is not None else (_shape(model, inputs[0], None) or [1])[0]
+    RUNTIME.spend_device_time(rows)
     RUNTIME.busy_ns[device] += time.monotonic_ns() - started
     RUNTIME.executions += 1
-    RUNTIME.rows_executed.append(batch if batch is not None else (_shape(model, inputs[0], None) or [1])[0])
+    RUNTIME.rows_executed.append(rows)
 
 
 def _device_only(address: int, what: str) -> None:
