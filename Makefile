@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers soak chaos check-oldest npu-check clean
+.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers bench-npu soak chaos check-oldest npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ BASE ?= HEAD~1
 CANDIDATE ?=
 bench-ab: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_ab --base $(BASE) $(if $(CANDIDATE),--candidate $(CANDIDATE))
+
+# A ResNet-50-shaped .om on 1 and 2 simulated NPUs (t(b) = 2 ms + 0.5 ms x b), device-bound, over HTTP, gRPC and
+# system shared memory; prints a table and writes bench-results/npu-<timestamp>.json.
+bench-npu: $(STAMP_TEST)
+	$(BIN)/python -m tests.perf.bench_npu
 
 # The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
 bench-peers: $(STAMP_TEST)
