@@ -8,6 +8,7 @@ import functools
 import itertools
 import logging
 import multiprocessing
+import select
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -152,7 +153,10 @@ class ProcessWorker:
         self._process, self._connection = process, parent
         self._exited = exited = watch_exit(process)
         # Answers are small control messages: read them on the loop when the pipe is readable.
-        loop.add_reader(parent.fileno(), self._on_readable, parent, process, exited)
+        # Whether more answers are waiting: one poll object per pipe, as Connection.poll builds a selector per call.
+        waiting = select.poll()
+        waiting.register(parent.fileno(), select.POLLIN)
+        loop.add_reader(parent.fileno(), self._on_readable, parent, process, exited, waiting)
         result = await self._started
         if isinstance(result, Loaded):
             logger.info(
@@ -286,10 +290,14 @@ class ProcessWorker:
     # -- the pipe ----------------------------------------------------------------------------
 
     def _on_readable(
-        self, connection: Connection, process: multiprocessing.process.BaseProcess, exited: asyncio.Future[None]
+        self,
+        connection: Connection,
+        process: multiprocessing.process.BaseProcess,
+        exited: asyncio.Future[None],
+        waiting: select.poll,
     ) -> None:
         try:
-            while connection.poll():
+            while waiting.poll(0):
                 self._on_message(connection.recv())
         except (EOFError, OSError):
             if process is self._process:
