@@ -13,9 +13,8 @@ import numpy as np
 
 from geserve.backends.base import RequestResult
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError
 from geserve.workers import handoff
-from geserve.workers.messages import PlacedResult
+from geserve.workers.messages import PlacedResult, request_outputs
 from geserve.workers.shm import (
     TensorLayout,
     TensorRef,
@@ -109,17 +108,7 @@ class Arenas:
             arrays = await asyncio.to_thread(self.read, blocks)
         else:
             arrays = self.read(blocks)
-        results: list[RequestResult] = []
-        for result in placed:
-            if isinstance(result, GeserveError):
-                results.append(result)
-                continue
-            outputs = {}
-            for block, first, rows in result:
-                array = arrays[block]
-                outputs[blocks[block].name] = array if rows < 0 else array[first : first + rows]
-            results.append(outputs)
-        return tuple(results)
+        return request_outputs(arrays, blocks, placed)
 
     def read(self, refs: Sequence[TensorRef]) -> list[np.ndarray]:
         """Copy tensors out of shared memory (views are kept only for BYTES, which decoding already copied)."""

@@ -13,8 +13,7 @@ import numpy as np
 from geserve.backends.base import RequestResult
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError
-from geserve.workers.messages import PlacedResult
+from geserve.workers.messages import PlacedResult, request_outputs
 from geserve.workers.shm import TensorRef, create_segment, segment_name, unlink_quietly
 
 _SHM_DIR = "/dev/shm"
@@ -115,17 +114,7 @@ def _results(
         else:
             arrays.append(data.view(dtypes.from_wire(ref.datatype).numpy).reshape(ref.shape))
     del mapped
-    results: list[RequestResult] = []
-    for result in placed:
-        if isinstance(result, GeserveError):
-            results.append(result)
-            continue
-        outputs = {}
-        for block, first, rows in result:
-            array = arrays[block]
-            outputs[blocks[block].name] = array if rows < 0 else array[first : first + rows]
-        results.append(outputs)
-    return tuple(results)
+    return request_outputs(arrays, blocks, placed)
 
 
 def ref_of(array: np.ndarray) -> TensorRef | None:

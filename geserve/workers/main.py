@@ -46,8 +46,8 @@ from geserve.workers.shm import (
     buffer_of,
     create_segment,
     read_tensor,
-    segment_name,
     unlink_quietly,
+    write_tensors,
 )
 
 logger = logging.getLogger(__name__)
@@ -168,15 +168,7 @@ class _Outbox:
         arrays = {name: np.asarray(array) for name, array in outputs.items()}
         if sum(array.nbytes for array in arrays.values()) <= _INLINE_BYTES:
             return Partial(stream_id, arrays, (), error, final)
-        layout = TensorLayout()
-        for name, array in arrays.items():
-            layout.add(name, dtypes.from_numpy(array.dtype).wire, [array])
-        segment = create_segment(segment_name("stream"), layout.size)
-        try:
-            refs = layout.write(buffer_of(segment), segment.name)
-        finally:
-            segment.close()
-        return Partial(stream_id, None, refs, error, final)
+        return Partial(stream_id, None, write_tensors(arrays, "stream"), error, final)
 
 
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:

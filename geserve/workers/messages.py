@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -122,6 +122,23 @@ class Cancel:
 RowRange = tuple[int, int, int]
 # A request's outputs, each a row range of a block in shared memory; or the request's own error.
 PlacedResult = tuple[RowRange, ...] | GeserveError
+
+
+def request_outputs(
+    arrays: Sequence[np.ndarray], blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]
+) -> tuple[RequestResult, ...]:
+    """Each request's outputs from its row ranges of the blocks (read into `arrays`), or its own error."""
+    results: list[RequestResult] = []
+    for result in placed:
+        if isinstance(result, GeserveError):
+            results.append(result)
+            continue
+        outputs = {}
+        for block, first, rows in result:
+            array = arrays[block]
+            outputs[blocks[block].name] = array if rows < 0 else array[first : first + rows]
+        results.append(outputs)
+    return tuple(results)
 
 
 @dataclass(frozen=True, slots=True)
