@@ -130,10 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--worker-pipeline-depth",
         type=_positive,
-        default=1,
+        default=None,
         metavar="N",
         help="batches a worker process holds at once: one running and N-1 waiting behind it, each in its own "
-        "pair of arenas (default: 1; on CPU models 2 formed smaller batches and lowered throughput)",
+        "pair of arenas (default: 2 for .om models, whose worker copies the next batch to the NPU while one "
+        "runs; 1 for the others, where 2 formed smaller batches and lowered throughput)",
     )
     group.add_argument(
         "--device-ids",

@@ -159,7 +159,7 @@ class WorkerSettings:
     auto_complete: bool = True  # complete configs from the model files
     log_level: int = logging.INFO
     arena_bytes: int = DEFAULT_ARENA_BYTES  # per worker, each way
-    pipeline_depth: int = 1  # batches a worker holds at once
+    pipeline_depth: int | None = None  # batches a worker holds at once; None: what its backend does best
     device_ids: tuple[int, ...] = ()  # accelerators (NPUs) instances may use
     stop_timeout_s: float = 30.0
 

@@ -48,6 +48,33 @@ class Backend(Protocol):
         """Release everything `load` acquired."""
 
 
+class PipelinedBackend(Protocol):
+    """A backend whose device runs one batch while the host copies in the next. A batch is staged (its
+    inputs copied to the device; an earlier batch may still be running), launched (once the batch before
+    it has finished), then finished (waited for, its outputs copied out). At most two batches are staged
+    or running at once, and they finish in the order they were launched."""
+
+    def stage(self, inputs: Mapping[str, np.ndarray]) -> object:
+        """Copy a batch's inputs to the device; returns what `launch` and `finish` take."""
+
+    def launch(self, staged: object) -> None:
+        """Start the staged batch on the device, without waiting for it."""
+
+    def wait(self, staged: object) -> None:
+        """Block until the launched batch is done on the device, without holding the GIL; called from a
+        thread of its own while the worker's main thread stages the next batch. Never raises: a failure
+        is kept for `finish` to raise."""
+
+    def finish(
+        self, staged: object, output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
+        """Wait for a launched batch (unless `wait` did) and return its outputs (copied into arrays from
+        `allocate`, when given)."""
+
+    def discard(self, staged: object) -> None:
+        """Give up a staged batch that will not be launched."""
+
+
 @dataclass(frozen=True, slots=True)
 class BackendRequest:
     """One request of a batch, for backends that take a batch as its requests (Triton's python backend)."""

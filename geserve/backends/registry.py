@@ -26,6 +26,8 @@ class BackendSpec:
     path_parameter: str = ""
     # The backend answers a batch request by request (and may stream): it gets each request's details.
     per_request: bool = False
+    # The backend copies the next batch to the device while one runs: its workers take two batches at once.
+    pipelined: bool = False
 
     def create(self) -> Backend:
         factory = importlib.import_module(self.module).create_backend
@@ -42,6 +44,7 @@ BACKENDS = (
         platforms=("ge",),
         aliases=("acl",),
         path_parameter="model_path",
+        pipelined=True,
     ),
     BackendSpec("python", "geserve.backends.python", "model.py", per_request=True),
     BackendSpec("identity", "geserve.backends.identity", ""),

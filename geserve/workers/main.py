@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import secrets
@@ -11,6 +13,7 @@ import signal
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 
@@ -37,7 +40,7 @@ from geserve.workers.messages import (
     Shutdown,
     StatusReport,
 )
-from geserve.workers.runner import InstanceRunner
+from geserve.workers.runner import Batch, InstanceRunner
 from geserve.workers.shm import (
     OutputPlacement,
     TensorLayout,
@@ -60,6 +63,21 @@ _HANDOFF_ROLE = "_handoff"
 _ATTACHED_HANDOFFS = 16
 # Streamed responses up to this size travel in the message itself; larger ones in a segment.
 _INLINE_BYTES = 64 << 10
+
+
+@dataclass(slots=True)
+class _Running:
+    """A batch the worker has staged or launched, and the one-off segments its inputs are read from."""
+
+    message: RunBatch
+    batch: Batch
+    extra: dict[str, shared_memory.SharedMemory]
+
+
+def _close(segments: dict[str, shared_memory.SharedMemory]) -> None:
+    for segment in segments.values():
+        with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
+            segment.close()
 
 
 class _Segments:
@@ -88,17 +106,28 @@ class _Segments:
             extra[name] = attach_segment(name)
         return extra[name]
 
-    def run(self, runner: InstanceRunner, message: RunBatch, emit: ResponseEmitter | None = None) -> BatchPlaced:
+    def stage(self, runner: InstanceRunner, message: RunBatch) -> _Running:
+        """Read a batch's inputs from shared memory and stage it (a pipelined backend copies them to the
+        device now, while the batch before it may still run)."""
         extra: dict[str, shared_memory.SharedMemory] = {}
         try:
             inputs = {
                 ref.name: read_tensor(buffer_of(self._segment(ref.segment, extra)), ref) for ref in message.inputs
             }
+            return _Running(message, runner.stage(inputs, message.output_names, message.requests), extra)
+        except BaseException:
+            _close(extra)
+            raise
+
+    def finish(self, runner: InstanceRunner, running: _Running, emit: ResponseEmitter | None = None) -> BatchPlaced:
+        """Wait for (or run) a staged batch and place its outputs in shared memory."""
+        message = running.message
+        try:
             placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
             keep = message.keep_outputs  # the front-end keeps them: not in the arena, which the next batch reuses
             allocate = None if keep else placement.allocate
-            result, whole = runner.run(inputs, message.output_names, message.requests, allocate, emit, split=False)
-            del inputs
+            result, whole = runner.finish(running.batch, allocate, emit, split=False)
+            running.batch.inputs = {}
             blocks = _Blocks(runner.output_datatypes, placement)
             try:
                 placed = blocks.place(result.results, whole, message.requests)
@@ -110,9 +139,7 @@ class _Segments:
                 blocks, placed = _Blocks(runner.output_datatypes, placement), (error,) * len(message.requests)
             return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns)
         finally:
-            for segment in extra.values():
-                with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
-                    segment.close()
+            _close(running.extra)
 
     def _write(
         self, layout: TensorLayout, arena_name: str, overflow_name: str, start: int, own_segment: bool = False
@@ -196,8 +223,17 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         return
     connection.send(Loaded(config.SerializeToString()))
     inbox = _Inbox(connection, runner, outbox, threaded=spec.backend == "python")
+    # The batch launched on the device. While it runs, the next one (already sent when the front-end
+    # pipelines) is staged, so the device starts it as soon as this one is answered.
+    running: _Running | None = None
+    waiter = _DeviceWaiter(runner) if runner.pipelined and not inbox.threaded else None
     try:
         while True:
+            if running is not None and not inbox.ready(waiter):
+                finished, running = running, None
+                if not _answer(segments, runner, outbox, finished, waiter):
+                    break
+                continue
             try:
                 message = inbox.get()
             except EOFError:
@@ -206,22 +242,82 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                     unlink_quietly(name)
                 break
             if isinstance(message, Shutdown):
+                if running is not None:
+                    _answer(segments, runner, outbox, running, waiter)
+                    running = None
                 break
             if isinstance(message, RunBatch):
-                emit = outbox.emitter(message.requests) if message.requests else None
-                outbox.send(segments.run(runner, message, emit))
-                if runner.fault:
-                    # A failed device taints everything this process holds on it: a fresh worker takes over.
-                    outbox.send(Retiring(runner.fault))
-                    break
+                staged = segments.stage(runner, message)
+                if running is not None:
+                    finished, running = running, None
+                    if not _answer(segments, runner, outbox, finished, waiter):
+                        runner.discard(staged.batch)  # its requests fail with the retiring worker
+                        _close(staged.extra)
+                        break
+                runner.launch(staged.batch)
+                running = staged
+                if waiter is not None:
+                    waiter.watch(staged.batch)
             elif isinstance(message, ReadStatus):
                 outbox.send(StatusReport(runner.status()))
             else:
                 logger.error("ignoring unknown message %r", type(message).__name__)
     finally:
+        if waiter is not None:
+            waiter.close()
         inbox.close()
         runner.unload()
         connection.close()
+
+
+class _DeviceWaiter:
+    """Waits on its own thread for the launched batch to finish on the device, so that the main loop can
+    take and stage the next batch meanwhile; a byte on its pipe says the batch is done."""
+
+    def __init__(self, runner: InstanceRunner) -> None:
+        self._runner = runner
+        self.done, self._signal = multiprocessing.Pipe(duplex=False)
+        self._batches: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name="geserve-device-wait", daemon=True)
+        self._thread.start()
+
+    def watch(self, batch: Batch) -> None:
+        self._pending += 1
+        self._batches.put(batch)
+
+    def _run(self) -> None:
+        while (batch := self._batches.get()) is not None:
+            self._runner.wait(batch)
+            self._signal.send_bytes(b"")
+
+    def take(self) -> None:
+        """Block until the watched batch is done (so `finish` only copies its outputs out)."""
+        if self._pending:
+            self.done.recv_bytes()
+            self._pending -= 1
+
+    def close(self) -> None:
+        self.take()  # nothing may be unloaded under the waiting thread
+        self._batches.put(None)
+        self._thread.join(timeout=5)
+        self.done.close()
+        self._signal.close()
+
+
+def _answer(
+    segments: _Segments, runner: InstanceRunner, outbox: _Outbox, running: _Running, waiter: _DeviceWaiter | None
+) -> bool:
+    """Finish a batch and send its answer; False when the device failed under it and the worker must go."""
+    if waiter is not None:
+        waiter.take()
+    requests = running.message.requests
+    outbox.send(segments.finish(runner, running, outbox.emitter(requests) if requests else None))
+    if runner.fault:
+        # A failed device taints everything this process holds on it: a fresh worker takes over.
+        outbox.send(Retiring(runner.fault))
+        return False
+    return True
 
 
 class _Inbox:
@@ -243,6 +339,22 @@ class _Inbox:
             pb_utils.set_bls_caller(self._bls.call)
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()
+
+    @property
+    def threaded(self) -> bool:
+        return self._queue is not None
+
+    def ready(self, waiter: _DeviceWaiter | None = None) -> bool:
+        """Whether a message is waiting (`get` would not block). With a `waiter`, blocks until either a
+        message comes or the device is done with the running batch (then False, unless both are ready)."""
+        if self._queue is not None:
+            return not self._queue.empty()
+        try:
+            if waiter is None:
+                return self._connection.poll()
+            return self._connection in multiprocessing.connection.wait([self._connection, waiter.done])
+        except (OSError, ValueError):
+            return True  # `get` reports the closed pipe
 
     def get(self) -> object:
         """The next message for the main loop; EOFError once the front-end is gone."""

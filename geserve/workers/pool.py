@@ -206,7 +206,7 @@ class PoolFactory:
                 spec,
                 self._settings.arena_bytes,
                 restart=self._restart,
-                pipeline_depth=self._settings.pipeline_depth,
+                pipeline_depth=self._settings.pipeline_depth or (2 if registry.by_name(spec.backend).pipelined else 1),
                 caller=lambda: self.caller,
             )
         return ThreadWorker(spec)

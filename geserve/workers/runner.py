@@ -6,7 +6,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 
@@ -18,6 +20,7 @@ from geserve.backends.base import (
     DeviceFaultError,
     DeviceReporter,
     OutputAllocator,
+    PipelinedBackend,
     RequestBackend,
     RequestResult,
     ResponseEmitter,
@@ -30,6 +33,22 @@ from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
 from geserve.workers.states import SlotStates
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Batch:
+    """One batch between `stage` and `finish`: what it runs on, and its result if it already failed."""
+
+    inputs: Mapping[str, np.ndarray]
+    output_names: tuple[str, ...]
+    requests: Sequence[RequestInfo]
+    started: int
+    staged: object | None = None
+    failure: BatchResult | None = None
+
+
+def _pipelined(backend: Backend | None) -> TypeGuard[PipelinedBackend]:
+    return hasattr(backend, "stage")
 
 
 class InstanceRunner:
@@ -94,22 +113,82 @@ class InstanceRunner:
         """`execute`, and the batch's whole outputs when the backend ran it as one tensor per output, which
         the worker process places once. Each request's result then holds views of its rows of them, or,
         with `split` false, nothing (its rows are in the whole outputs)."""
+        batch = self.stage(inputs, output_names, requests)
+        self.launch(batch)
+        return self.finish(batch, allocate, emit, split=split)
+
+    def stage(
+        self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], requests: Sequence[RequestInfo]
+    ) -> Batch:
+        """A batch made ready to launch: a pipelined backend copies its inputs to the device now, even while
+        the batch before it runs."""
+        batch = Batch(inputs, output_names, requests, time.monotonic_ns())
         backend = self._backend
-        started = time.monotonic_ns()
         if backend is None:
-            failure = InternalError(f"instance '{self.spec.instance_name}' is not loaded")
-            return self._failed(failure, requests, started), {}
+            batch.failure = self._failed(
+                InternalError(f"instance '{self.spec.instance_name}' is not loaded"), requests, batch.started
+            )
+            return batch
         states = self._states
-        if states:
-            try:
-                inputs = states.feed(inputs, requests)
-            except Exception as error:  # states whose shapes do not stack
-                return self._failed(error, requests, started), {}
-            output_names = output_names + tuple(n for n in states.output_names if n not in output_names)
-        if hasattr(backend, "execute_requests"):
-            return self._execute_requests(backend, inputs, requests, emit, started), {}  # type: ignore[arg-type]
         try:
-            outputs = backend.execute(inputs, output_names, allocate)
+            if states:
+                batch.inputs = states.feed(inputs, requests)
+                batch.output_names = output_names + tuple(n for n in states.output_names if n not in output_names)
+            if _pipelined(backend):
+                batch.staged = backend.stage(batch.inputs)
+        except Exception as error:  # states whose shapes do not stack, inputs the device refuses
+            batch.failure = self._failed(error, requests, batch.started)
+        return batch
+
+    def launch(self, batch: Batch) -> None:
+        """Start a staged batch (the one launched before it has finished)."""
+        backend = self._backend
+        if batch.staged is None or batch.failure is not None or not _pipelined(backend):
+            return
+        try:
+            backend.launch(batch.staged)
+        except Exception as error:
+            batch.failure = self._failed(error, batch.requests, batch.started)
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the backend runs a launched batch on its device while the host stages the next."""
+        return _pipelined(self._backend)
+
+    def wait(self, batch: Batch) -> None:
+        """Block until a launched batch is done on the device (from a thread of its own); never raises."""
+        backend = self._backend
+        if batch.staged is not None and batch.failure is None and _pipelined(backend):
+            backend.wait(batch.staged)
+
+    def discard(self, batch: Batch) -> None:
+        """Give back what a staged batch holds on the device when it will never run."""
+        backend = self._backend
+        if batch.staged is not None and batch.failure is None and _pipelined(backend):
+            with contextlib.suppress(Exception):
+                backend.discard(batch.staged)
+
+    def finish(
+        self,
+        batch: Batch,
+        allocate: OutputAllocator | None = None,
+        emit: ResponseEmitter | None = None,
+        *,
+        split: bool = True,
+    ) -> tuple[BatchResult, dict[str, np.ndarray]]:
+        """Run the batch (or wait for it, once launched) and answer each of its requests."""
+        if batch.failure is not None:
+            return batch.failure, {}
+        backend = self._backend
+        assert backend is not None
+        requests, output_names, started = batch.requests, batch.output_names, batch.started
+        if hasattr(backend, "execute_requests"):
+            return self._execute_requests(backend, batch.inputs, requests, emit, started), {}  # type: ignore[arg-type]
+        try:
+            if batch.staged is not None and _pipelined(backend):
+                outputs = backend.finish(batch.staged, output_names, allocate)
+            else:
+                outputs = backend.execute(batch.inputs, output_names, allocate)
             missing = [name for name in output_names if name not in outputs]
             if missing:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
@@ -118,8 +197,8 @@ class InstanceRunner:
                 if name in self.output_datatypes:  # a state output need not be declared
                     self._check_output(name, array)
             self._check_rows(arrays, requests)
-            if states:
-                states.keep_whole(arrays, requests)
+            if self._states:
+                self._states.keep_whole(arrays, requests)
             results = self._split(arrays, requests) if split else tuple({} for _ in requests)
         except Exception as error:
             return self._failed(error, requests, started), {}

@@ -15,7 +15,7 @@ import pytest
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import AclBackend
 from geserve.backends.base import DeviceFaultError
-from geserve.errors import ModelLoadError
+from geserve.errors import InternalError, ModelLoadError
 from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
 
 GEARS = [1, 2, 4, 8]
@@ -135,7 +135,8 @@ def test_injected_device_fault_fails_the_batch_as_a_device_fault(
     fault.write_text("507011")
     with pytest.raises(DeviceFaultError) as error:
         backend.execute({"x": _rows(2)}, ["y"])
-    assert "acl.mdl.execute failed with error 507011 (ACL_ERROR_RT_MODEL_EXECUTE)" in error.value.message
+    # launched asynchronously: the runtime reports the fault when the stream is synchronized
+    assert "acl.rt.synchronize_stream failed with error 507011 (ACL_ERROR_RT_MODEL_EXECUTE)" in error.value.message
     assert "injected fault 507011" in error.value.message  # acl.get_recent_err_msg()
     assert not fault.exists()
     backend.unload()
@@ -396,3 +397,128 @@ def test_handles_are_plain_ints_and_bytes_to_ptr_takes_only_bytes(acl: Any) -> N
     assert isinstance(address, int) and ctypes.string_at(address, 4) == data
     with pytest.raises(ValueError, match="only bytes"):
         acl.util.bytes_to_ptr(bytearray(data))
+
+
+@pytest.mark.usefixtures("acl")
+def test_the_next_batch_is_staged_on_the_other_side_while_one_runs(tmp_path: Path) -> None:
+    """stage A, launch A, stage B (copied while A runs), finish A, launch B, finish B: each gets its own rows."""
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    first, second = _rows(3), _rows(5) + 100
+    staged_first = backend.stage({"x": first})
+    backend.launch(staged_first)
+    staged_second = backend.stage({"x": second})  # the runtime would refuse a copy into the running side
+    with pytest.raises(InternalError, match="two batches are already staged or running"):
+        backend.stage({"x": first})
+    with pytest.raises(InternalError, match="before the previous one finished"):
+        backend.launch(staged_second)
+    np.testing.assert_array_equal(backend.finish(staged_first, ["y"])["y"], affine_reference(first)["y"])
+    backend.launch(staged_second)
+    np.testing.assert_array_equal(backend.finish(staged_second, ["y"])["y"], affine_reference(second)["y"])
+    assert _runtime().calls["mdl.create_dataset"] == 3  # two input sides, one output dataset
+    backend.unload()  # frees both sides: the leak check of the `acl` fixture would say otherwise
+
+
+@pytest.mark.usefixtures("acl")
+def test_a_discarded_batch_gives_its_side_back(tmp_path: Path) -> None:
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    running = backend.stage({"x": _rows(2)})
+    backend.launch(running)
+    backend.discard(backend.stage({"x": _rows(2)}))  # its batch failed before launch
+    backend.finish(running, ["y"])
+    for _ in range(3):
+        np.testing.assert_array_equal(backend.execute({"x": _rows(4)}, ["y"])["y"], affine_reference(_rows(4))["y"])
+    backend.unload()
+
+
+def test_launched_work_ends_at_synchronize(acl: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """execute_async queues t(b) on the device: the outputs appear and the time counts as busy only once the
+    stream is synchronized, and host copies into or out of the buffers it uses are refused until then."""
+    monkeypatch.setenv("ACL_SIM_EXECUTE_US", "20000")
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    context, _ = acl.rt.create_context(0)
+    stream, _ = acl.rt.create_stream()
+    model_id, ret = acl.mdl.load_from_file(str(write_affine_om(tmp_path / "model.om", gears=GEARS)))
+    assert ret == 0
+    datasets, buffers = [], []
+    for size in (4 * FEATURES * 4, 4, 4 * FEATURES * 4, 4 * 4):  # x at gear 4, the batch tensor; y, s
+        address, _ = acl.rt.malloc(size, 0)
+        buffers.append((address, acl.create_data_buffer(address, size)))
+    for group in (buffers[:2], buffers[2:]):
+        dataset = acl.mdl.create_dataset()
+        for _, data_buffer in group:
+            acl.mdl.add_dataset_buffer(dataset, data_buffer)
+        datasets.append(dataset)
+    x = np.ascontiguousarray(_rows(4))
+    (x_device, _), (y_device, _) = buffers[0], buffers[2]
+    assert acl.rt.memcpy(x_device, x.nbytes, x.ctypes.data, x.nbytes, 1) == 0
+    assert acl.mdl.set_dynamic_batch_size(model_id, datasets[0], 1, 4) == 0
+    busy = _runtime().busy_ns[0]
+    assert acl.mdl.execute_async(model_id, datasets[0], datasets[1], stream) == 0
+    y = np.zeros((4, FEATURES), dtype=np.float32)
+    assert acl.rt.memcpy(y.ctypes.data, y.nbytes, y_device, y.nbytes, 2) == 107000  # still running
+    assert "synchronize the stream first" in acl.get_recent_err_msg()
+    assert acl.rt.memcpy(x_device, x.nbytes, x.ctypes.data, x.nbytes, 1) == 107000  # its input, still read
+    assert _runtime().busy_ns[0] == busy
+    assert acl.rt.synchronize_stream(stream) == 0
+    assert _runtime().busy_ns[0] - busy == 20_000_000
+    assert acl.rt.memcpy(y.ctypes.data, y.nbytes, y_device, y.nbytes, 2) == 0
+    np.testing.assert_array_equal(y, affine_reference(x)["y"])
+    for dataset in datasets:
+        acl.mdl.destroy_dataset(dataset)
+    for address, data_buffer in buffers:
+        acl.destroy_data_buffer(data_buffer)
+        acl.rt.free(address)
+    assert acl.mdl.unload(model_id) == 0
+    acl.rt.destroy_stream(stream)
+    acl.rt.destroy_context(context)
+    acl.rt.reset_device(0)
+    acl.finalize()
+
+
+def test_synchronize_waits_without_the_gil(acl: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binding releases the GIL in synchronize_stream: the host keeps working while the device runs."""
+    monkeypatch.setenv("ACL_SIM_EXECUTE_US", "300000")
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    context, _ = acl.rt.create_context(0)
+    stream, _ = acl.rt.create_stream()
+    model_id, _ = acl.mdl.load_from_file(str(write_affine_om(tmp_path / "model.om", gears=GEARS)))
+    backend_free = []
+    sizes = (FEATURES * 4, 4, FEATURES * 4, 4)
+    datasets = [acl.mdl.create_dataset(), acl.mdl.create_dataset()]
+    for index, size in enumerate(sizes):
+        address, _ = acl.rt.malloc(size, 0)
+        data_buffer = acl.create_data_buffer(address, size)
+        acl.mdl.add_dataset_buffer(datasets[index // 2], data_buffer)
+        backend_free.append((address, data_buffer))
+    acl.mdl.set_dynamic_batch_size(model_id, datasets[0], 1, 1)
+    ticks = [0]
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        assert acl.mdl.execute_async(model_id, datasets[0], datasets[1], stream) == 0
+        before = ticks[0]
+        assert acl.rt.synchronize_stream(stream) == 0
+        during_synchronize = ticks[0] - before
+        before = ticks[0]
+        _runtime().spend_device_time(1)  # a synchronous execute's wait, which keeps the GIL
+        during_execute = ticks[0] - before
+    finally:
+        stop.set()
+        thread.join()
+    assert during_execute * 5 < during_synchronize, (during_execute, during_synchronize)
+    for dataset in datasets:
+        acl.mdl.destroy_dataset(dataset)
+    for address, data_buffer in backend_free:
+        acl.destroy_data_buffer(data_buffer)
+        acl.rt.free(address)
+    acl.mdl.unload(model_id)
+    acl.rt.destroy_stream(stream)
+    acl.rt.destroy_context(context)
+    acl.rt.reset_device(0)
+    acl.finalize()

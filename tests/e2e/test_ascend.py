@@ -9,6 +9,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ BACKEND_CALLS = {
     "mdl.get_num_outputs", "mdl.get_output_name_by_index", "mdl.get_output_dims", "mdl.get_output_data_type",
     "mdl.get_output_size_by_index", "mdl.create_dataset", "rt.malloc", "create_data_buffer",
     "mdl.add_dataset_buffer", "rt.memcpy", "rt.memset", "update_data_buffer", "mdl.set_dynamic_batch_size",
-    "mdl.execute", "mdl.get_cur_output_dims", "rt.get_mem_info", "rt.get_device_utilization_rate",
+    "mdl.execute_async", "rt.synchronize_stream", "mdl.get_cur_output_dims", "rt.get_mem_info", "rt.get_device_utilization_rate",
     "destroy_data_buffer", "rt.free", "mdl.destroy_dataset", "mdl.unload", "mdl.destroy_desc",
     "rt.destroy_stream", "rt.destroy_context", "rt.reset_device", "finalize",
 }  # fmt: skip
@@ -335,3 +336,26 @@ def test_an_ensemble_of_om_models_runs_each_step_on_the_npu(npu_server: GeserveP
     once = affine_reference(x)
     np.testing.assert_array_equal(result.as_numpy("S"), once["s"])
     np.testing.assert_array_equal(result.as_numpy("Y"), affine_reference(once["y"])["y"])
+
+
+def test_the_next_batch_is_copied_in_while_the_device_runs_one(launch: Launch, tmp_path: Path) -> None:
+    """A .om worker takes two batches at once: while the device runs one (100 ms here), the next is copied
+    to the device's other input side, and every request still gets its own rows back."""
+    repository = tmp_path / "models"
+    write_affine_om(repository / "affine_gears" / "1" / "model.om", gears=GEARS)
+    config = GEARS_CONFIG.replace("gpus: [ 0, 1 ]", "gpus: [ 0 ]")
+    (repository / "affine_gears" / "config.pbtxt").write_text(config)
+    env = {**_simulator_env(tmp_path), "ACL_SIM_EXECUTE_US": "100000"}
+    server = launch(f"--model-repository={repository}", "--device-ids=0", env=env).wait_live()
+    inputs = [_rows(8, seed=index) for index in range(6)]  # six full batches
+
+    with ThreadPoolExecutor(len(inputs)) as pool:
+        clients = [httpclient.InferenceServerClient(server.url) for _ in inputs]
+        results = list(pool.map(lambda pair: _http_infer(pair[0], "affine_gears", pair[1]), zip(clients, inputs)))
+    for outputs, x in zip(results, inputs, strict=True):
+        _assert_matches(outputs, x)
+    assert server.stop() == 0
+    (report,) = [json.loads(path.read_text()) for path in (tmp_path / "reports").glob("acl-sim-*.json")]
+    assert report["leaks"] == [], report
+    assert report["calls"]["mdl.create_dataset"] == 3, report["calls"]  # the second input side was used
+    assert report["calls"]["mdl.execute_async"] == 6

@@ -47,9 +47,30 @@ class _DeviceBuffer:
     presented: int  # bytes the data buffer currently presents to the model
 
 
+@dataclass(slots=True)
+class _InputSide:
+    """One input dataset and its device buffers. Two sides let the next batch's inputs be copied to the
+    device while the model still reads the running batch's."""
+
+    dataset: int
+    by_name: dict[str, _DeviceBuffer]
+
+
+@dataclass(slots=True)
+class _Staged:
+    """A batch whose inputs are on the device: the side holding them, its rows and the gear it runs at."""
+
+    side: _InputSide
+    rows: int | None
+    gear: int | None
+    launched: bool = False
+    waited: Exception | bool = False  # after `wait`: True, or the error synchronizing raised
+
+
 class AclBackend:
     """init -> set_device -> context -> stream -> load -> describe -> buffers and datasets, once;
-    per batch: copy in, pad to a gear, execute, copy out; on unload, all of it in reverse."""
+    per batch: copy in (to a free input side), pad to a gear, launch on the stream, wait, copy out;
+    on unload, all of it in reverse."""
 
     def __init__(self) -> None:
         self._reset()
@@ -69,12 +90,14 @@ class AclBackend:
         self._copy_in = MEMCPY_HOST_TO_DEVICE
         self._copy_out = MEMCPY_DEVICE_TO_HOST
         self._memory_attribute = MEM_DDR
-        self._input_dataset = 0
+        self._input_datasets: list[int] = []
         self._output_dataset = 0
         self._input_buffers: list[_DeviceBuffer] = []
         self._output_buffers: list[_DeviceBuffer] = []
-        self._inputs: dict[str, _DeviceBuffer] = {}
+        self._free_sides: list[_InputSide] = []
+        self._sides = 0
         self._outputs: dict[str, _DeviceBuffer] = {}
+        self._launched: _Staged | None = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -119,23 +142,31 @@ class AclBackend:
             self._model_file, self._device, soc or "unknown",
             [(t.name, list(t.dims)) for t in om.inputs], [(t.name, list(t.dims)) for t in om.outputs], list(om.gears),
         )  # fmt: skip
-        self._input_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
+        self._free_sides.append(self._input_side())
+        self._output_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
+        for tensor in om.outputs:  # keyed by the config's names in complete_config
+            self._device_buffer(tensor, tensor.size, self._output_dataset, self._output_buffers)
+
+    def _input_side(self) -> _InputSide:
+        """A dataset with a device buffer for every model input, the runtime-filled one included."""
+        acl = self._require()
+        om = self._require_model()
+        dataset = acl.handle("acl.mdl.create_dataset", acl.module.mdl.create_dataset())
+        self._input_datasets.append(dataset)
         by_index = {tensor.index: tensor for tensor in om.inputs}
         if om.dynamic_input is not None:
             by_index[om.dynamic_input.index] = om.dynamic_input
+        side = _InputSide(dataset, {})
         for index in range(om.input_count):
             if index not in by_index:
                 raise ModelLoadError(f"model '{acl.model_name}': '{self._model_file}' describes no input {index}")
             tensor = by_index[index]
             runtime_filled = tensor is om.dynamic_input
-            buffer = self._device_buffer(
-                None if runtime_filled else tensor, tensor.size, self._input_dataset, self._input_buffers
-            )
+            buffer = self._device_buffer(None if runtime_filled else tensor, tensor.size, dataset, self._input_buffers)
             if not runtime_filled:
-                self._inputs[tensor.name] = buffer
-        self._output_dataset = acl.handle("acl.mdl.create_dataset", module.mdl.create_dataset())
-        for tensor in om.outputs:  # keyed by the config's names in complete_config
-            self._device_buffer(tensor, tensor.size, self._output_dataset, self._output_buffers)
+                side.by_name[tensor.name] = buffer
+        self._sides += 1
+        return side
 
     def _device_buffer(
         self, tensor: OmTensor | None, size: int, dataset: int, owned: list[_DeviceBuffer]
@@ -166,19 +197,86 @@ class AclBackend:
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], allocate: OutputAllocator | None = None
     ) -> dict[str, np.ndarray]:
+        staged = self.stage(inputs)
+        self.launch(staged)
+        return self.finish(staged, output_names, allocate)
+
+    def stage(self, inputs: Mapping[str, np.ndarray]) -> _Staged:
+        """Copy the batch to a free input side. The model may be running the batch on the other side."""
+        acl = self._require()
+        om = self._require_model()
+        rows, gear = self._rows_and_gear(inputs, om)
+        if self._free_sides:
+            side = self._free_sides.pop()
+        elif self._sides < 2:
+            side = self._input_side()  # the second side, made when a batch is first staged behind another
+        else:
+            raise InternalError(f"model '{acl.model_name}': two batches are already staged or running")
+        try:
+            for name, buffer in side.by_name.items():
+                self._copy_input(acl, name, np.asarray(inputs[name]), buffer, gear)
+        except BaseException:
+            self._free_sides.append(side)
+            raise
+        return _Staged(side, rows, gear)
+
+    def launch(self, staged: object) -> None:
+        """Queue the staged batch on the stream (the batch launched before it must have finished)."""
+        assert isinstance(staged, _Staged)
         acl = self._require()
         om = self._require_model()
         module = acl.module
-        rows, gear = self._rows_and_gear(inputs, om)
-        for name, buffer in self._inputs.items():
-            self._copy_input(acl, name, np.asarray(inputs[name]), buffer, gear)
-        if om.gears and om.dynamic_input is not None:
+        if self._launched is not None:
+            raise InternalError(f"model '{acl.model_name}': a batch was launched before the previous one finished")
+        dataset = staged.side.dataset
+        try:
+            if om.gears and om.dynamic_input is not None:
+                acl.check(
+                    "acl.mdl.set_dynamic_batch_size",
+                    module.mdl.set_dynamic_batch_size(self._model_id, dataset, om.dynamic_input.index, staged.gear),
+                )
+            # Asynchronous, so the wait happens in synchronize_stream, which releases the GIL.
             acl.check(
-                "acl.mdl.set_dynamic_batch_size",
-                module.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, om.dynamic_input.index, gear),
+                "acl.mdl.execute_async",
+                module.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
             )
-        acl.check("acl.mdl.execute", module.mdl.execute(self._model_id, self._input_dataset, self._output_dataset))
-        return {name: self._copy_output(acl, name, rows, gear, allocate) for name in output_names}
+        except BaseException:
+            self.discard(staged)
+            raise
+        staged.launched = True
+        self._launched = staged
+
+    def wait(self, staged: object) -> None:
+        """synchronize_stream from the worker's waiting thread (the binding releases the GIL there)."""
+        assert isinstance(staged, _Staged) and staged is self._launched
+        acl = self._require()
+        try:
+            # A thread uses the runtime in the context it sets; the stream belongs to the instance's.
+            acl.check("acl.rt.set_context", acl.module.rt.set_context(self._context))
+            acl.check("acl.rt.synchronize_stream", acl.module.rt.synchronize_stream(self._stream))
+            staged.waited = True
+        except Exception as error:  # raised by `finish`, on the thread that answers the batch
+            staged.waited = error
+
+    def finish(
+        self, staged: object, output_names: Sequence[str], allocate: OutputAllocator | None = None
+    ) -> dict[str, np.ndarray]:
+        """Wait for the launched batch, then copy its outputs out (only its rows, not the gear's padding)."""
+        assert isinstance(staged, _Staged) and staged is self._launched
+        acl = self._require()
+        self._launched = None
+        try:
+            if isinstance(staged.waited, Exception):
+                raise staged.waited
+            if staged.waited is False:
+                acl.check("acl.rt.synchronize_stream", acl.module.rt.synchronize_stream(self._stream))
+        finally:
+            self._free_sides.append(staged.side)
+        return {name: self._copy_output(acl, name, staged.rows, staged.gear, allocate) for name in output_names}
+
+    def discard(self, staged: object) -> None:
+        assert isinstance(staged, _Staged) and not staged.launched
+        self._free_sides.append(staged.side)
 
     def _rows_and_gear(self, inputs: Mapping[str, np.ndarray], om: OmDescription) -> tuple[int | None, int | None]:
         """Rows in this batch and the gear they run at; (None, None) for a model without a batch dim."""
@@ -287,10 +385,12 @@ class AclBackend:
             return
         module = acl.module
         steps: list[tuple[str, Any]] = []
+        if self._launched is not None:  # nothing may be freed under a running execute
+            steps.append(("acl.rt.synchronize_stream", lambda s=self._stream: module.rt.synchronize_stream(s)))
         for buffer in (*self._output_buffers, *self._input_buffers):
             steps.append(("acl.destroy_data_buffer", lambda b=buffer: module.destroy_data_buffer(b.data_buffer)))
             steps.append(("acl.rt.free", lambda b=buffer: module.rt.free(b.address)))
-        for dataset in (self._output_dataset, self._input_dataset):
+        for dataset in (self._output_dataset, *self._input_datasets):
             if dataset:
                 steps.append(("acl.mdl.destroy_dataset", lambda d=dataset: module.mdl.destroy_dataset(d)))
         if self._model_id is not None:

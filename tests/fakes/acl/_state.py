@@ -7,7 +7,9 @@ from the environment, since the simulator runs inside geserve's worker processes
 - ACL_SIM_DEVICE_COUNT   physical NPUs (default 2); ASCEND_RT_VISIBLE_DEVICES restricts and re-indexes
 - ACL_SIM_RUN_MODE       1 = ACL_HOST (default, PCIe card), 0 = ACL_DEVICE (app on the device's CPU)
 - ACL_SIM_MEMORY_BYTES   device memory per NPU (default 8 GiB)
-- ACL_SIM_EXECUTE_US     simulated device time per execute, spent holding the GIL (default 0): t0 of t(b) = t0 + k*b
+- ACL_SIM_EXECUTE_US     simulated device time per execute (default 0): t0 of t(b) = t0 + k*b; `execute` spends it
+                         holding the GIL, `execute_async` queues it on the device and `synchronize_stream` waits
+                         for it with the GIL released
 - ACL_SIM_EXECUTE_US_PER_ROW  k of t(b): device time per row of the gear (or static batch) that runs (default 0)
 - ACL_SIM_FAULT_FILE     a file holding an error code: the next execute in any process takes it
                          (renames it away) and fails with that code; the device then stays faulty
@@ -55,6 +57,19 @@ DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 # faults, as it does on hardware. Their bytes are kept in host buffers the simulator maps to.
 _DEVICE_BASE = 0xFFFF_A000_0000_0000
 _LIBC = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL, as the real binding's execute does
+
+
+@dataclass
+class Queued:
+    """An execute launched on a stream: when the device finishes it, and what it writes then."""
+
+    device: int
+    ends_at: int  # monotonic ns
+    device_ns: int
+    writes: list[tuple[int, bytes]]  # (output address, bytes) written when it ends
+    buffers: list[tuple[int, int]]  # (address, size) of every buffer it reads or writes
+    error: int = 0  # a device fault: synchronize_stream returns it, as the runtime reports faults there
+    message: str = ""
 
 
 class SimError(Exception):
@@ -127,6 +142,8 @@ class Runtime:
         self.executions = 0
         self.rows_executed: list[int] = []
         self.last_inputs: dict[str, Any] = {}  # what the device read at the last execute
+        self.device_free_at: dict[int, int] = collections.defaultdict(int)  # monotonic ns the queued work ends
+        self.queued: dict[int, list[Queued]] = collections.defaultdict(list)  # stream -> launched, not synchronized
         self.local = threading.local()
         self.lock = threading.RLock()
         self.report_written = False
@@ -245,8 +262,35 @@ class Runtime:
     def read(self, address: int, count: int) -> bytes:
         return ctypes.string_at(self.resolve(address, count), count)
 
+    def view(self, address: int, count: int) -> memoryview:
+        """The `count` bytes at `address`, in place (what the device reads, without a host copy)."""
+        real = self.resolve(address, count)
+        allocation = self.find(address)
+        if allocation is None:  # the caller's own memory (pageable host memory in ACL_DEVICE mode)
+            return memoryview((ctypes.c_char * count).from_address(real)).cast("B")
+        # from_buffer keeps the allocation's backing alive for as long as the view is
+        return memoryview((ctypes.c_char * count).from_buffer(allocation.backing, real - allocation.real)).cast("B")
+
     def write(self, address: int, data: bytes) -> None:
         ctypes.memmove(self.resolve(address, len(data)), data, len(data))
+
+    def copy(self, destination: int, source: int, count: int) -> None:
+        self.check_untouched(destination, count, "written")
+        self.check_untouched(source, count, "read")
+        ctypes.memmove(self.resolve(destination, count), self.resolve(source, count), count)
+
+    def check_untouched(self, address: int, count: int, how: str) -> None:
+        """Stricter than the runtime, which gives garbage instead: device memory that a launched, not yet
+        synchronized execute reads or writes may not be touched by the host."""
+        for stream, launched in self.queued.items():
+            for work in launched:
+                for start, size in work.buffers:
+                    if address < start + size and start < address + count:
+                        raise self.fail(
+                            RT_PARAM_INVALID,
+                            f"{count} bytes at {address:#x} are {how} while an execute queued on stream "
+                            f"{stream:#x} still uses them: synchronize the stream first",
+                        )
 
     # -- leaks and the report ------------------------------------------------------------------
 
@@ -286,10 +330,15 @@ class Runtime:
 
     # -- device time and faults ----------------------------------------------------------------
 
-    def spend_device_time(self, rows: int) -> None:
-        """t(b) = t0 + k*b for a batch of b rows: the device is busy, the host's core is not."""
+    @staticmethod
+    def device_time_us(rows: int) -> int:
+        """t(b) = t0 + k*b for a batch of b rows."""
         microseconds = int(os.environ.get("ACL_SIM_EXECUTE_US", "0"))
-        microseconds += int(float(os.environ.get("ACL_SIM_EXECUTE_US_PER_ROW", "0")) * rows)
+        return microseconds + int(float(os.environ.get("ACL_SIM_EXECUTE_US_PER_ROW", "0")) * rows)
+
+    def spend_device_time(self, rows: int) -> None:
+        """A synchronous execute: the device is busy for t(b), the host's core is not (the GIL stays held)."""
+        microseconds = self.device_time_us(rows)
         if microseconds > 0:
             _LIBC.usleep(microseconds)
 

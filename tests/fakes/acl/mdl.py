@@ -23,6 +23,7 @@ from ._state import (
     RUNTIME,
     SUCCESS,
     Model,
+    Queued,
     api,
 )
 
@@ -343,6 +344,7 @@ def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) 
     value = np.full(tensor["dims"], batch, dtype=NUMPY_TYPES[tensor["dtype"]]).tobytes()
     if size < len(value):
         raise RUNTIME.fail(INVALID_PARAM, f"the '{DYNAMIC_TENSOR_NAME}' buffer holds {size} bytes")
+    RUNTIME.check_untouched(address, len(value), "written")
     RUNTIME.write(address, value)  # the runtime fills it, not the caller
     model.batch = batch
     return SUCCESS
@@ -350,22 +352,42 @@ def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) 
 
 @api("mdl.execute")
 def execute(model_id: int, input_dataset: int, output_dataset: int) -> int:
-    _run(model_id, input_dataset, output_dataset)
+    started = time.monotonic_ns()
+    device, rows, writes, _ = _run(model_id, input_dataset, output_dataset)
+    for address, data in writes:
+        RUNTIME.write(address, data)
+    RUNTIME.spend_device_time(rows)
+    RUNTIME.busy_ns[device] += time.monotonic_ns() - started
     return SUCCESS
 
 
 @api("mdl.execute_async")
 def execute_async(model_id: int, input_dataset: int, output_dataset: int, stream: int) -> int:
+    """Queues the work: the device starts it once its earlier work ends, and the outputs appear when it
+    ends (reading them before `synchronize_stream` reads what was there before)."""
     if RUNTIME.streams.get(stream) != RUNTIME.current_context().handle:
         raise RUNTIME.fail(RT_PARAM_INVALID, f"stream {stream:#x} is not a stream of the current context")
-    _run(model_id, input_dataset, output_dataset)
+    model = _model(model_id)
+    device = RUNTIME.contexts[model.context].device
+    fault = RUNTIME.injected_fault(device)
+    if fault is not None:  # the launch succeeds; the stream's synchronize reports the failure
+        message = f"model execution failed on device {device} (injected fault {fault})"
+        RUNTIME.queued[stream].append(Queued(device, time.monotonic_ns(), 0, [], [], fault, message))
+        return SUCCESS
+    device, rows, writes, buffers = _run(model_id, input_dataset, output_dataset)
+    device_ns = RUNTIME.device_time_us(rows) * 1000
+    ends_at = max(time.monotonic_ns(), RUNTIME.device_free_at[device]) + device_ns
+    RUNTIME.device_free_at[device] = ends_at
+    RUNTIME.queued[stream].append(Queued(device, ends_at, device_ns, writes, buffers))
     return SUCCESS
 
 
-def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
+def _run(
+    model_id: int, input_dataset: int, output_dataset: int
+) -> tuple[int, int, list[tuple[int, bytes]], list[tuple[int, int]]]:
+    """What the model computes from its input buffers now: (device, rows, the output writes, the buffers used)."""
     model = _model(model_id)
     device = RUNTIME.contexts[model.context].device
-    started = time.monotonic_ns()
     inputs, outputs = _inputs(model), _outputs(model)
     if len(_dataset(input_dataset)) != len(inputs) or len(_dataset(output_dataset)) != len(outputs):
         raise RUNTIME.fail(
@@ -378,8 +400,10 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
         raise RUNTIME.fail(fault, f"model execution failed on device {device} (injected fault {fault})")
     batch = model.batch if model.gears else None
     feeds: dict[str, np.ndarray] = {}
+    buffers: list[tuple[int, int]] = []
     for index, tensor in enumerate(inputs):
         address, size = _buffer_at(input_dataset, index)
+        buffers.append((address, size))
         if tensor["name"] == DYNAMIC_TENSOR_NAME:
             dtype = NUMPY_TYPES[tensor["dtype"]]
             written = int(np.frombuffer(RUNTIME.read(address, np.dtype(dtype).itemsize), dtype=dtype)[0])
@@ -390,22 +414,24 @@ def _run(model_id: int, input_dataset: int, output_dataset: int) -> None:
         need = _nbytes(model, tensor, batch)
         if size < need:
             raise RUNTIME.fail(INVALID_PARAM, f"input {index} holds {size} bytes; the gear needs {need}")
-        array = np.frombuffer(RUNTIME.read(address, need), dtype=NUMPY_TYPES[tensor["dtype"]])
+        # The device reads its memory in place; the simulator's host emulation need not copy it first.
+        array = np.frombuffer(RUNTIME.view(address, need), dtype=NUMPY_TYPES[tensor["dtype"]])
         feeds[tensor["name"]] = array.reshape(_shape(model, tensor, batch))
     RUNTIME.last_inputs = feeds
     results = om_files.run(model.om, feeds, NUMPY_TYPES)
+    writes: list[tuple[int, bytes]] = []
     for index, (tensor, result) in enumerate(zip(outputs, results, strict=True)):
         address, size = _buffer_at(output_dataset, index)
+        buffers.append((address, size))
         _device_only(address, f"output {index}")
         data = np.ascontiguousarray(result, dtype=NUMPY_TYPES[tensor["dtype"]]).tobytes()
         if len(data) != _nbytes(model, tensor, batch) or size < len(data):
             raise RUNTIME.fail(INVALID_PARAM, f"output {index} needs {len(data)} bytes; its buffer holds {size}")
-        RUNTIME.write(address, data)
+        writes.append((address, data))
     rows = batch if batch is not None else (_shape(model, inputs[0], None) or [1])[0]
-    RUNTIME.spend_device_time(rows)
-    RUNTIME.busy_ns[device] += time.monotonic_ns() - started
     RUNTIME.executions += 1
     RUNTIME.rows_executed.append(rows)
+    return device, rows, writes, buffers
 
 
 def _device_only(address: int, what: str) -> None:

@@ -129,13 +129,38 @@ def destroy_stream(stream: int) -> int:
     context = _stream_context(stream)
     context.streams.discard(stream)
     del RUNTIME.streams[stream]
+    RUNTIME.queued.pop(stream, None)  # work never synchronized: its outputs are lost with the stream
     return SUCCESS
 
 
-@api("rt.synchronize_stream")
 def synchronize_stream(stream: int) -> int:
-    _stream_context(stream)
+    """Waits, with the GIL and the simulator's lock released (as the binding releases the GIL), until the
+    work queued on `stream` ends; then its outputs appear and its device time counts as busy."""
+    ends_at, ret = _queued_end(stream)
+    if ret != SUCCESS:
+        return int(ret)
+    wait_ns = ends_at - time.monotonic_ns()
+    if wait_ns > 0:
+        time.sleep(wait_ns / 1e9)
+    with RUNTIME.lock:
+        failed = None
+        for work in RUNTIME.queued.pop(stream, []):
+            if work.error:
+                failed = failed or work
+                continue
+            for address, data in work.writes:
+                RUNTIME.write(address, data)
+            RUNTIME.busy_ns[work.device] += work.device_ns
+        if failed is not None:
+            RUNTIME.fail(failed.error, failed.message)  # for get_recent_err_msg
+            return failed.error
     return SUCCESS
+
+
+@api("rt.synchronize_stream", out=(0,))
+def _queued_end(stream: int) -> tuple[int, int]:
+    _stream_context(stream)
+    return max((work.ends_at for work in RUNTIME.queued.get(stream, ())), default=0), SUCCESS
 
 
 @api("rt.malloc", out=(0,))
@@ -190,13 +215,14 @@ def memcpy(dst: int, dest_max: int, src: int, count: int, kind: int) -> int:
             f"{RUNTIME.space_of(src)} and the destination {RUNTIME.space_of(dst)} memory",
         )
     if count:
-        RUNTIME.write(dst, RUNTIME.read(src, count))
+        RUNTIME.copy(dst, src, count)
     return SUCCESS
 
 
 @api("rt.memset")
 def memset(address: int, max_count: int, value: int, count: int) -> int:
     RUNTIME.current_context()
+    RUNTIME.check_untouched(address, count, "written")
     if count > max_count:
         raise RUNTIME.fail(INVALID_PARAM, f"count {count} exceeds max_count {max_count}")
     if RUNTIME.space_of(address) != "device":
