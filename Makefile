@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers bench-npu soak chaos check-oldest npu-check clean
+.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ bench-ab: $(STAMP_TEST)
 # system shared memory; prints a table and writes bench-results/npu-<timestamp>.json.
 bench-npu: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_npu
+
+# The same NPU-bound workload on Triton (PyTriton's tritonserver, python backend) and MLServer, each model
+# sleeping t(b) for a batch of b; A/B per point, alternating servers, medians of two rounds. The peers are
+# installed in their own venvs under ~/.cache/geserve-bench on first use.
+bench-npu-peers: $(STAMP_TEST)
+	$(BIN)/python -m tests.perf.bench_npu_peers
 
 # The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
 bench-peers: $(STAMP_TEST)

@@ -43,6 +43,8 @@ class Instances(Protocol):
 
     def has_idle(self) -> bool: ...
 
+    def has_free(self) -> bool: ...
+
     def dispatch(
         self,
         inputs: Mapping[str, Sequence[np.ndarray]],
@@ -257,7 +259,10 @@ class Scheduler:
             self._finish(request, UnavailableError(TIMEOUT_EXPIRED))
         wake_at: int | None = None
         while self._queue and self._pool.has_idle():
-            count, wait_until = self._batch_size(now)
+            # Only slots behind running batches are left: a batch goes there only when it is full, since
+            # the device cannot start it earlier anyway, and meanwhile it can still grow.
+            behind = not self._pool.has_free()
+            count, wait_until = self._batch_size(now, behind)
             if count == 0:
                 wake_at = wait_until
                 break
@@ -270,12 +275,13 @@ class Scheduler:
             wake_at = deadline if wake_at is None else min(wake_at, deadline)
         self._set_timer(wake_at)
 
-    def _batch_size(self, now: int) -> tuple[int, int | None]:
-        """How many queued requests to send now, or 0 and when to look again."""
+    def _batch_size(self, now: int, behind: bool = False) -> tuple[int, int | None]:
+        """How many queued requests to send now, or 0 and when to look again (None: when a batch finishes
+        or a request comes). `behind`: the batch would wait behind a running one, so it goes only when full."""
         policy = self._policy
         if not policy.dynamic:
             return 1, None
-        rows = count = preferred_count = 0
+        rows = count = preferred_count = preferred_rows = 0
         first: PendingRequest | None = None
         complete = False  # full, or cut short by a request that cannot join
         for request in self._queue.in_order():
@@ -287,12 +293,15 @@ class Scheduler:
             rows += request.rows
             count += 1
             if rows in policy.preferred_sizes:
-                preferred_count = count
+                preferred_count, preferred_rows = count, rows
             if rows >= policy.max_batch_size:
                 complete = True
                 break
         if complete:
             return count, None
+        if behind:
+            full = bool(policy.preferred_sizes) and preferred_rows == policy.preferred_sizes[-1]
+            return (preferred_count, None) if full else (0, None)
         if preferred_count:
             return preferred_count, None
         assert first is not None

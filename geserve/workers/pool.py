@@ -60,6 +60,16 @@ class InstancePool:
             self._idle.popleft()  # a dead instance leaves the idle slots; the others keep serving
         return bool(self._idle)
 
+    def has_free(self) -> bool:
+        """Whether an instance holds no batch at all (else a batch would wait behind a running one)."""
+        return self._free_slot() is not None
+
+    def _free_slot(self) -> WorkerClient | None:
+        for instance in self._idle:
+            if instance.alive and not self._busy.get(id(instance)):
+                return instance
+        return None
+
     def dispatch(
         self,
         inputs: Mapping[str, Sequence[np.ndarray]],
@@ -69,8 +79,14 @@ class InstancePool:
         *,
         keep_outputs: bool = False,
     ) -> Coroutine[Any, Any, BatchResult]:
-        """Claim an idle slot now (call `has_idle` first) and return the batch's run, to be awaited."""
-        return self._claim(self._idle.popleft(), inputs, output_names, requests, streams, keep_outputs=keep_outputs)
+        """Claim an idle slot now (call `has_idle` first), on an instance that holds no batch if there is
+        one, and return the batch's run, to be awaited."""
+        instance = self._free_slot()
+        if instance is None:
+            instance = self._idle.popleft()
+        else:
+            self._idle.remove(instance)
+        return self._claim(instance, inputs, output_names, requests, streams, keep_outputs=keep_outputs)
 
     def _claim(
         self,

@@ -67,10 +67,10 @@ def mlserver_repository(folder: Path, source: Path, inputs: dict[str, dict[str, 
 
 
 class MLServerProcess:
-    def __init__(self, python: Path, folder: Path, log: Path) -> None:
+    def __init__(self, python: Path, folder: Path, log: Path, workers: int = 1) -> None:
         self.http_port, self.grpc_port, metrics_port = free_ports(3)
         settings = {"host": "127.0.0.1", "http_port": self.http_port, "grpc_port": self.grpc_port,
-                    "metrics_port": metrics_port, "parallel_workers": 1}  # fmt: skip
+                    "metrics_port": metrics_port, "parallel_workers": workers}  # fmt: skip
         (folder / "settings.json").write_text(json.dumps(settings))
         self._log = log.open("wb")
         environment = {**os.environ, "PYTHONPATH": str(folder)}

@@ -130,9 +130,11 @@ BATCHING = 'name: "m" max_batch_size: %d dynamic_batching { %s }'
 
 
 class Harness:
-    def __init__(self, policy: BatchingPolicy, instances: int = 1) -> None:
+    def __init__(self, policy: BatchingPolicy, instances: int = 1, capacity: int = 1) -> None:
         self.clock = ManualClock()
         self.instances = [ScriptedInstance(self.clock, f"i{n}") for n in range(instances)]
+        for instance in self.instances:
+            instance.capacity = capacity
         self.stats = ModelStats()
         self.scheduler = Scheduler("m", InstancePool(self.instances), policy, self.stats, self.clock)
 
@@ -292,6 +294,47 @@ async def test_batches_spread_over_instances() -> None:
         await settle()
     results = await asyncio.gather(*tasks)
     assert sorted(r["OUT0"][0, 0] for r in results) == list(range(6))
+
+
+async def test_a_batch_waits_behind_a_running_one_only_when_full() -> None:
+    """A pipelined instance takes a second batch while one runs, but only a full one: a partial batch
+    keeps growing until the instance is free, since the device could not start it earlier anyway."""
+    h = Harness(policy_from(BATCHING % (4, "max_queue_delay_microseconds: 1000")), capacity=2)
+    tasks = [h.submit(1, value=v) for v in range(4)]
+    await settle()
+    assert h.batch_rows() == [4]
+    tasks += [h.submit(1, value=v) for v in range(4, 6)]
+    h.clock.advance(5 * MS)  # long past the delay: still not sent behind the running batch
+    await settle()
+    assert h.batch_rows() == [4]
+    tasks += [h.submit(1, value=v) for v in range(6, 8)]
+    await settle()
+    assert h.batch_rows() == [4, 4]  # full: staged behind the running one
+    assert h.instances[0].busy == 2
+    tasks.append(h.submit(1, value=8))
+    await settle()
+    h.instances[0].finish()
+    await settle()
+    assert h.batch_rows() == [4, 4]  # one slot is free again, but only behind a running batch
+    h.instances[0].finish()
+    await settle()
+    assert h.batch_rows() == [4, 4]  # a free instance: the delay rules again
+    h.clock.advance(1 * MS)
+    await settle()
+    assert h.batch_rows() == [4, 4, 1]
+    h.instances[0].finish()
+    results = await asyncio.gather(*tasks)
+    assert [r["OUT0"][0, 0] for r in results] == list(range(9))
+
+
+async def test_a_free_instance_gets_the_batch_before_a_slot_behind_a_busy_one() -> None:
+    h = Harness(policy_from(BATCHING % (2, "")), instances=2, capacity=2)
+    tasks = [h.submit(2, value=0), h.submit(1, value=1)]
+    await settle()
+    assert [len(i.batches) for i in h.instances] == [1, 1]
+    for instance in h.instances:
+        instance.finish()
+    await asyncio.gather(*tasks)
 
 
 async def test_priorities() -> None:
