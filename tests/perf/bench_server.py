@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 import onnxruntime as ort
 
 from tests.perf import models
-from tests.support import ROOT, GeserveProcess, http_status
+from tests.support import ROOT, GeserveProcess, free_ports, http_status
 
 RESULTS = ROOT / "bench-results"
 CONCURRENCY = (1, 4, 16)
@@ -116,6 +117,7 @@ _COMPUTE_COLUMNS = ("Server Compute Input", "Server Compute Infer", "Server Comp
 
 
 def input_data(folder: Path, inputs: dict[str, tuple[str, list[int]]]) -> Path:
+    folder.mkdir(exist_ok=True)
     data = {name: models.sample(datatype, dims, 1)[0].tolist() for name, (datatype, dims) in inputs.items()}
     path = folder / "input.json"
     path.write_text(json.dumps({"data": [data]}))
@@ -164,12 +166,54 @@ def main() -> None:
                     print(f"{model:8} {protocol:4} c={concurrency:<2} {figures['infer_per_s']:8.0f} infer/s")
     finally:
         server.stop()
+    floor: list[dict[str, Any]] = []
+    if "identity" in inputs:
+        print("measuring the bare echo servers ...")
+        floor = echo_floor(tool, input_data(work / "echo", inputs["identity"]), arguments.interval_ms, runs)
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    report = {"perf_analyzer": tool, "bare_onnxruntime_samples_per_s": bare, "geserve": runs}
+    report = {"perf_analyzer": tool, "bare_onnxruntime_samples_per_s": bare, "geserve": runs, "echo_floor": floor}
     (RESULTS / f"{stamp}.json").write_text(json.dumps(report, indent=2))
     print(f"\nwrote bench-results/{stamp}.json\n")
     print(table(bare, runs))
+    if floor:
+        print("\n| identity, c=1 | geserve p50 ms | bare echo p50 ms | geserve ÷ echo |\n|---|---|---|---|")
+        for row in floor:
+            print(
+                f"| {row['protocol']} ({row['echo']}) | {row['geserve_p50_us'] / 1000:.3f} | "
+                f"{row['echo_p50_us'] / 1000:.3f} | {row['geserve_p50_us'] / row['echo_p50_us']:.1f}x |"
+            )
+
+
+ECHO_STACKS = {"http": "ASGI app on uvicorn", "grpc": "grpc.aio servicer"}
+
+
+def echo_floor(tool: str, data_file: Path, interval_ms: int, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """identity at c=1 against a bare echo server on the same stack as geserve's front-end, next to
+    geserve's own c=1 figure from `runs`."""
+    rows = []
+    for protocol, stack in ECHO_STACKS.items():
+        (port,) = free_ports(1)
+        echo = subprocess.Popen([sys.executable, "-m", "tests.perf.echo_servers", protocol, str(port)], cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or echo.poll() is not None:
+                        raise RuntimeError(f"the {protocol} echo server did not start") from None
+                    time.sleep(0.1)
+            figures = run_perf_analyzer(tool, "identity", protocol, port, 1, data_file, interval_ms)
+        finally:
+            echo.terminate()
+            echo.wait(10)
+        ours = next(r for r in runs if r["model"] == "identity" and r["protocol"] == protocol and r["concurrency"] == 1)
+        rows.append(
+            {"protocol": protocol, "echo": stack, "geserve_p50_us": ours["p50_us"], "echo_p50_us": figures["p50_us"]}
+        )
+    return rows
 
 
 def table(bare: dict[str, dict[int, float]], runs: list[dict[str, Any]]) -> str:
