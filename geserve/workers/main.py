@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import multiprocessing.connection
 import os
 import queue
 import secrets
+import select
 import signal
 import threading
 from collections import OrderedDict
@@ -332,6 +332,10 @@ class _Inbox:
         self._runner = runner
         self._bls: BlsClient | None = None
         self._queue: queue.SimpleQueue[object] | None = None
+        # One poll object, made once: Connection.poll builds a selector on every call.
+        self._readable = select.poll()
+        self._readable.register(connection.fileno(), select.POLLIN)
+        self._either: select.poll | None = None  # the pipe or a device waiter's signal
         if threaded:
             from geserve.backends.python import pb_utils
 
@@ -351,8 +355,13 @@ class _Inbox:
             return not self._queue.empty()
         try:
             if waiter is None:
-                return self._connection.poll()
-            return self._connection in multiprocessing.connection.wait([self._connection, waiter.done])
+                return bool(self._readable.poll(0))
+            if self._either is None:
+                self._either = select.poll()
+                self._either.register(self._connection.fileno(), select.POLLIN)
+                self._either.register(waiter.done.fileno(), select.POLLIN)
+            pipe = self._connection.fileno()
+            return any(fd == pipe for fd, _ in self._either.poll())
         except (OSError, ValueError):
             return True  # `get` reports the closed pipe
 
