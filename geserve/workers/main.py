@@ -247,6 +247,10 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                     running = None
                 break
             if isinstance(message, RunBatch):
+                if running is not None and not runner.stages_ahead:
+                    finished, running = running, None
+                    if not _answer(segments, runner, outbox, finished, waiter):
+                        break
                 staged = segments.stage(runner, message)
                 if running is not None:
                     finished, running = running, None

@@ -155,6 +155,12 @@ class InstanceRunner:
         """Whether the backend runs a launched batch on its device while the host stages the next."""
         return _pipelined(self._backend)
 
+    @property
+    def stages_ahead(self) -> bool:
+        """Whether the next batch may be staged before the running one finishes: not when the model keeps
+        implicit state, which the next batch must read only after the running one has updated it."""
+        return self.pipelined and not self._states
+
     def wait(self, batch: Batch) -> None:
         """Block until a launched batch is done on the device (from a thread of its own); never raises."""
         backend = self._backend

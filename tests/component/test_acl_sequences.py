@@ -14,6 +14,7 @@ from geserve.repository.config import parse_config_text
 from geserve.workers.messages import SEQUENCE_END, SEQUENCE_READY, SEQUENCE_START, InstanceSpec, RequestInfo
 from geserve.workers.runner import InstanceRunner
 from tests.fakes.acl.om import twin_path
+from tests.fakes.om_models import write_affine_om
 from tests.fakes.om_writer import write_om
 
 GEARS = [1, 2, 4]
@@ -114,3 +115,24 @@ def test_om_sequence_gets_controls_and_keeps_state_per_slot(tmp_path: Path) -> N
     # A new sequence in slot 0 starts from zero again.
     assert step([6], [1], [1], [ready | SEQUENCE_START]) == [106]
     runner.unload()
+
+
+@pytest.mark.usefixtures("acl")
+def test_a_stateful_om_never_stages_a_batch_before_the_running_one_kept_its_state(tmp_path: Path) -> None:
+    """The worker stages the next batch while one runs only where no implicit state links them."""
+    model = _write_om(tmp_path / "model.om")
+    config = parse_config_text(CONFIG, "config.pbtxt")
+    spec = InstanceSpec("om_sequence", 1, "om_sequence_0", "ge", config.SerializeToString(), str(model), 0, True, 30,
+                        model_directory=str(tmp_path))  # fmt: skip
+    stateful = InstanceRunner(spec)
+    stateful.load()
+    assert stateful.pipelined and not stateful.stages_ahead
+    stateful.unload()
+    plain = write_affine_om(tmp_path / "affine" / "model.om", gears=GEARS)
+    affine = parse_config_text('name: "affine" backend: "ge"', "config.pbtxt")
+    spec = InstanceSpec("affine", 1, "affine_0", "ge", affine.SerializeToString(), str(plain), 0, True, 30,
+                        model_directory=str(plain.parent))  # fmt: skip
+    stateless = InstanceRunner(spec)
+    stateless.load()
+    assert stateless.stages_ahead
+    stateless.unload()

@@ -351,7 +351,8 @@ def test_the_next_batch_is_copied_in_while_the_device_runs_one(launch: Launch, t
 
     with ThreadPoolExecutor(len(inputs)) as pool:
         clients = [httpclient.InferenceServerClient(server.url) for _ in inputs]
-        results = list(pool.map(lambda pair: _http_infer(pair[0], "affine_gears", pair[1]), zip(clients, inputs)))
+        pairs = list(zip(clients, inputs, strict=True))
+        results = list(pool.map(lambda pair: _http_infer(pair[0], "affine_gears", pair[1]), pairs))
     for outputs, x in zip(results, inputs, strict=True):
         _assert_matches(outputs, x)
     assert server.stop() == 0
