@@ -35,6 +35,33 @@ def _loaded(path: Path, config: mc.ModelConfig | None = None, device: int = 0) -
     return backend, config
 
 
+class _Counting:
+    """A thread that counts as fast as it can: how far it gets during a call tells whether the call let go
+    of the GIL."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._count)
+
+    def _count(self) -> None:
+        while not self._stop.is_set():
+            self.ticks += 1
+
+    def during(self, call: Any) -> int:
+        before = self.ticks
+        call()
+        return self.ticks - before
+
+    def __enter__(self) -> _Counting:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _rows(count: int) -> np.ndarray:
     return (np.arange(count * FEATURES, dtype=np.float32).reshape(count, FEATURES) - 7.5) / 3
 
@@ -367,26 +394,9 @@ def test_non_gear_batch_and_models_used_outside_their_context(acl: Any, tmp_path
 
 def test_execute_holds_the_gil_as_the_real_binding_does(acl: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACL_SIM_EXECUTE_US", "500000")
-    ticks = [0]
-    stop = threading.Event()
-
-    def count() -> None:
-        while not stop.is_set():
-            ticks[0] += 1
-
-    thread = threading.Thread(target=count)
-    thread.start()
-    try:
-        runtime = _runtime()
-        before = ticks[0]
-        runtime.spend_device_time(1)  # what every simulated execute ends with
-        during_execute = ticks[0] - before
-        before = ticks[0]
-        time.sleep(0.5)
-        during_sleep = ticks[0] - before
-    finally:
-        stop.set()
-        thread.join()
+    with _Counting() as ticks:
+        during_execute = ticks.during(lambda: _runtime().spend_device_time(1))  # what every execute ends with
+        during_sleep = ticks.during(lambda: time.sleep(0.5))
     # At most a switch interval or two of counting slips in around the call; none during it.
     assert during_execute * 5 < during_sleep, (during_execute, during_sleep)
 
@@ -491,26 +501,10 @@ def test_synchronize_waits_without_the_gil(acl: Any, tmp_path: Path, monkeypatch
         acl.mdl.add_dataset_buffer(datasets[index // 2], data_buffer)
         backend_free.append((address, data_buffer))
     acl.mdl.set_dynamic_batch_size(model_id, datasets[0], 1, 1)
-    ticks = [0]
-    stop = threading.Event()
-
-    def count() -> None:
-        while not stop.is_set():
-            ticks[0] += 1
-
-    thread = threading.Thread(target=count)
-    thread.start()
-    try:
+    with _Counting() as ticks:
         assert acl.mdl.execute_async(model_id, datasets[0], datasets[1], stream) == 0
-        before = ticks[0]
-        assert acl.rt.synchronize_stream(stream) == 0
-        during_synchronize = ticks[0] - before
-        before = ticks[0]
-        _runtime().spend_device_time(1)  # a synchronous execute's wait, which keeps the GIL
-        during_execute = ticks[0] - before
-    finally:
-        stop.set()
-        thread.join()
+        during_synchronize = ticks.during(lambda: acl.rt.synchronize_stream(stream))
+        during_execute = ticks.during(lambda: _runtime().spend_device_time(1))  # a synchronous execute's wait
     assert during_execute * 5 < during_synchronize, (during_execute, during_synchronize)
     for dataset in datasets:
         acl.mdl.destroy_dataset(dataset)

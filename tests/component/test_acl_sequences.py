@@ -80,17 +80,19 @@ def _write_om(path: Path) -> Path:
     return path
 
 
+def _spec(name: str, config_text: str, model: Path) -> InstanceSpec:
+    """An instance of the `.om` at `model`, its config auto-completed from it."""
+    config = parse_config_text(config_text, "config.pbtxt").SerializeToString()
+    return InstanceSpec(name, 1, f"{name}_0", "ge", config, str(model), 0, True, 30, model_directory=str(model.parent))
+
+
 def _column(*values: int) -> np.ndarray:
     return np.array(values, dtype=np.int32).reshape(-1, 1)
 
 
 @pytest.mark.usefixtures("acl")
 def test_om_sequence_gets_controls_and_keeps_state_per_slot(tmp_path: Path) -> None:
-    model = _write_om(tmp_path / "model.om")
-    config = parse_config_text(CONFIG, "config.pbtxt")
-    spec = InstanceSpec("om_sequence", 1, "om_sequence_0", "ge", config.SerializeToString(), str(model), 0, True, 30,
-                        model_directory=str(tmp_path))  # fmt: skip
-    runner = InstanceRunner(spec)
+    runner = InstanceRunner(_spec("om_sequence", CONFIG, _write_om(tmp_path / "model.om")))
     served = runner.load()
     assert [tensor.name for tensor in served.input] == ["INPUT"]  # controls and state are not the client's
     ready = SEQUENCE_READY
@@ -120,19 +122,12 @@ def test_om_sequence_gets_controls_and_keeps_state_per_slot(tmp_path: Path) -> N
 @pytest.mark.usefixtures("acl")
 def test_a_stateful_om_never_stages_a_batch_before_the_running_one_kept_its_state(tmp_path: Path) -> None:
     """The worker stages the next batch while one runs only where no implicit state links them."""
-    model = _write_om(tmp_path / "model.om")
-    config = parse_config_text(CONFIG, "config.pbtxt")
-    spec = InstanceSpec("om_sequence", 1, "om_sequence_0", "ge", config.SerializeToString(), str(model), 0, True, 30,
-                        model_directory=str(tmp_path))  # fmt: skip
-    stateful = InstanceRunner(spec)
+    stateful = InstanceRunner(_spec("om_sequence", CONFIG, _write_om(tmp_path / "model.om")))
     stateful.load()
     assert stateful.pipelined and not stateful.stages_ahead
     stateful.unload()
     plain = write_affine_om(tmp_path / "affine" / "model.om", gears=GEARS)
-    affine = parse_config_text('name: "affine" backend: "ge"', "config.pbtxt")
-    spec = InstanceSpec("affine", 1, "affine_0", "ge", affine.SerializeToString(), str(plain), 0, True, 30,
-                        model_directory=str(plain.parent))  # fmt: skip
-    stateless = InstanceRunner(spec)
+    stateless = InstanceRunner(_spec("affine", 'name: "affine" backend: "ge"', plain))
     stateless.load()
     assert stateless.stages_ahead
     stateless.unload()

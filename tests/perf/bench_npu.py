@@ -12,6 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tests.fakes.om_writer import write_om
 from tests.perf.bench_server import RESULTS, _children, _process_usage, find_perf_analyzer, run_perf_analyzer
 from tests.support import ROOT, GeserveProcess
@@ -100,6 +102,17 @@ class BusySampler:
         return 100 * sum(kept) / len(kept) if kept else 0.0
 
 
+def image_data(folder: Path) -> Path:
+    """One 3x224x224 image of normal values, as perf_analyzer input data: the same bytes for every server
+    and protocol (perf_analyzer's own random JSON values are refused by MLServer)."""
+    path = folder / "image.json"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        image = np.random.default_rng(0).standard_normal(3 * 224 * 224).astype(np.float32)
+        path.write_text(json.dumps({"data": [{"input": [round(float(value), 4) for value in image]}]}))
+    return path
+
+
 def measure(
     tool: str, server: GeserveProcess, devices: int, protocol: str, concurrency: int, interval: int
 ) -> dict[str, Any]:
@@ -110,7 +123,7 @@ def measure(
     images_before, batches_before = _counts(server)
     with BusySampler(server, devices) as sampler:
         figures = run_perf_analyzer(
-            tool, "resnet50", "grpc" if protocol == "shm" else protocol, port, concurrency, Path("random"), interval,
+            tool, "resnet50", "grpc" if protocol == "shm" else protocol, port, concurrency, image_data(RESULTS), interval,
             extra,
         )  # fmt: skip
     cpu = sum(_process_usage(pid)[1] for pid in pids if Path(f"/proc/{pid}").exists()) - cpu_before
@@ -146,12 +159,17 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_point_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which points to measure: devices, protocols, concurrencies, and perf_analyzer's window."""
     parser.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
     parser.add_argument("--devices", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--protocols", nargs="*", default=list(PROTOCOLS), choices=PROTOCOLS)
     parser.add_argument("--concurrency", type=int, nargs="*", default=list(CONCURRENCY))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_point_arguments(parser)
     arguments = parser.parse_args()
     tool = find_perf_analyzer()
     print(f"perf_analyzer: {tool}; t(b) = {T0_US / 1000:g} ms + {K_US / 1000:g} ms x b per simulated device")

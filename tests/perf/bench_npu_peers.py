@@ -10,21 +10,27 @@ import statistics
 import subprocess
 import tempfile
 import time
-import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.perf import bench_npu
-from tests.perf.bench_npu import CONCURRENCY, K_US, T0_US, device_bound, write_model
-from tests.perf.bench_peers import CACHE, PEERS, MLServerProcess, ensure_mlserver
+from tests.perf.bench_npu import K_US, T0_US, add_point_arguments, device_bound, image_data, write_model
+from tests.perf.bench_peers import (
+    CACHE,
+    PEERS,
+    MLServerProcess,
+    ensure_mlserver,
+    ensure_venv,
+    stop_process,
+    wait_ready,
+)
 from tests.perf.bench_server import RESULTS, _children, _process_usage, find_perf_analyzer, run_perf_analyzer
-from tests.support import ROOT, GeserveProcess, free_ports, http_status
+from tests.support import ROOT, GeserveProcess, free_ports
 
 TRITON_VENV = CACHE / "triton-venv"
 TRITON_REQUIREMENTS = ["nvidia-pytriton==0.7.0"]  # its wheel carries tritonserver and the python backend
 SERVERS = ("geserve", "triton", "mlserver")
-PROTOCOLS = ("http", "grpc", "shm")
 MAX_BATCH, DELAY_US = 16, 2000  # the same batching everywhere: geserve's and Triton's dynamic, MLServer's adaptive
 TRITON_CONFIG = """
 name: "resnet50"
@@ -43,12 +49,7 @@ parameters [
 
 
 def ensure_triton() -> Path:
-    python = TRITON_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"installing PyTriton (tritonserver) into {TRITON_VENV} ...")
-        subprocess.run(["python3", "-m", "venv", str(TRITON_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *TRITON_REQUIREMENTS], check=True)
-    return TRITON_VENV
+    return ensure_venv(TRITON_VENV, TRITON_REQUIREMENTS, "PyTriton (tritonserver)")
 
 
 class TritonProcess:
@@ -81,24 +82,10 @@ class TritonProcess:
             ],
             stdout=self._log, stderr=subprocess.STDOUT, env=environment,
         )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited:\n{log.read_text()[-3000:]}")
-            try:
-                if http_status(f"http://127.0.0.1:{self.http_port}/v2/health/ready") == 200:
-                    return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"tritonserver did not become ready:\n{log.read_text()[-3000:]}")
+        wait_ready("tritonserver", self.process, self.http_port, log, 120)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
         self._log.close()
 
 
@@ -163,7 +150,14 @@ def measure_peer(tool: str, peer: Peer, devices: int, protocol: str, concurrency
     seen = len(peer.batches())
     started = time.monotonic()
     figures = run_perf_analyzer(
-        tool, "resnet50", "grpc" if protocol == "shm" else protocol, port, concurrency, Path("random"), interval, extra
+        tool,
+        "resnet50",
+        "grpc" if protocol == "shm" else protocol,
+        port,
+        concurrency,
+        image_data(RESULTS),
+        interval,
+        extra,
     )
     elapsed = time.monotonic() - started
     cpu = sum(_process_usage(pid)[1] for pid in pids if Path(f"/proc/{pid}").exists()) - cpu_before
@@ -273,10 +267,7 @@ HEADER = (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
-    parser.add_argument("--devices", type=int, nargs="*", default=[1, 2])
-    parser.add_argument("--protocols", nargs="*", default=list(PROTOCOLS), choices=PROTOCOLS)
-    parser.add_argument("--concurrency", type=int, nargs="*", default=list(CONCURRENCY))
+    add_point_arguments(parser)
     parser.add_argument("--servers", nargs="*", default=list(SERVERS[1:]), choices=SERVERS[1:], help="peers")
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds per point; the table shows their median")
     arguments = parser.parse_args()

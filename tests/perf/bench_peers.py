@@ -24,13 +24,19 @@ REQUIREMENTS = ["mlserver==1.7.1", "uvloop==0.21.0", "onnxruntime", "numpy"]
 PEERS = Path(__file__).resolve().parent / "peers"
 
 
+def ensure_venv(venv: Path, requirements: list[str], what: str) -> Path:
+    """A venv holding `requirements`, made on first use; a marker says the install finished."""
+    done = venv / ".geserve-installed"
+    if not done.exists():
+        print(f"installing {what} into {venv} ...")
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *requirements], check=True)
+        done.write_text(" ".join(requirements))
+    return venv
+
+
 def ensure_mlserver() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        print(f"installing MLServer into {VENV} ...")
-        subprocess.run(["python3", "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS], check=True)
-    return python
+    return ensure_venv(VENV, REQUIREMENTS, "MLServer") / "bin" / "python"
 
 
 def mlserver_repository(folder: Path, source: Path, inputs: dict[str, dict[str, tuple[str, list[int]]]]) -> None:
@@ -78,25 +84,34 @@ class MLServerProcess:
             [str(python), str(PEERS / "launch_mlserver.py"), str(folder)],
             cwd=folder, stdout=self._log, stderr=subprocess.STDOUT, env=environment,
         )  # fmt: skip
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"MLServer exited:\n{log.read_text()[-3000:]}")
-            try:
-                if http_status(f"http://127.0.0.1:{self.http_port}/v2/health/ready") == 200:
-                    return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"MLServer did not become ready:\n{log.read_text()[-3000:]}")
+        wait_ready("MLServer", self.process, self.http_port, log, 180)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
         self._log.close()
+
+
+def wait_ready(name: str, process: subprocess.Popen[bytes], http_port: int, log: Path, timeout_s: float) -> None:
+    """Until the peer answers /v2/health/ready; its log's end if it exits or never gets there."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited:\n{log.read_text()[-3000:]}")
+        try:
+            if http_status(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200:
+                return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{name} did not become ready:\n{log.read_text()[-3000:]}")
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def main() -> None:
