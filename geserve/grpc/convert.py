@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -95,9 +95,12 @@ def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor, datatype: dty
     return array.reshape(tuple(tensor.shape))
 
 
-def infer_request_from_proto(message: pb.ModelInferRequest) -> InferRequest:
-    """ModelInferRequest -> InferRequest; raw contents stay zero-copy views of the message bytes."""
-    raw = message.raw_input_contents
+def infer_request_from_proto(
+    message: pb.ModelInferRequest, raw_contents: Sequence[memoryview] | None = None
+) -> InferRequest:
+    """ModelInferRequest -> InferRequest; `raw_contents`, when given, replace the message's raw_input_contents
+    (views of the received bytes, which `parse_infer_request` took out of it), and are not copied."""
+    raw: Sequence[bytes | memoryview] = message.raw_input_contents if raw_contents is None else raw_contents
     # Inputs in shared memory have no raw entry; every other input has one, in order.
     carried = [i for i, t in enumerate(message.inputs) if "shared_memory_region" not in t.parameters]
     if raw and len(raw) != len(carried):

@@ -10,6 +10,8 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor, message_factory
 
+from geserve.grpc.raw import parse_infer_request
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,7 +30,8 @@ def add_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor, 
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         implementation = getattr(servicer, method.name)
-        parse = _lenient(request_class)
+        # ModelInfer's megabytes of raw_input_contents stay in the received bytes (the stream's are parsed whole).
+        parse = _lenient(request_class, parse_infer_request if method.name == "ModelInfer" else None)
         serialize = response_class.SerializeToString
         if method.client_streaming and method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
@@ -43,12 +46,13 @@ def add_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor, 
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
-def _lenient(request_class: Any) -> Callable[[bytes], Any]:
+def _lenient(request_class: Any, parser: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:
     name = request_class.DESCRIPTOR.full_name
+    parse_bytes = parser or request_class.FromString
 
     def parse(data: bytes) -> Any:
         try:
-            return request_class.FromString(data)
+            return parse_bytes(data)
         except Exception as error:  # DecodeError, and RuntimeWarning-like failures of the C parser
             return Undecodable(f"unable to parse the request as {name}: {error}")
 

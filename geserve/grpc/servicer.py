@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -19,6 +19,7 @@ from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
+from geserve.grpc.raw import InferMessage
 from geserve.types import StreamedResponse
 
 logger = logging.getLogger(__name__)
@@ -117,15 +118,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _answer(context, produce)
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        infer_request = convert.infer_request_from_proto(request)
+    async def _infer(
+        self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None
+    ) -> pb.ModelInferResponse:
+        infer_request = convert.infer_request_from_proto(request, raw)
         try:
             response = await self._service.infer(infer_request)
         except DecoupledModelError:
             raise UnsupportedError(DECOUPLED_UNARY_RPC_REFUSAL).with_request_id(infer_request.id) from None
         return convert.infer_response_to_proto(response)
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: pb.ModelInferRequest | InferMessage, context: Context) -> pb.ModelInferResponse:
+        # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
+        if isinstance(request, InferMessage):
+            return await _answer(context, lambda: self._infer(request.message, request.raw_input_contents))
         return await _answer(context, lambda: self._infer(request))
 
     async def ModelStreamInfer(

@@ -79,6 +79,10 @@ class TritonProcess:
                 f"--backend-directory={folder / 'backends'}", f"--http-port={self.http_port}",
                 f"--grpc-port={self.grpc_port}", f"--metrics-port={metrics_port}", "--http-address=127.0.0.1",
                 "--grpc-address=127.0.0.1", "--log-verbose=0",
+                # Room for a whole batch of images in the python backend's shared memory from the start: with
+                # the 1 MiB default, growing it under load crashed tritonserver (boost lock_exception).
+                "--backend-config=python,shm-default-byte-size=67108864",
+                "--backend-config=python,shm-growth-byte-size=16777216",
             ],
             stdout=self._log, stderr=subprocess.STDOUT, env=environment,
         )  # fmt: skip
