@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_ascend import _simulator_env
+from tests.fakes.om_models import resnet50_description
 from tests.fakes.om_writer import write_om
 from tests.support import ROOT, GeserveProcess
 
@@ -66,20 +67,6 @@ parameters {
 """
 
 
-def _resnet_description(gears: list[int]) -> dict[str, object]:
-    """ResNet-50 as ATC compiles its ONNX export with --dynamic_batch_size: the output renamed."""
-    return {
-        "name": "resnet50_v2",
-        "soc_version": "Ascend310P3",
-        "inputs": [
-            {"name": "input", "dtype": "float32", "dims": [-1, 3, 224, 224], "format": "NCHW"},
-            {"name": "ascend_mbatch_shape_data", "dtype": "int32", "dims": [1], "format": "ND"},
-        ],
-        "outputs": [{"name": "Gemm_174:0:output", "dtype": "float32", "dims": [max(gears), 1000], "format": "ND"}],
-        "dynamic": {"dynamic_batch": gears, "data_name_order": ["input"]},
-    }
-
-
 def _readme_config() -> str:
     """The example config.pbtxt of the README's "Serving on Ascend" section, as printed there."""
     text = (ROOT / "README.md").read_text()
@@ -98,10 +85,10 @@ def _repository(root: Path) -> Path:
         (repository / "ddnet_short" / "1").mkdir(parents=True)
         shutil.copy(SAMPLES / "ddnet_out.om", repository / "ddnet_short" / "1" / "model.om")
         (repository / "ddnet_short" / "config.pbtxt").write_text(DDNET_SHORT_NAMES)
-    write_om(repository / "resnet50_v2" / "resnet50_v2.om", _resnet_description([1, 2, 4, 8, 16]))
+    write_om(repository / "resnet50_v2" / "resnet50_v2.om", resnet50_description([1, 2, 4, 8, 16], "resnet50_v2"))
     (repository / "resnet50_v2" / "1").mkdir(parents=True)
     (repository / "resnet50_v2" / "config.pbtxt").write_text(GE_BACKEND_CONFIG)
-    write_om(repository / "resnet50" / "1" / "resnet50_bs16.om", _resnet_description([1, 2, 4, 8, 16]))
+    write_om(repository / "resnet50" / "1" / "resnet50_bs16.om", resnet50_description([1, 2, 4, 8, 16], "resnet50_v2"))
     (repository / "resnet50" / "config.pbtxt").write_text(_readme_config())
     return repository
 

@@ -77,3 +77,18 @@ def write_affine_om(path: Path, gears: list[int] | None = None, static_batch: in
     batch: int | str = "batch" if gears else static_batch or 1
     twin_path(path).write_bytes(affine_onnx(batch=batch))
     return path
+
+
+def resnet50_description(gears: list[int], name: str = "resnet50") -> dict[str, Any]:
+    """ResNet-50 as ATC compiles its ONNX export with --dynamic_batch_size: the output renamed
+    `<node>:<index>:<onnx name>`, the runtime-filled batch input added, outputs at the largest gear."""
+    return {
+        "name": name,
+        "soc_version": "Ascend310P3",
+        "inputs": [
+            {"name": "input", "dtype": "float32", "dims": [-1, 3, 224, 224], "format": "NCHW"},
+            {"name": DYNAMIC_TENSOR_NAME, "dtype": "int32", "dims": [1], "format": "ND"},
+        ],
+        "outputs": [{"name": "Gemm_174:0:output", "dtype": "float32", "dims": [max(gears), 1000], "format": "ND"}],
+        "dynamic": {"dynamic_batch": gears, "data_name_order": ["input"]},
+    }

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.fakes.om_models import resnet50_description
 from tests.fakes.om_writer import write_om
 from tests.perf.bench_server import RESULTS, _children, _process_usage, find_perf_analyzer, run_perf_analyzer
 from tests.support import ROOT, GeserveProcess
@@ -42,17 +43,7 @@ def device_bound(devices: int) -> float:
 
 def write_model(repository: Path, devices: int) -> None:
     """The `.om` as ATC describes a ResNet-50 with batch gears (no twin: the simulator fills the outputs)."""
-    description = {
-        "name": "resnet50",
-        "soc_version": "Ascend310P3",
-        "inputs": [
-            {"name": "input", "dtype": "float32", "dims": [-1, 3, 224, 224], "format": "NCHW"},
-            {"name": "ascend_mbatch_shape_data", "dtype": "int32", "dims": [1], "format": "ND"},
-        ],
-        "outputs": [{"name": "Gemm_174:0:output", "dtype": "float32", "dims": [max(GEARS), 1000], "format": "ND"}],
-        "dynamic": {"dynamic_batch": GEARS, "data_name_order": ["input"]},
-    }
-    write_om(repository / "resnet50" / "1" / "model.om", description)
+    write_om(repository / "resnet50" / "1" / "model.om", resnet50_description(GEARS))
     gpus = ", ".join(str(device) for device in range(devices))
     (repository / "resnet50" / "config.pbtxt").write_text(CONFIG.format(gpus=gpus))
 
