@@ -10,7 +10,7 @@ import signal
 import socket
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import uvicorn
@@ -228,7 +228,7 @@ class Server:
             app,
             host=host,
             port=port,
-            http=protocol_for(name, http),
+            http=cast(Any, protocol_for(name, http)),  # a factory: uvicorn calls it for each connection
             timeout_keep_alive=http.keep_alive_s,
             lifespan="off",
             log_config=None,

@@ -24,8 +24,8 @@ def too_large(size: int, limit: int) -> InvalidArgumentError:
     )
 
 
-async def read_body(receive: Any, declared_length: str | None, encoding: str, limit: int) -> bytes:
-    """The whole request body, decompressed; bodies over `limit` bytes (either way) are refused early."""
+async def read_body(receive: Any, declared_length: str | None, limit: int) -> bytes:
+    """The whole request body as sent; bodies over `limit` bytes are refused early."""
     if declared_length is not None and is_decimal(declared_length) and int(declared_length) > limit:
         raise too_large(int(declared_length), limit)
     chunks: list[bytes] = []
@@ -41,7 +41,11 @@ async def read_body(receive: Any, declared_length: str | None, encoding: str, li
             raise too_large(size, limit)
         chunks.append(chunk)
         more = message.get("more_body", False)
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def decoded(body: bytes | memoryview, encoding: str, limit: int) -> bytes | memoryview:
+    """A body as sent, decompressed per its Content-Encoding; more than `limit` bytes decompressed are refused."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -52,7 +56,7 @@ async def read_body(receive: Any, declared_length: str | None, encoding: str, li
     return _decompress(body, encoding, limit)
 
 
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def _decompress(body: bytes | memoryview, encoding: str, limit: int) -> bytes:
     decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
         data = decompressor.decompress(body, limit + 1)

@@ -7,11 +7,16 @@ import http
 import logging
 import resource
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from geserve.codecs.digits import is_decimal
+from geserve.http.direct import BODY_EXTENSION, DIRECT_MIN_BYTES, BufferedReader, DirectBody
 from geserve.http.errors import error_body
+from geserve.http.infer import INFER_PATH
 from geserve.settings import HttpSettings
 
 logger = logging.getLogger(__name__)
@@ -93,7 +98,8 @@ class _GentleTransport:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with deadlines, a connection cap and lingering closes.
+    """uvicorn's httptools protocol with deadlines, a connection cap and lingering closes; an infer request's
+    body of known length is read straight into one buffer (`BufferedReader` feeds this protocol).
 
     Subclassed per listener by `protocol_for`, which binds the limits and the set of admitted connections.
     """
@@ -112,6 +118,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._last_body_at = 0.0
         self._shutting_down = False
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._direct: DirectBody | None = None  # the body being read straight into its buffer
 
     # -- connection ------------------------------------------------------------------------
 
@@ -130,6 +137,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._abandon_direct()
         self.admitted.discard(self)
         self._cancel_deadline()
         if self._linger_timer is not None:
@@ -159,14 +167,68 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle.more_body and not self.cycle.response_complete:
             self._last_body_at = self.loop.time()
             self._deadline = self.loop.call_later(self.limits.body_timeout_s, self._body_too_slow)
+            self._start_direct()
 
     def on_body(self, body: bytes) -> None:
         self._last_body_at = self.loop.time()
-        super().on_body(body)
+        if self._direct is None:
+            super().on_body(body)
+        else:
+            self._direct.write(body)  # the parser reaches message complete itself
 
     def on_message_complete(self) -> None:
         self._cancel_deadline()
+        direct, self._direct = self._direct, None
+        if direct is not None and self.cycle is not None:
+            self.cycle.body = direct.complete()  # type: ignore[assignment]  # a fallback receive() copies it
         super().on_message_complete()
+
+    # -- bodies read in place ----------------------------------------------------------------
+
+    def _start_direct(self) -> None:
+        """An infer request whose body has a known length within the limit: read it straight into one buffer
+        (the parser never sees it) and hand it to the handler through the scope."""
+        if self.scope["method"] != "POST" or INFER_PATH.match(self.scope["path"]) is None:
+            return
+        lengths = [value for name, value in self.headers if name == b"content-length"]
+        if len(lengths) != 1 or any(name == b"transfer-encoding" for name, _ in self.headers):
+            return
+        length = lengths[0].decode("latin-1")
+        if not is_decimal(length) or not DIRECT_MIN_BYTES <= int(length) <= self.limits.max_input_size:
+            return
+        cycle = self.cycle
+        assert cycle is not None
+
+        def on_read() -> None:  # what uvicorn's receive() does before it waits for the body
+            if cycle.waiting_for_100_continue and not self.transport.is_closing():
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                cycle.waiting_for_100_continue = False
+            if not cycle.response_complete:
+                self.flow.resume_reading()
+
+        self._direct = DirectBody(int(length), on_read)
+        extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+        extensions[BODY_EXTENSION] = self._direct
+
+    def direct_target(self) -> memoryview | None:
+        """Where the next read goes when it is part of a body read in place."""
+        if self._direct is None or self.lingering:
+            return None
+        return self._direct.remaining()
+
+    def body_received(self, nbytes: int) -> None:
+        """`nbytes` of the body were read into `direct_target()`."""
+        self._last_body_at = self.loop.time()
+        assert self._direct is not None
+        if self._direct.received(nbytes):
+            # The parser still waits for the body it never saw: the next request starts on a fresh one.
+            self.parser = _new_parser(self)
+            self.on_message_complete()
+
+    def _abandon_direct(self) -> None:
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            direct.abandon()
 
     def timeout_keep_alive_handler(self) -> None:
         self.close_gently()
@@ -211,6 +273,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Answer 408 (in a body: unless the handler already answered, as it may before reading it all),
         then close; a handler still waiting for the body sees a disconnect."""
         cycle, raw = self.cycle, self._raw
+        if in_body:
+            self._abandon_direct()
         answered = in_body and cycle is not None and cycle.response_started
         if raw is not None and not answered:
             raw.write(response)
@@ -237,8 +301,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._linger_timer = self.loop.call_later(LINGER_S, raw.close)
 
 
-def protocol_for(listener: str, limits: HttpSettings) -> type[GuardedHttpProtocol]:
-    """A protocol class for one listener: its own limits and its own count of admitted connections."""
+def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
+    parser = httptools.HttpRequestParser(protocol)
+    parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets up its own
+    return parser
+
+
+def protocol_for(listener: str, limits: HttpSettings) -> Callable[..., BufferedReader]:
+    """What uvicorn builds each connection with, for one listener: a reader over a protocol class with the
+    listener's own limits and its own count of admitted connections."""
     cap = limits.max_connections or default_max_connections()
     attributes = {"limits": limits, "max_connections": cap, "admitted": set(), "tally": _Tally(listener)}
-    return cast(type[GuardedHttpProtocol], type(f"GuardedHttpProtocol[{listener}]", (GuardedHttpProtocol,), attributes))
+    protocol = cast(
+        type[GuardedHttpProtocol], type(f"GuardedHttpProtocol[{listener}]", (GuardedHttpProtocol,), attributes)
+    )
+
+    def create(**arguments: Any) -> BufferedReader:
+        return BufferedReader(protocol(**arguments))
+
+    return create

@@ -10,7 +10,8 @@ from geserve.codecs.digits import is_decimal
 from geserve.core.service import DecoupledModelError, InferenceService
 from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.http import codec
-from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, read_body
+from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
+from geserve.http.direct import BODY_EXTENSION
 from geserve.http.errors import error_body, status_of, unexpected_message
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class InferEndpoint:
         model_name, version = match.group(1), match.group(2) or ""
         headers = {key: value for key, value in scope["headers"]}
         try:
-            status, response_headers, content = await self._infer(model_name, version, headers, receive)
+            status, response_headers, content = await self._infer(scope, model_name, version, headers, receive)
         except ClientDisconnectedError:
             return
         except GeserveError as error:
@@ -48,15 +49,15 @@ class InferEndpoint:
         await _send(send, status, response_headers, content)
 
     async def _infer(
-        self, model_name: str, version: str, headers: dict[bytes, bytes], receive: Any
+        self, scope: dict[str, Any], model_name: str, version: str, headers: dict[bytes, bytes], receive: Any
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        declared = headers.get(b"content-length")
-        body = await read_body(
-            receive,
-            declared.decode("latin-1") if declared is not None else None,
-            headers.get(b"content-encoding", b"").decode("latin-1"),
-            self._limit,
-        )
+        direct = scope.get("extensions", {}).get(BODY_EXTENSION)
+        if direct is not None:  # read straight into one buffer by the connection (within the limit)
+            sent: bytes | memoryview = await direct.read()
+        else:
+            declared = headers.get(b"content-length")
+            sent = await read_body(receive, declared.decode("latin-1") if declared is not None else None, self._limit)
+        body = await decoded(sent, headers.get(b"content-encoding", b"").decode("latin-1"), self._limit)
         raw_length = headers.get(b"inference-header-content-length")
         header_length = raw_length.decode("latin-1") if raw_length is not None else None
         view = memoryview(body)
