@@ -239,3 +239,33 @@ def test_concurrent_clients_each_get_their_own_large_tensor_back(
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert sum(pool.map(client_run, range(8))) == 64
+
+
+def test_bodies_around_every_read_size_split_anywhere_are_answered_in_order(
+    launch: Callable[..., GeserveProcess], repository: Path
+) -> None:
+    """Sizes on both sides of the in-place threshold and the scratch read, sent in random pieces, one or two
+    requests per send, over one keep-alive connection: each answer carries its own request's values."""
+    server = start(launch, repository)
+    rng = np.random.default_rng(11)
+    sock = connect(server)
+    reader = ResponseReader(sock)
+    sent: list[np.ndarray] = []
+    stream = b""
+    for index in range(24):
+        elements = int(rng.choice([1000, 4090, 4100, 15_000, 16_500, 40_000, 70_000]))
+        data = rng.standard_normal(elements, dtype=np.float32)
+        head, body = binary_request(data)
+        stream += head + body
+        sent.append(data)
+        if index % 2 == 0:
+            continue  # two requests go out together (pipelined)
+        while stream:
+            piece = int(rng.integers(1, 100_000))
+            sock.sendall(stream[:piece])
+            stream = stream[piece:]
+        for data in sent:
+            assert_echoed(reader.response(), data)
+        sent = []
+    sock.close()
+    assert_serving(server)
