@@ -73,6 +73,7 @@ class TritonProcess:
             "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
         }
         self._log = log.open("wb")
+        self._segments_before = set(_triton_segments())
         self.process = subprocess.Popen(
             [
                 str(bundled / "bin" / "tritonserver"), f"--model-repository={folder / 'models'}",
@@ -91,6 +92,14 @@ class TritonProcess:
     def stop(self) -> None:
         stop_process(self.process)
         self._log.close()
+        # A tritonserver that crashed leaves its python backend's segments behind (tens of MiB each).
+        for path in _triton_segments():
+            if path not in self._segments_before:
+                path.unlink(missing_ok=True)
+
+
+def _triton_segments() -> list[Path]:
+    return list(Path("/dev/shm").glob("triton_python_backend_shm_region_*"))
 
 
 def triton_repository(folder: Path, devices: int, batch_log: Path) -> None:
