@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,6 +174,28 @@ def write_identity_model(
     config = IDENTITY_CONFIG.format(name=name, dtype=dtype, dims=dims, max_batch_size=max_batch_size, extra=extra)
     (folder / "config.pbtxt").write_text(config)
     return folder
+
+
+def start_echo(launch: Callable[..., GeserveProcess], repository: Path, *flags: str) -> GeserveProcess:
+    """A server whose repository holds the identity model `echo` (FP32 [-1])."""
+    write_identity_model(repository, "echo")
+    return launch(f"--model-repository={repository}", *flags).wait_live()
+
+
+def connect_http(server: GeserveProcess) -> socket.socket:
+    """A raw connection to the server's HTTP port."""
+    sock = socket.create_connection(("127.0.0.1", server.http_port))
+    sock.settimeout(15)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until its FIN; a reset fails the test here."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    sock.close()
+    return received
 
 
 class EchoLoad:

@@ -5,34 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support import EchoLoad, GeserveProcess, http_status, write_identity_model
+from tests.support import EchoLoad, GeserveProcess, connect_http, http_status, read_until_closed, start_echo
 
 DEADLINES = ("--http-header-timeout-secs=1", "--http-body-timeout-secs=1", "--http-keepalive-timeout-secs=2")
-
-
-def start(launch: Callable[..., GeserveProcess], repository: Path, *flags: str) -> GeserveProcess:
-    write_identity_model(repository, "echo")
-    return launch(f"--model-repository={repository}", *flags).wait_live()
-
-
-def connect(server: GeserveProcess) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", server.http_port))
-    sock.settimeout(15)
-    return sock
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until its FIN; a reset fails the test here."""
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    sock.close()
-    return received
 
 
 def infer_body(values: list[float]) -> bytes:
@@ -51,8 +30,8 @@ def open_descriptors(pid: int) -> int:
 def test_headers_that_trickle_in_get_408_and_the_connection_closes(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository, *DEADLINES)
-    sock = connect(server)
+    server = start_echo(launch, repository, *DEADLINES)
+    sock = connect_http(server)
     sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\n")
     started = time.monotonic()
     for _ in range(20):  # one header line every 0.2 s: never finished
@@ -69,8 +48,8 @@ def test_headers_that_trickle_in_get_408_and_the_connection_closes(
 
 
 def test_a_body_that_stops_arriving_gets_408(launch: Callable[..., GeserveProcess], repository: Path) -> None:
-    server = start(launch, repository, *DEADLINES)
-    sock = connect(server)
+    server = start_echo(launch, repository, *DEADLINES)
+    sock = connect_http(server)
     body = infer_body([1.0, 2.0])
     head = f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n\r\n"
     sock.sendall(head.encode() + body[:10])
@@ -84,8 +63,8 @@ def test_a_body_that_stops_arriving_gets_408(launch: Callable[..., GeserveProces
 def test_a_body_that_stalls_after_its_request_was_answered_gets_no_second_answer(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository, *DEADLINES, "--http-max-input-size=1000")
-    sock = connect(server)
+    server = start_echo(launch, repository, *DEADLINES, "--http-max-input-size=1000")
+    sock = connect_http(server)
     head = "POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: 100000\r\n\r\n"
     sock.sendall(head.encode() + b"{" * 10)  # answered 400 from the length alone; the rest never comes
     answer = read_until_closed(sock)
@@ -95,21 +74,21 @@ def test_a_body_that_stalls_after_its_request_was_answered_gets_no_second_answer
 
 
 def test_a_connection_that_sends_nothing_is_closed(launch: Callable[..., GeserveProcess], repository: Path) -> None:
-    server = start(launch, repository, *DEADLINES)
-    assert read_until_closed(connect(server)) == b""
+    server = start_echo(launch, repository, *DEADLINES)
+    assert read_until_closed(connect_http(server)) == b""
     assert_serving(server)
 
 
 def test_past_the_connection_cap_a_new_connection_gets_503_and_slowloris_cannot_hold_descriptors(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository, *DEADLINES, "--http-max-connections=20")
+    server = start_echo(launch, repository, *DEADLINES, "--http-max-connections=20")
     baseline = open_descriptors(server.process.pid)
-    held = [connect(server) for _ in range(20)]
+    held = [connect_http(server) for _ in range(20)]
     for sock in held:
         sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\n")  # started, never finished
     time.sleep(0.2)
-    refused = [connect(server) for _ in range(200)]
+    refused = [connect_http(server) for _ in range(200)]
     for sock in refused:
         answer = read_until_closed(sock)
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
@@ -128,7 +107,7 @@ def test_past_the_connection_cap_a_new_connection_gets_503_and_slowloris_cannot_
 def test_sigterm_under_keep_alive_load_answers_every_request_it_read_and_resets_none(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository)
+    server = start_echo(launch, repository)
     with EchoLoad(server, threads=8) as load:
         time.sleep(1.5)
         server.process.send_signal(signal.SIGTERM)

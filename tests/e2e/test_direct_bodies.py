@@ -13,21 +13,10 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.support import GeserveProcess, http_status, write_identity_model
+from tests.support import GeserveProcess, connect_http, http_status, read_until_closed, start_echo
 
 # 64k FP32 values: 256 KiB of tensor data, far above the size from which bodies are read in place.
 ELEMENTS = 1 << 16
-
-
-def start(launch: Callable[..., GeserveProcess], repository: Path, *flags: str) -> GeserveProcess:
-    write_identity_model(repository, "echo")
-    return launch(f"--model-repository={repository}", *flags).wait_live()
-
-
-def connect(server: GeserveProcess) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", server.http_port))
-    sock.settimeout(15)
-    return sock
 
 
 def values(seed: int) -> np.ndarray:
@@ -109,8 +98,8 @@ def assert_serving(server: GeserveProcess) -> None:
 def test_a_body_that_trickles_in_is_answered_with_its_own_values(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository)
-    sock = connect(server)
+    server = start_echo(launch, repository)
+    sock = connect_http(server)
     data = values(1)
     head, body = binary_request(data)
     sock.sendall(head + body[:1000])  # the head and the start of the body in one read
@@ -125,8 +114,8 @@ def test_a_body_that_trickles_in_is_answered_with_its_own_values(
 def test_large_and_small_requests_follow_each_other_on_one_connection(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository)
-    sock = connect(server)
+    server = start_echo(launch, repository)
+    sock = connect_http(server)
     reader = ResponseReader(sock)
     for seed in range(3):
         data = values(seed)
@@ -150,8 +139,8 @@ def test_large_and_small_requests_follow_each_other_on_one_connection(
 def test_a_client_that_expects_100_continue_gets_it_before_sending_the_body(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository)
-    sock = connect(server)
+    server = start_echo(launch, repository)
+    sock = connect_http(server)
     reader = ResponseReader(sock)
     data = values(2)
     head, body = binary_request(data, "Expect: 100-continue\r\n")
@@ -165,8 +154,8 @@ def test_a_client_that_expects_100_continue_gets_it_before_sending_the_body(
 
 
 def test_a_compressed_large_body_is_answered(launch: Callable[..., GeserveProcess], repository: Path) -> None:
-    server = start(launch, repository)
-    sock = connect(server)
+    server = start_echo(launch, repository)
+    sock = connect_http(server)
     data = values(6)
     head, body = binary_request(data)
     packed = gzip.compress(body, compresslevel=1)
@@ -178,9 +167,9 @@ def test_a_compressed_large_body_is_answered(launch: Callable[..., GeserveProces
 
 
 def test_a_client_that_leaves_mid_body_changes_nothing(launch: Callable[..., GeserveProcess], repository: Path) -> None:
-    server = start(launch, repository)
+    server = start_echo(launch, repository)
     for cut in (1000, 100_000):
-        sock = connect(server)
+        sock = connect_http(server)
         head, body = binary_request(values(3))
         sock.sendall(head + body[:cut])
         time.sleep(0.1)
@@ -190,14 +179,11 @@ def test_a_client_that_leaves_mid_body_changes_nothing(launch: Callable[..., Ges
 
 
 def test_a_large_body_that_stops_arriving_gets_408(launch: Callable[..., GeserveProcess], repository: Path) -> None:
-    server = start(launch, repository, "--http-body-timeout-secs=1")
-    sock = connect(server)
+    server = start_echo(launch, repository, "--http-body-timeout-secs=1")
+    sock = connect_http(server)
     head, body = binary_request(values(4))
     sock.sendall(head + body[: len(body) // 2])
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    sock.close()
+    received = read_until_closed(sock)
     assert received.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received[:300]
     assert b'{"error":"the request body stopped arriving for 1 seconds"}' in received
     assert_serving(server)
@@ -206,8 +192,8 @@ def test_a_large_body_that_stops_arriving_gets_408(launch: Callable[..., Geserve
 def test_a_body_shorter_than_the_tensors_it_declares_is_refused(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository)
-    sock = connect(server)
+    server = start_echo(launch, repository)
+    sock = connect_http(server)
     data = values(5)
     head, body = binary_request(data)
     short = body[: -(4 << 10)]
@@ -223,7 +209,7 @@ def test_a_body_shorter_than_the_tensors_it_declares_is_refused(
 def test_concurrent_clients_each_get_their_own_large_tensor_back(
     launch: Callable[..., GeserveProcess], repository: Path
 ) -> None:
-    server = start(launch, repository)
+    server = start_echo(launch, repository)
 
     def client_run(client_index: int) -> int:
         checked = 0
@@ -246,9 +232,9 @@ def test_bodies_around_every_read_size_split_anywhere_are_answered_in_order(
 ) -> None:
     """Sizes on both sides of the in-place threshold and the scratch read, sent in random pieces, one or two
     requests per send, over one keep-alive connection: each answer carries its own request's values."""
-    server = start(launch, repository)
+    server = start_echo(launch, repository)
     rng = np.random.default_rng(11)
-    sock = connect(server)
+    sock = connect_http(server)
     reader = ResponseReader(sock)
     sent: list[np.ndarray] = []
     stream = b""
