@@ -21,19 +21,14 @@ SCRATCH_BYTES = 64 << 10
 class DirectBody:
     """One request body, filled by the socket reads in place; handed over whole once it is complete."""
 
-    __slots__ = ("_abandoned", "_buffer", "_done", "_filled", "_on_read", "_view")
+    __slots__ = ("_abandoned", "_done", "_filled", "_on_read", "_view")
 
     def __init__(self, size: int, on_read: Callable[[], None]) -> None:
-        self._buffer = np.empty(size, dtype=np.uint8)  # not zeroed: every byte is written by a read
-        self._view = self._buffer.data
+        self._view = np.empty(size, dtype=np.uint8).data  # not zeroed: every byte is written by a read
         self._filled = 0
         self._done = asyncio.Event()
         self._abandoned = False
         self._on_read = on_read  # what uvicorn's receive() does first (100 Continue, resume reading)
-
-    @property
-    def size(self) -> int:
-        return len(self._view)
 
     def remaining(self) -> memoryview:
         """Where the next read goes."""
@@ -44,11 +39,11 @@ class DirectBody:
         self._filled += nbytes
         return self._filled >= len(self._view)
 
-    def write(self, chunk: bytes) -> bool:
-        """A part the HTTP parser passed on (read together with the headers); True once complete."""
+    def write(self, chunk: bytes) -> None:
+        """A part the HTTP parser passed on (read together with the headers; the parser ends the message)."""
         end = min(self._filled + len(chunk), len(self._view))
         self._view[self._filled : end] = chunk[: end - self._filled]
-        return self.received(end - self._filled)
+        self._filled = end
 
     def complete(self) -> memoryview:
         self._done.set()
