@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from geserve import triton_flags
+from geserve.allocator import keep_freed_memory
 from geserve.core.log_control import LogSettings
 from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
@@ -176,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         logging.basicConfig()
     LogSettings(settings.server.logging).apply()
+    keep_freed_memory()
     with asyncio.Runner(loop_factory=_loop_factory) as runner:
         return runner.run(Server(settings).serve())
 

@@ -1,0 +1,57 @@
+"""The malloc thresholds: request-sized buffers reused without page faults, and the user's settings left alone."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from geserve.allocator import keep_freed_memory
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+
+# Rounds of 64 image-sized buffers in flight at once, each page written, all freed: the page faults of the
+# rounds after the first, in a fresh interpreter so no earlier allocation has moved glibc's thresholds.
+CHURN = """
+import resource, sys
+from geserve.allocator import keep_freed_memory
+if sys.argv[1] == "tuned":
+    assert keep_freed_memory({})
+size = 3 * 224 * 224 * 4
+def round_():
+    buffers = [bytearray(size) for _ in range(64)]
+    for buffer in buffers:
+        buffer[::4096] = b"\\1" * len(range(0, size, 4096))
+round_()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    round_()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", CHURN, mode], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+@glibc_only
+def test_buffers_of_requests_in_flight_are_reused_instead_of_faulted_in_again() -> None:
+    pages_per_round = 64 * (3 * 224 * 224 * 4 // 4096)
+    untuned, tuned = _faults("default"), _faults("tuned")
+    assert untuned > 2 * pages_per_round  # glibc's dynamic thresholds hand the heap top back every round
+    assert tuned < pages_per_round // 10
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"MALLOC_TRIM_THRESHOLD_": "131072"},
+        {"MALLOC_MMAP_THRESHOLD_": "1"},
+        {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"},
+    ],
+)
+def test_malloc_settings_of_the_environment_stand(environ: dict[str, str]) -> None:
+    assert keep_freed_memory(environ) is False
