@@ -8,11 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from geserve import triton_flags
-from geserve.allocator import keep_freed_memory
 from geserve.core.log_control import LogSettings
 from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.flags import build_parser
+from geserve.memory import keep_freed_memory
 from geserve.metrics import config as metrics_config
 from geserve.restrictions import parse_restrictions
 from geserve.server import Server

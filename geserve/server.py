@@ -19,6 +19,7 @@ from geserve.core.service import InferenceService
 from geserve.grpc.server import create_server
 from geserve.http.app import create_app
 from geserve.http.connections import protocol_for, raise_descriptor_limit
+from geserve.memory import freeze_startup_objects
 from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
 from geserve.settings import Settings
@@ -137,6 +138,8 @@ class Server:
             return 1
         # Python models' is_ready() and metrics, and NPU usage, are read from the workers periodically.
         self.service.start_monitoring(self.settings.metrics.interval_ms / 1000)
+        # Before the listeners start, so the collection it begins with pauses no request.
+        logger.debug("startup objects kept from the garbage collector: %d", freeze_startup_objects())
         try:
             if grpc_server is not None:
                 await grpc_server.start()

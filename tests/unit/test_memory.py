@@ -1,14 +1,15 @@
-"""The malloc thresholds: request-sized buffers reused without page faults, and the user's settings left alone."""
+"""The front-end's memory: request buffers reused without page faults, user settings kept, startup frozen."""
 
 from __future__ import annotations
 
+import gc
 import platform
 import subprocess
 import sys
 
 import pytest
 
-from geserve.allocator import keep_freed_memory
+from geserve.memory import freeze_startup_objects, keep_freed_memory
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
@@ -16,7 +17,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # rounds after the first, in a fresh interpreter so no earlier allocation has moved glibc's thresholds.
 CHURN = """
 import resource, sys
-from geserve.allocator import keep_freed_memory
+from geserve.memory import freeze_startup_objects, keep_freed_memory
 if sys.argv[1] == "tuned":
     assert keep_freed_memory({})
 size = 3 * 224 * 224 * 4
@@ -55,3 +56,22 @@ def test_buffers_of_requests_in_flight_are_reused_instead_of_faulted_in_again() 
 )
 def test_malloc_settings_of_the_environment_stand(environ: dict[str, str]) -> None:
     assert keep_freed_memory(environ) is False
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_startup_objects_leave_the_generations_and_later_cycles_are_still_collected() -> None:
+    try:
+        startup = _Cycle()
+        frozen = freeze_startup_objects()
+        assert frozen == gc.get_freeze_count() > 0
+        assert not any(obj is startup for generation in range(3) for obj in gc.get_objects(generation))
+        later = _Cycle()
+        assert any(obj is later for obj in gc.get_objects(0))
+        del later
+        assert gc.collect() >= 1
+    finally:
+        gc.unfreeze()

@@ -1,8 +1,9 @@
-"""glibc's malloc set for large tensors: freed request buffers stay in the heap, not handed back page by page."""
+"""The front-end's memory: glibc's malloc set for large tensors, and startup's objects kept from the collector."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import platform
@@ -38,3 +39,15 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     logger.debug("malloc thresholds raised: %s", applied)
     return applied
+
+
+def freeze_startup_objects() -> int:
+    """Move what startup built (imported modules, loaded models, routes) out of the collector's reach; returns
+    how many objects that was.
+
+    They live as long as the server, yet every full collection walks them all: ~80,000 objects, pauses of
+    about 50 ms under load that every request in flight waits out. Objects made later are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
