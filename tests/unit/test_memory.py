@@ -17,7 +17,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # rounds after the first, in a fresh interpreter so no earlier allocation has moved glibc's thresholds.
 CHURN = """
 import resource, sys
-from geserve.memory import freeze_startup_objects, keep_freed_memory
+from geserve.memory import keep_freed_memory
 if sys.argv[1] == "tuned":
     assert keep_freed_memory({})
 size = 3 * 224 * 224 * 4
