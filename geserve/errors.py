@@ -53,6 +53,10 @@ class UnsupportedError(GeserveError):
     code = ErrorCode.UNSUPPORTED
 
 
+class DecoupledModelError(UnsupportedError):
+    """A decoupled model was asked for one response; each front-end words the refusal as Triton does."""
+
+
 class InternalError(GeserveError):
     code = ErrorCode.INTERNAL
 

@@ -95,10 +95,10 @@ class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         pools = PoolFactory(settings.workers)
-        self.service = InferenceService(settings.server, settings.repository, pools)
+        metrics = settings.metrics if settings.metrics.enabled else None
+        self.service = InferenceService(settings.server, settings.repository, pools, metrics)
         pools.caller = self.service  # python models' BLS requests
-        # The collector subscribes to versions as they load, so it exists before the models do.
-        self.registry = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
+        self.metrics = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -219,8 +219,9 @@ class Server:
             app = create_app(self.service, http)
             server = self._uvicorn("HTTPService", app, http.address, http.port)
             listeners.append(_Listener("HTTPService", http.address, http.port, server, reuse_port=http.reuse_port))
-        if self.registry is not None:
-            metrics_app = create_metrics_app(self.registry)
+        if self.metrics is not None:
+            registry, collector = self.metrics
+            metrics_app = create_metrics_app(registry, collector.refresh)
             server = self._uvicorn("Metrics Service", metrics_app, metrics.address, metrics.port)
             listeners.append(_Listener("Metrics Service", metrics.address, metrics.port, server))
         return listeners

@@ -15,6 +15,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.core.api import FILE_PREFIX
 from geserve.core.ensemble import is_ensemble, steps_of
 from geserve.core.loader import load_model
 from geserve.core.models import Model, ModelVersion
@@ -27,7 +28,6 @@ from geserve.settings import ControlMode, RepositorySettings
 logger = logging.getLogger(__name__)
 
 EXPLICIT_ONLY = "explicit model load / unload is not allowed if polling is enabled"
-FILE_PREFIX = "file:"
 
 
 def check_model_name(name: str) -> None:

@@ -1,33 +1,35 @@
-"""InferenceService: the one API the front-ends and the metrics call."""
+"""InferenceService: the in-process InferenceAPI, owner of the models and every piece of server state."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.core import validation
+from geserve.core.api import InferenceAPI, ServerMetadata, VersionSnapshot
 from geserve.core.instance_monitor import InstanceMonitor
+from geserve.core.latency import DEFAULT_BUCKETS_MS, HISTOGRAM_FAMILY, LatencyTracker
 from geserve.core.log_control import LogSettings
 from geserve.core.models import ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
 from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
-from geserve.core.stats import VersionStatistics, statistics_json
+from geserve.core.stats import statistics_json
 from geserve.core.trace import TraceController
 from geserve.errors import (
+    DecoupledModelError,
     GeserveError,
     NotFoundError,
     UnavailableError,
-    UnsupportedError,
 )
-from geserve.settings import RepositorySettings, ServerSettings
+from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
 from geserve.types import (
     CustomMetric,
     DeviceUsage,
@@ -57,17 +59,22 @@ EXTENSIONS = (
 )
 
 
-class DecoupledModelError(UnsupportedError):
-    """A decoupled model was asked for one response; each front-end words the refusal as Triton does."""
-
-
 class InferenceService:
     """Owns the models of the repositories and answers health, metadata, inference and the protocol
-    extensions (repository control, shared memory, statistics, trace, logging)."""
+    extensions (repository control, shared memory, statistics, trace, logging): the InferenceAPI in process.
+    `metrics` says which latency summaries and histograms the versions keep (none without it)."""
 
-    def __init__(self, server: ServerSettings, repository: RepositorySettings, pools: PoolFactory) -> None:
+    def __init__(
+        self,
+        server: ServerSettings,
+        repository: RepositorySettings,
+        pools: PoolFactory,
+        metrics: MetricsSettings | None = None,
+    ) -> None:
         self._server = server
         self._repository = ModelRepository(repository, pools, float(server.exit_timeout_secs))
+        if metrics is not None and (metrics.summary_latencies or metrics.histogram_latencies):
+            self._repository.listeners.append(lambda version: _track_latency(version, metrics))
         self._models = self._repository.models
         self._shared_memory = SharedMemoryManager(server.allow_client_shm, reserved_prefixes=(pools.segment_prefix,))
         self._responses = ResponseBuilder(self._shared_memory)
@@ -104,43 +111,43 @@ class InferenceService:
 
     # -- the shared-memory extensions -----------------------------------------------------
 
-    def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+    async def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
         return self._shared_memory.status(name)
 
-    def register_shared_memory(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+    async def register_shared_memory(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         self._shared_memory.register(name, key, offset, byte_size)
 
-    def unregister_shared_memory(self, name: str = "") -> None:
+    async def unregister_shared_memory(self, name: str = "") -> None:
         """One region, or all of them when `name` is empty."""
         self._shared_memory.unregister(name)
 
-    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+    async def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
         return self._cuda_shared_memory.status(name)
 
-    def register_cuda_shared_memory(self) -> None:
+    async def register_cuda_shared_memory(self) -> None:
         self._cuda_shared_memory.register()
 
-    def unregister_cuda_shared_memory(self, name: str = "") -> None:
+    async def unregister_cuda_shared_memory(self, name: str = "") -> None:
         self._cuda_shared_memory.unregister(name)
 
     # -- the trace and logging extensions -------------------------------------------------
 
-    def trace_settings(self, model: str | None = None) -> dict[str, list[str] | str]:
+    async def trace_settings(self, model: str | None = None) -> dict[str, list[str] | str]:
         """The global trace settings, or a model's (Triton's errors for an unknown model)."""
         if model is not None:
             self.model_version(model)
         return self._traces.settings(model)
 
-    def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+    async def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
         """Apply changes (a None value clears a model's own setting); returns the settings now in force."""
         if model is not None:
             self.model_version(model)
         return self._traces.update(model, changes)
 
-    def log_settings(self) -> dict[str, Any]:
+    async def log_settings(self) -> dict[str, Any]:
         return self._log_settings.as_json()
 
-    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+    async def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply changes (nothing changes when any is bad); returns the settings now in force."""
         self._log_settings.update(changes)
         return self._log_settings.as_json()
@@ -169,26 +176,24 @@ class InferenceService:
 
     # -- health and metadata ---------------------------------------------------------------
 
-    @property
-    def live(self) -> bool:
+    async def live(self) -> bool:
         return True
 
-    @property
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         if not self._accepting or self._draining:
             return False
         if not self._server.strict_readiness:
             return True
         return all(model.unloaded or (not model.reason and model.ready_versions()) for model in self._models.values())
 
-    def server_metadata(self) -> tuple[str, str, tuple[str, ...]]:
-        return self._server.server_id, geserve.__version__, EXTENSIONS
+    async def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(self._server.server_id, geserve.__version__, EXTENSIONS)
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The version a request addresses; Triton's errors for unknown models and versions."""
         return find_version(self._models, name, version)
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         """Whether the model (version) can serve; unknown model names are an error, as in Triton."""
         try:
             self.model_version(name, version)
@@ -196,7 +201,7 @@ class InferenceService:
             return False
         return True
 
-    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         found = self.model_version(name, version)
         if version:
             versions: tuple[str, ...] = (found.version_str,)
@@ -204,10 +209,10 @@ class InferenceService:
             versions = tuple(v.version_str for v in self._models[name].ready_versions())
         return found.metadata(versions)
 
-    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.model_version(name, version).config
 
-    def model_inputs(self, name: str, version: str = "") -> tuple[TensorSpec, ...]:
+    async def model_inputs(self, name: str, version: str = "") -> tuple[TensorSpec, ...]:
         """The inputs of the version a request addresses, as its config declares them."""
         return tuple(self.model_version(name, version).inputs.values())
 
@@ -217,23 +222,22 @@ class InferenceService:
             model.versions[number] for _, model in sorted(self._models.items()) for number in sorted(model.versions)
         ]
 
-    def version_statistics(self) -> list[VersionStatistics]:
-        """Every loaded version's statistics, by name then version (what the metrics publish)."""
-        return [_statistics(version) for version in self.loaded_versions()]
+    async def version_statistics(self) -> list[VersionSnapshot]:
+        """Every loaded version's counters, by name then version (what the metrics publish)."""
+        return [
+            version.stats.snapshot(version.name, version.version, tuple(version.config.metric_tags.items()))
+            for version in self.loaded_versions()
+        ]
 
-    def on_version_loaded(self, listener: Callable[[VersionStatistics], None]) -> None:
-        """Call `listener` with every version that finishes loading from now on."""
-        self._repository.listeners.append(lambda version: listener(_statistics(version)))
-
-    def device_usage(self) -> dict[int, DeviceUsage]:
+    async def device_usage(self) -> dict[int, DeviceUsage]:
         """The accelerators' memory and load at the last status read, by device."""
         return self._monitor.device_usage
 
-    def custom_metrics(self) -> list[CustomMetric]:
+    async def custom_metrics(self) -> list[CustomMetric]:
         """The python models' own metrics at the last status read, summed over their instances."""
         return self._monitor.custom_metrics
 
-    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+    async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """The statistics extension's `model_stats`: all models, one model's versions, or one version."""
         if not name:
             versions = self.loaded_versions()
@@ -324,5 +328,21 @@ class InferenceService:
         return model, inputs, output_names
 
 
-def _statistics(version: ModelVersion) -> VersionStatistics:
-    return VersionStatistics(version.name, version.version, version.config, version.stats)
+def _track_latency(version: ModelVersion, metrics: MetricsSettings) -> None:
+    """Latency summaries and the first-response histogram of a version that just loaded, as the metrics ask;
+    a version's config may set its own histogram buckets (model_metrics.metric_control)."""
+    quantiles = tuple(q for q, _ in metrics.summary_quantiles) if metrics.summary_latencies else None
+    bounds = _histogram_bounds(version.config) if metrics.histogram_latencies else None
+    version.stats.latency = LatencyTracker(quantiles, bounds)
+
+
+def _histogram_bounds(config: mc.ModelConfig) -> tuple[float, ...]:
+    for control in config.model_metrics.metric_control:
+        if control.metric_identifier.family == HISTOGRAM_FAMILY and control.histogram_options.buckets:
+            return tuple(control.histogram_options.buckets)
+    return DEFAULT_BUCKETS_MS
+
+
+if TYPE_CHECKING:
+    # mypy proves here that the in-process service implements the whole API.
+    _IN_PROCESS: type[InferenceAPI] = InferenceService

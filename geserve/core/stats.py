@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from geserve._generated import model_config_pb2 as mc
+from geserve.core.api import DurationSnapshot, VersionSnapshot
+from geserve.core.latency import LatencyTracker
 from geserve.types import RequestTiming
 
 # nv_inference_request_failure reasons; every one is reported, even at zero.
@@ -53,8 +53,8 @@ class ModelStats:
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
         self.pending = 0
         self.load_duration_s = 0.0
-        # Called with every successful request's timing (latency summaries and histograms subscribe).
-        self.observers: list[Callable[[RequestTiming], None]] = []
+        # Observes every successful request's timing when latency summaries or histograms are on.
+        self.latency: LatencyTracker | None = None
 
     def record_success(self, timing: RequestTiming) -> None:
         self.success.add(timing.total_ns)
@@ -62,12 +62,33 @@ class ModelStats:
         self.compute_input.add(timing.compute_input_ns)
         self.compute_infer.add(timing.compute_infer_ns)
         self.compute_output.add(timing.compute_output_ns)
-        for observer in self.observers:
-            observer(timing)
+        if self.latency is not None:
+            self.latency(timing)
 
     def record_failure(self, reason: str, total_ns: int) -> None:
         self.fail.add(total_ns)
         self.failures[reason] += 1
+
+    def snapshot(self, name: str, version: int, metric_tags: tuple[tuple[str, str], ...]) -> VersionSnapshot:
+        """The counters now, as plain values (what the metrics publish)."""
+        latency = self.latency
+        return VersionSnapshot(
+            name,
+            version,
+            metric_tags,
+            self.inference_count,
+            self.execution_count,
+            _snapshot(self.success),
+            _snapshot(self.queue),
+            _snapshot(self.compute_input),
+            _snapshot(self.compute_infer),
+            _snapshot(self.compute_output),
+            tuple(self.failures.items()),
+            self.pending,
+            self.load_duration_s,
+            latency.summary_snapshots() if latency is not None else (),
+            latency.histogram_snapshot() if latency is not None else None,
+        )
 
     def record_execution(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One model execution (one batch) of `rows` inferences."""
@@ -80,6 +101,10 @@ class ModelStats:
         batch.compute_input.add(input_ns)
         batch.compute_infer.add(infer_ns)
         batch.compute_output.add(output_ns)
+
+
+def _snapshot(value: Duration) -> DurationSnapshot:
+    return DurationSnapshot(value.count, value.ns)
 
 
 def _duration(value: Duration) -> dict[str, int]:
@@ -116,13 +141,3 @@ def statistics_json(name: str, version: str, stats: ModelStats) -> dict[str, Any
         ],
         "memory_usage": [],
     }
-
-
-@dataclass(frozen=True, slots=True)
-class VersionStatistics:
-    """A loaded version's statistics, with what metrics label them by (its config's metric tags)."""
-
-    name: str
-    version: int
-    config: mc.ModelConfig
-    stats: ModelStats

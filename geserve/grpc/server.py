@@ -5,14 +5,14 @@ from __future__ import annotations
 import grpc
 
 from geserve._generated import grpc_service_pb2, health_pb2
-from geserve.core.service import InferenceService
+from geserve.core.api import InferenceAPI
 from geserve.grpc.decoding import add_service
 from geserve.grpc.restrictions import RestrictionInterceptor
 from geserve.grpc.servicer import HealthServicer, InferenceServicer
 from geserve.settings import GrpcSettings
 
 
-def create_server(service: InferenceService, settings: GrpcSettings) -> tuple[grpc.aio.Server, int]:
+def create_server(service: InferenceAPI, settings: GrpcSettings) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to its port (not started); returns it and the bound port."""
     interceptors = [RestrictionInterceptor(settings.restrictions)] if settings.restrictions else []
     server = grpc.aio.server(options=settings.channel_options(), interceptors=interceptors)

@@ -1,4 +1,4 @@
-"""inference.GRPCInferenceService and grpc.health.v1.Health, answering from InferenceService."""
+"""inference.GRPCInferenceService and grpc.health.v1.Health, answering from the InferenceAPI."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from google.protobuf import json_format
 from geserve._generated import grpc_service_pb2 as pb
 from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2, health_pb2_grpc
-from geserve.core.service import DecoupledModelError, InferenceService
-from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
+from geserve.core.api import InferenceAPI
+from geserve.errors import DecoupledModelError, GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
@@ -87,34 +87,34 @@ class _StreamEnd:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service; the HTTP twins' validation and messages, through the same service."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceAPI) -> None:
         self._service = service
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=self._service.live)
+        return pb.ServerLiveResponse(live=await self._service.live())
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._service.ready)
+        return pb.ServerReadyResponse(ready=await self._service.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
         async def produce() -> pb.ModelReadyResponse:
-            return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
+            return pb.ModelReadyResponse(ready=await self._service.model_ready(request.name, request.version))
 
         return await _answer(context, produce)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
-        name, version, extensions = self._service.server_metadata()
-        return pb.ServerMetadataResponse(name=name, version=version, extensions=extensions)
+        metadata = await self._service.server_metadata()
+        return pb.ServerMetadataResponse(name=metadata.name, version=metadata.version, extensions=metadata.extensions)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
         async def produce() -> pb.ModelMetadataResponse:
-            return convert.metadata_to_proto(self._service.model_metadata(request.name, request.version))
+            return convert.metadata_to_proto(await self._service.model_metadata(request.name, request.version))
 
         return await _answer(context, produce)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
         async def produce() -> pb.ModelConfigResponse:
-            return pb.ModelConfigResponse(config=self._service.model_config(request.name, request.version))
+            return pb.ModelConfigResponse(config=await self._service.model_config(request.name, request.version))
 
         return await _answer(context, produce)
 
@@ -191,7 +191,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
         async def produce() -> pb.ModelStatisticsResponse:
-            entries = self._service.statistics(request.name, request.version)
+            entries = await self._service.statistics(request.name, request.version)
             return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
 
         return await _answer(context, produce)
@@ -235,7 +235,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.SystemSharedMemoryStatusResponse:
         async def produce() -> pb.SystemSharedMemoryStatusResponse:
             response = pb.SystemSharedMemoryStatusResponse()
-            for region in self._service.shared_memory_status(request.name):
+            for region in await self._service.shared_memory_status(request.name):
                 response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
             return response
 
@@ -245,7 +245,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
     ) -> pb.SystemSharedMemoryRegisterResponse:
         async def produce() -> pb.SystemSharedMemoryRegisterResponse:
-            self._service.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
+            await self._service.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
             return pb.SystemSharedMemoryRegisterResponse()
 
         return await _answer(context, produce)
@@ -254,7 +254,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         async def produce() -> pb.SystemSharedMemoryUnregisterResponse:
-            self._service.unregister_shared_memory(request.name)
+            await self._service.unregister_shared_memory(request.name)
             return pb.SystemSharedMemoryUnregisterResponse()
 
         return await _answer(context, produce)
@@ -263,7 +263,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryStatusRequest, context: Context
     ) -> pb.CudaSharedMemoryStatusResponse:
         async def produce() -> pb.CudaSharedMemoryStatusResponse:
-            self._service.cuda_shared_memory_status(request.name)
+            await self._service.cuda_shared_memory_status(request.name)
             return pb.CudaSharedMemoryStatusResponse()
 
         return await _answer(context, produce)
@@ -272,7 +272,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
     ) -> pb.CudaSharedMemoryRegisterResponse:
         async def produce() -> pb.CudaSharedMemoryRegisterResponse:
-            self._service.register_cuda_shared_memory()
+            await self._service.register_cuda_shared_memory()
             return pb.CudaSharedMemoryRegisterResponse()
 
         return await _answer(context, produce)
@@ -281,7 +281,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
     ) -> pb.CudaSharedMemoryUnregisterResponse:
         async def produce() -> pb.CudaSharedMemoryUnregisterResponse:
-            self._service.unregister_cuda_shared_memory(request.name)
+            await self._service.unregister_cuda_shared_memory(request.name)
             return pb.CudaSharedMemoryUnregisterResponse()
 
         return await _answer(context, produce)
@@ -293,7 +293,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             model = request.model_name or None
             changes = {key: list(value.value) or None for key, value in request.settings.items()}
             service = self._service
-            settings = service.update_trace_settings(model, changes) if changes else service.trace_settings(model)
+            settings = await (
+                service.update_trace_settings(model, changes) if changes else service.trace_settings(model)
+            )
             response = pb.TraceSettingResponse()
             for key, value in settings.items():
                 response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -307,7 +309,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for key, value in request.settings.items():
                 choice = value.WhichOneof("parameter_choice")
                 changes[key] = getattr(value, choice) if choice else None
-            current_settings = self._service.update_log_settings(changes) if changes else self._service.log_settings()
+            service = self._service
+            current_settings = await (service.update_log_settings(changes) if changes else service.log_settings())
             response = pb.LogSettingsResponse()
             for key, current in current_settings.items():
                 if isinstance(current, bool):
@@ -334,13 +337,13 @@ def _repository_parameter(value: pb.ModelRepositoryParameter) -> Any:
 class HealthServicer(health_pb2_grpc.HealthServicer):
     """grpc.health.v1: SERVING while the server is ready."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceAPI) -> None:
         self._service = service
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Context) -> health_pb2.HealthCheckResponse:
         status = (
             health_pb2.HealthCheckResponse.SERVING
-            if self._service.ready
+            if await self._service.ready()
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         return health_pb2.HealthCheckResponse(status=status)

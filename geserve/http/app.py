@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 import geserve
-from geserve.core.service import InferenceService
+from geserve.core.api import InferenceAPI
 from geserve.errors import GeserveError
 from geserve.http.errors import error_body, error_response, from_error, unexpected_message
 from geserve.http.extensions import build_extension_router
@@ -78,12 +78,12 @@ class HttpApp:
         return False
 
 
-def create_app(service: InferenceService, settings: HttpSettings) -> HttpApp:
+def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
     limit = settings.max_input_size
     return HttpApp(create_api(service, limit), InferEndpoint(service, limit), settings.restrictions)
 
 
-def create_api(service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastAPI:
+def create_api(service: InferenceAPI, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastAPI:
     """Every route but infer: health, metadata, config, statistics and the control extensions."""
     app = FastAPI(title="geserve", version=geserve.__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(build_extension_router(service, max_input_size))

@@ -12,8 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from geserve.codecs.digits import is_decimal
-from geserve.core.repository import FILE_PREFIX
-from geserve.core.service import InferenceService
+from geserve.core.api import FILE_PREFIX, InferenceAPI
 from geserve.errors import InvalidArgumentError, UnsupportedError
 
 REPOSITORY_NAME_REFUSAL = "'repository_name' specification is not supported"
@@ -54,7 +53,7 @@ def _no_repository_name(repository: str | None) -> None:
         raise UnsupportedError(REPOSITORY_NAME_REFUSAL)
 
 
-def build_extension_router(service: InferenceService, limit: int) -> APIRouter:
+def build_extension_router(service: InferenceAPI, limit: int) -> APIRouter:
     router = APIRouter()
 
     # -- model repository ------------------------------------------------------------------------
@@ -102,55 +101,55 @@ def build_extension_router(service: InferenceService, limit: int) -> APIRouter:
     @router.get("/v2/systemsharedmemory/status")
     @router.get("/v2/systemsharedmemory/region/{region}/status")
     async def system_shm_status(region: str = "") -> Response:
-        return _json(service.shared_memory_status(region))
+        return _json(await service.shared_memory_status(region))
 
     @router.post("/v2/systemsharedmemory/region/{region}/register")
     async def system_shm_register(request: Request, region: str) -> Response:
         body = await _body(request, limit)
-        service.register_shared_memory(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
+        await service.register_shared_memory(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
         return Response(status_code=200)
 
     @router.post("/v2/systemsharedmemory/unregister")
     @router.post("/v2/systemsharedmemory/region/{region}/unregister")
     async def system_shm_unregister(region: str = "") -> Response:
-        service.unregister_shared_memory(region)
+        await service.unregister_shared_memory(region)
         return Response(status_code=200)
 
     @router.get("/v2/cudasharedmemory/status")
     @router.get("/v2/cudasharedmemory/region/{region}/status")
     async def cuda_shm_status(region: str = "") -> Response:
-        return _json(service.cuda_shared_memory_status(region))
+        return _json(await service.cuda_shared_memory_status(region))
 
     @router.post("/v2/cudasharedmemory/region/{region}/register")
     async def cuda_shm_register(region: str) -> Response:
-        service.register_cuda_shared_memory()
+        await service.register_cuda_shared_memory()
         return Response(status_code=200)
 
     @router.post("/v2/cudasharedmemory/unregister")
     @router.post("/v2/cudasharedmemory/region/{region}/unregister")
     async def cuda_shm_unregister(region: str = "") -> Response:
-        service.unregister_cuda_shared_memory(region)
+        await service.unregister_cuda_shared_memory(region)
         return Response(status_code=200)
 
     # -- logging and trace -----------------------------------------------------------------------
 
     @router.get("/v2/logging")
     async def get_logging() -> Response:
-        return _json(service.log_settings())
+        return _json(await service.log_settings())
 
     @router.post("/v2/logging")
     async def post_logging(request: Request) -> Response:
-        return _json(service.update_log_settings(await _body(request, limit)))
+        return _json(await service.update_log_settings(await _body(request, limit)))
 
     @router.get("/v2/trace/setting")
     @router.get("/v2/models/{model_name}/trace/setting")
     async def get_trace(model_name: str | None = None) -> Response:
-        return _json(service.trace_settings(model_name))
+        return _json(await service.trace_settings(model_name))
 
     @router.post("/v2/trace/setting")
     @router.post("/v2/models/{model_name}/trace/setting")
     async def post_trace(request: Request, model_name: str | None = None) -> Response:
-        return _json(service.update_trace_settings(model_name, await _body(request, limit)))
+        return _json(await service.update_trace_settings(model_name, await _body(request, limit)))
 
     @router.get("/v2/models/{model_name}/versions/{version}/trace/setting")
     @router.post("/v2/models/{model_name}/versions/{version}/trace/setting")

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from geserve.codecs.digits import is_decimal
-from geserve.core.service import DecoupledModelError, InferenceService
-from geserve.errors import GeserveError, InvalidArgumentError, UnsupportedError
+from geserve.core.api import InferenceAPI
+from geserve.errors import DecoupledModelError, GeserveError, InvalidArgumentError, UnsupportedError
 from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
 from geserve.http.direct import BODY_EXTENSION
@@ -27,7 +27,7 @@ DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transa
 class InferEndpoint:
     """POST /v2/models/<m>[/versions/<v>]/infer, answered straight over ASGI."""
 
-    def __init__(self, service: InferenceService, max_input_size: int) -> None:
+    def __init__(self, service: InferenceAPI, max_input_size: int) -> None:
         self._service = service
         self._limit = max_input_size
 
@@ -70,7 +70,7 @@ class InferEndpoint:
         else:
             header_size = int(header_length)
         if header_size == 0 and header_length is not None:
-            inputs = self._service.model_inputs(model_name, version)
+            inputs = await self._service.model_inputs(model_name, version)
             request = codec.decode_raw_request(view, model_name, inputs, version)
             encoding = codec.ALL_BINARY
         else:

@@ -1,4 +1,4 @@
-"""HTTP handlers for health, metadata, config and infer, calling InferenceService."""
+"""HTTP handlers for health, metadata, config and infer, calling InferenceAPI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from geserve.codecs.digits import is_decimal
-from geserve.core.service import InferenceService
+from geserve.core.api import InferenceAPI
 from geserve.errors import InvalidArgumentError
 from geserve.repository.config import config_to_json
 from geserve.types import ModelMetadata
@@ -39,48 +39,48 @@ def _metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
     }
 
 
-def build_router(service: InferenceService) -> APIRouter:
+def build_router(service: InferenceAPI) -> APIRouter:
     """All v2 routes of this slice, bound to one service."""
     router = APIRouter()
 
     @router.get("/v2/health/live")
     async def health_live() -> Response:
-        return Response(status_code=200 if service.live else 400)
+        return Response(status_code=200 if await service.live() else 400)
 
     @router.get("/v2/health/ready")
     async def health_ready() -> Response:
-        return Response(status_code=200 if service.ready else 400)
+        return Response(status_code=200 if await service.ready() else 400)
 
     @router.get("/v2")
     async def server_metadata() -> Response:
-        name, version, extensions = service.server_metadata()
-        return _json({"name": name, "version": version, "extensions": list(extensions)})
+        metadata = await service.server_metadata()
+        return _json({"name": metadata.name, "version": metadata.version, "extensions": list(metadata.extensions)})
 
     # Matched before the model routes, as in Triton: "stats" is no model name here.
     @router.get("/v2/models/stats")
     async def all_statistics() -> Response:
-        return _json({"model_stats": service.statistics()})
+        return _json({"model_stats": await service.statistics()})
 
     @router.get("/v2/models/{model_name}/stats")
     @router.get("/v2/models/{model_name}/versions/{version}/stats")
     async def model_statistics(model_name: str, version: str | None = None) -> Response:
-        return _json({"model_stats": service.statistics(model_name, _version(version))})
+        return _json({"model_stats": await service.statistics(model_name, _version(version))})
 
     @router.get("/v2/models/{model_name}")
     @router.get("/v2/models/{model_name}/versions/{version}")
     async def model_metadata(model_name: str, version: str | None = None) -> Response:
-        return _json(_metadata_json(service.model_metadata(model_name, _version(version))))
+        return _json(_metadata_json(await service.model_metadata(model_name, _version(version))))
 
     @router.get("/v2/models/{model_name}/ready")
     @router.get("/v2/models/{model_name}/versions/{version}/ready")
     async def model_ready(model_name: str, version: str | None = None) -> Response:
-        if service.model_ready(model_name, _version(version)):
+        if await service.model_ready(model_name, _version(version)):
             return Response(status_code=200)
         raise InvalidArgumentError("Model version not ready")
 
     @router.get("/v2/models/{model_name}/config")
     @router.get("/v2/models/{model_name}/versions/{version}/config")
     async def model_config(model_name: str, version: str | None = None) -> Response:
-        return _json(config_to_json(service.model_config(model_name, _version(version))))
+        return _json(config_to_json(await service.model_config(model_name, _version(version))))
 
     return router

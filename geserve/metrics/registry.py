@@ -1,4 +1,4 @@
-"""Triton's metric families, collected from the models' statistics into an injected CollectorRegistry."""
+"""Triton's metric families, from snapshots of the models' statistics, in an injected CollectorRegistry."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from geserve.core.service import InferenceService
-from geserve.core.stats import FAILURE_REASONS, ModelStats, VersionStatistics
-from geserve.metrics.latency import DEFAULT_BUCKETS_MS, SUMMARY_FAMILIES, LatencyTracker
+from geserve.core.api import DurationSnapshot, InferenceAPI, VersionSnapshot
 from geserve.metrics.system import CpuUtilization, memory_bytes
 from geserve.settings import MetricsSettings
+from geserve.types import CustomMetric, DeviceUsage
 
 HISTOGRAM = "nv_inference_first_response_histogram_ms"
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -54,59 +53,45 @@ _SUMMARY_HELP = {
 }
 
 
-def _labels(version: VersionStatistics) -> dict[str, str]:
+def _labels(version: VersionSnapshot) -> dict[str, str]:
     # prometheus-cpp prints labels sorted by name; metric_tags add `_<key>` labels.
     labels = {"model": version.name, "version": str(version.version)}
-    labels.update({f"_{key}": value for key, value in version.config.metric_tags.items()})
+    labels.update({f"_{key}": value for key, value in version.metric_tags})
     return dict(sorted(labels.items()))
 
 
-def _histogram_bounds(version: VersionStatistics) -> tuple[float, ...]:
-    for control in version.config.model_metrics.metric_control:
-        if control.metric_identifier.family == HISTOGRAM and control.histogram_options.buckets:
-            return tuple(control.histogram_options.buckets)
-    return DEFAULT_BUCKETS_MS
-
-
 class TritonCollector(Collector):
-    """Reads every loaded version's ModelStats at scrape time: the numbers the statistics
-    extension reports, under Triton's metric names."""
+    """Publishes the snapshot of the last `refresh` (taken just before each scrape): the numbers the
+    statistics extension reports, under Triton's metric names."""
 
-    def __init__(
-        self,
-        service: InferenceService,
-        config: MetricsSettings,
-    ) -> None:
-        self._service = service
+    def __init__(self, api: InferenceAPI, config: MetricsSettings) -> None:
+        self._api = api
         self._config = config
-        self._trackers: dict[tuple[str, int], LatencyTracker] = {}
         self._cpu = CpuUtilization(config.interval_ms) if config.cpu_metrics else None
-        service.on_version_loaded(self.watch)
+        self._versions: list[VersionSnapshot] = []
+        self._device_usage: dict[int, DeviceUsage] = {}
+        self._custom_series: list[CustomMetric] = []
 
-    def watch(self, version: VersionStatistics) -> None:
-        """Subscribe to a newly loaded version's request timings when summaries or histograms are on."""
-        config = self._config
-        if not (config.summary_latencies or config.histogram_latencies):
-            return
-        bounds = _histogram_bounds(version) if config.histogram_latencies else None
-        tracker = LatencyTracker(config.summary_latencies, bounds)
-        self._trackers[(version.name, version.version)] = tracker
-        version.stats.observers.append(tracker)
+    async def refresh(self) -> None:
+        """Read what the next `collect` publishes."""
+        self._versions = await self._api.version_statistics()
+        self._device_usage = await self._api.device_usage() if self._config.gpu_metrics else {}
+        self._custom_series = await self._api.custom_metrics()
 
     def collect(self) -> Iterator[Metric]:
-        versions = [(version, _labels(version)) for version in self._service.version_statistics()]
+        versions = [(version, _labels(version)) for version in self._versions]
         for name, documentation, field in _COUNTERS:
             metric = Metric(name, documentation, "counter")
             for version, labels in versions:
-                metric.add_sample(name, labels, _count(version.stats, field))
+                metric.add_sample(name, labels, _count(version, field))
             yield metric
         failure = Metric(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
         )
         for version, labels in versions:
-            for reason in FAILURE_REASONS:
+            for reason, count in version.failures:
                 reason_labels = dict(sorted({**labels, "reason": reason}.items()))
-                failure.add_sample("nv_inference_request_failure", reason_labels, version.stats.failures[reason])
+                failure.add_sample("nv_inference_request_failure", reason_labels, count)
         yield failure
         pending = Metric(
             "nv_inference_pending_request_count",
@@ -114,48 +99,43 @@ class TritonCollector(Collector):
             "gauge",
         )
         for version, labels in versions:
-            pending.add_sample("nv_inference_pending_request_count", labels, version.stats.pending)
+            pending.add_sample("nv_inference_pending_request_count", labels, version.pending)
         yield pending
         if self._config.counter_latencies:
             for name, documentation, field in _LATENCY_COUNTERS:
                 metric = Metric(name, documentation, "counter")
                 for version, labels in versions:
-                    metric.add_sample(name, labels, getattr(version.stats, field).ns // 1000)
+                    metric.add_sample(name, labels, getattr(version, field).ns // 1000)
                 yield metric
         load = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
         for version, labels in versions:
-            load.add_sample("nv_model_load_duration_secs", labels, version.stats.load_duration_s)
+            load.add_sample("nv_model_load_duration_secs", labels, version.load_duration_s)
         yield load
         yield from self._latency_metrics(versions)
         yield from self._cpu_metrics()
         yield from self._device_metrics()
         yield from self._custom_metrics()
 
-    def _latency_metrics(self, versions: list[tuple[VersionStatistics, dict[str, str]]]) -> Iterator[Metric]:
-        tracked = [
-            (self._trackers[(v.name, v.version)], labels)
-            for v, labels in versions
-            if (v.name, v.version) in self._trackers
-        ]
+    def _latency_metrics(self, versions: list[tuple[VersionSnapshot, dict[str, str]]]) -> Iterator[Metric]:
         if self._config.summary_latencies:
-            quantiles = tuple(q for q, _ in self._config.summary_quantiles)
-            for family in SUMMARY_FAMILIES:
+            for family, documentation in _SUMMARY_HELP.items():
                 name = f"nv_inference_{family}_summary_us"
-                metric = Metric(name, _SUMMARY_HELP[family], "summary")
-                for tracker, labels in tracked:
-                    summary = tracker.summaries[family]
-                    for quantile, value in zip(quantiles, summary.quantiles(quantiles), strict=True):
-                        metric.add_sample(name, {**labels, "quantile": _number(quantile)}, value)
-                    metric.add_sample(f"{name}_sum", labels, summary.sum_us)
-                    metric.add_sample(f"{name}_count", labels, summary.count)
+                metric = Metric(name, documentation, "summary")
+                for version, labels in versions:
+                    for summary in version.summaries:
+                        if summary.family != family:
+                            continue
+                        for quantile, value in summary.quantiles:
+                            metric.add_sample(name, {**labels, "quantile": _number(quantile)}, value)
+                        metric.add_sample(f"{name}_sum", labels, summary.sum_us)
+                        metric.add_sample(f"{name}_count", labels, summary.count)
                 yield metric
         if self._config.histogram_latencies:
             metric = Metric(HISTOGRAM, "Duration from request to first response in milliseconds", "histogram")
-            for tracker, labels in tracked:
-                histogram = tracker.histogram
-                if histogram is None:
-                    continue
-                _histogram_samples(metric, labels, histogram.bounds_ms, histogram.cumulative(), histogram.sum_ms)
+            for version, labels in versions:
+                histogram = version.histogram
+                if histogram is not None:
+                    _histogram_samples(metric, labels, histogram.bounds_ms, histogram.cumulative, histogram.sum_ms)
             yield metric
 
     def _cpu_metrics(self) -> Iterator[Metric]:
@@ -176,7 +156,7 @@ class TritonCollector(Collector):
         and perf_analyzer --collect-metrics expect."""
         if not self._config.gpu_metrics:
             return
-        usage = self._service.device_usage()
+        usage = self._device_usage
         if not usage:
             return
         readings = [({"gpu_uuid": f"NPU-{device}"}, usage[device]) for device in sorted(usage)]
@@ -196,7 +176,7 @@ class TritonCollector(Collector):
     def _custom_metrics(self) -> Iterator[Metric]:
         """Families python models define with pb_utils.MetricFamily, as Triton exports them."""
         families: dict[str, Metric] = {}
-        for series in self._service.custom_metrics():
+        for series in self._custom_series:
             metric = families.get(series.family)
             if metric is None:
                 metric = families[series.family] = Metric(series.family, series.description, series.kind)
@@ -220,17 +200,19 @@ def _histogram_samples(
     metric.add_sample(f"{name}_count", labels, cumulative[-1] if cumulative else 0)
 
 
-def _count(stats: ModelStats, field: str) -> int:
-    value = getattr(stats, field)
-    return value if isinstance(value, int) else value.count
+def _count(version: VersionSnapshot, field: str) -> int:
+    value = getattr(version, field)
+    return value.count if isinstance(value, DurationSnapshot) else int(value)
 
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def create_registry(service: InferenceService, config: MetricsSettings) -> CollectorRegistry:
-    """A fresh registry (never prometheus_client's global one) holding Triton's families."""
+def create_registry(api: InferenceAPI, config: MetricsSettings) -> tuple[CollectorRegistry, TritonCollector]:
+    """A fresh registry (never prometheus_client's global one) holding Triton's families, and the collector
+    to refresh before each scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(service, config))
-    return registry
+    collector = TritonCollector(api, config)
+    registry.register(collector)
+    return registry, collector

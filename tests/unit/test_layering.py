@@ -14,7 +14,7 @@ FRONT_END_LIBRARIES = ("fastapi", "starlette", "uvicorn", "grpc")
 FRONT_ENDS = ("geserve.http", "geserve.grpc", "geserve.metrics", "geserve.server", "geserve.cli", "geserve.__main__")
 FRONT_END_PACKAGES = ("geserve.http", "geserve.grpc", "geserve.metrics")
 BELOW_CORE = ("geserve.batching", "geserve.workers", "geserve.backends")
-# Layer -> geserve packages it must not import. The front-ends see only core (InferenceService); core gets
+# Layer -> geserve packages it must not import. The front-ends see only core's API (InferenceAPI); core gets
 # its instance pools from a factory the server injects, so it sees batching but no worker or backend;
 # nothing but the server and the CLI imports a front-end.
 FORBIDDEN = {
@@ -65,8 +65,22 @@ def _imports(source: str) -> set[str]:
     return names
 
 
+# The front-ends see the core only through its API (and the leaves): the same code then serves an engine in
+# this process or in another one.
+FRONT_END_CORE_ALLOWED = ("geserve.core.api",)
+
+
 def _violations(module: str, imported: set[str]) -> list[str]:
     problems = []
+    if module.startswith(FRONT_END_PACKAGES):
+        reaching = sorted(
+            n
+            for n in imported
+            if (n == "geserve.core" or n.startswith("geserve.core."))
+            and not any(n == a or n.startswith(a + ".") for a in FRONT_END_CORE_ALLOWED)
+        )
+        if reaching:
+            problems.append(f"{module} reaches into core past its API: {reaching}")
     if not module.startswith(FRONT_ENDS):
         libraries = sorted(n for n in imported if n.split(".")[0] in FRONT_END_LIBRARIES)
         if libraries:
@@ -97,6 +111,9 @@ def test_dependency_direction(module: str, path: Path) -> None:
         ("geserve.workers.pool", "from geserve.http.app import create_app"),
         ("geserve.batching.scheduler", "from geserve.grpc import convert"),
         ("geserve.core.models", "import fastapi"),
+        ("geserve.http.routes", "from geserve.core.service import InferenceService"),
+        ("geserve.grpc.servicer", "from geserve.core import stats"),
+        ("geserve.metrics.registry", "import geserve.core.stats"),
     ],
 )
 def test_the_rules_catch_what_the_picture_forbids(module: str, source: str) -> None:

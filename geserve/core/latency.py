@@ -8,11 +8,14 @@ from collections import deque
 
 import numpy as np
 
+from geserve.core.api import HistogramSnapshot, SummarySnapshot
 from geserve.types import RequestTiming
 
 # Families of nv_inference_*_summary_us, and which part of a request's timing each observes.
 SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 DEFAULT_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+# The histogram's metric family, which a model's config names to set its buckets.
+HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
 # Quantiles cover the last minute, as prometheus-cpp's summaries do by default.
 WINDOW_NS = 60 * 1_000_000_000
 WINDOW_MAX_SAMPLES = 8192
@@ -32,6 +35,8 @@ class LatencySummary:
         self._window.append((now_ns, value_us))
 
     def quantiles(self, wanted: tuple[float, ...]) -> list[float]:
+        if not wanted:
+            return []
         cutoff = time.monotonic_ns() - WINDOW_NS
         while self._window and self._window[0][0] < cutoff:
             self._window.popleft()
@@ -64,11 +69,29 @@ class FirstResponseHistogram:
 
 
 class LatencyTracker:
-    """Subscribes to one version's request timings."""
+    """Observes one version's request timings; read as snapshots, computed here where the timings are."""
 
-    def __init__(self, summaries: bool, histogram_bounds_ms: tuple[float, ...] | None) -> None:
-        self.summaries = {family: LatencySummary() for family in SUMMARY_FAMILIES} if summaries else {}
+    def __init__(self, quantiles: tuple[float, ...] | None, histogram_bounds_ms: tuple[float, ...] | None) -> None:
+        self._quantiles = quantiles or ()
+        self.summaries = {family: LatencySummary() for family in SUMMARY_FAMILIES} if quantiles is not None else {}
         self.histogram = FirstResponseHistogram(histogram_bounds_ms) if histogram_bounds_ms else None
+
+    def summary_snapshots(self) -> tuple[SummarySnapshot, ...]:
+        return tuple(
+            SummarySnapshot(
+                family,
+                tuple(zip(self._quantiles, summary.quantiles(self._quantiles), strict=True)),
+                summary.sum_us,
+                summary.count,
+            )
+            for family, summary in self.summaries.items()
+        )
+
+    def histogram_snapshot(self) -> HistogramSnapshot | None:
+        histogram = self.histogram
+        if histogram is None:
+            return None
+        return HistogramSnapshot(histogram.bounds_ms, tuple(histogram.cumulative()), histogram.sum_ms)
 
     def __call__(self, timing: RequestTiming) -> None:
         now = time.monotonic_ns()

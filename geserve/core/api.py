@@ -1,0 +1,151 @@
+"""InferenceAPI: everything the front-ends ask of the core, as plain values that could cross a process boundary."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.types import (
+    CustomMetric,
+    DeviceUsage,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    StreamedResponse,
+    TensorSpec,
+)
+
+# A load request's parameter that carries a file of the model folder (`file:1/model.onnx`), as Triton's.
+FILE_PREFIX = "file:"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """The server metadata endpoint's answer."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DurationSnapshot:
+    """A count and a cumulative duration, as Triton's StatisticDuration."""
+
+    count: int
+    ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SummarySnapshot:
+    """One latency summary of a version: quantile values over the last minute, cumulative sum and count (µs)."""
+
+    family: str
+    quantiles: tuple[tuple[float, float], ...]  # (quantile, value)
+    sum_us: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """The first-response histogram of a version: bounds (ms), cumulative counts per bound then +Inf, sum (ms)."""
+
+    bounds_ms: tuple[float, ...]
+    cumulative: tuple[int, ...]
+    sum_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSnapshot:
+    """A loaded version's counters at one moment: what the metrics publish for it."""
+
+    name: str
+    version: int
+    metric_tags: tuple[tuple[str, str], ...]
+    inference_count: int
+    execution_count: int
+    success: DurationSnapshot
+    queue: DurationSnapshot
+    compute_input: DurationSnapshot
+    compute_infer: DurationSnapshot
+    compute_output: DurationSnapshot
+    failures: tuple[tuple[str, int], ...]  # (reason, count), every reason even at zero
+    pending: int
+    load_duration_s: float
+    summaries: tuple[SummarySnapshot, ...] = ()  # when latency summaries are on
+    histogram: HistogramSnapshot | None = None  # when latency histograms are on
+
+
+class InferenceAPI(Protocol):
+    """What HTTP, gRPC and the metrics endpoint call: health, metadata, inference and the protocol extensions.
+
+    Every method is a coroutine and every value is a snapshot: nothing returned stays connected to the
+    state it was read from, and nothing is registered to be called back, so an implementation may run in
+    this process (`InferenceService`) or answer over a channel from another one.
+    """
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    async def live(self) -> bool: ...
+
+    async def ready(self) -> bool: ...
+
+    async def server_metadata(self) -> ServerMetadata: ...
+
+    async def model_ready(self, name: str, version: str = "") -> bool: ...
+
+    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
+
+    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig: ...
+
+    async def model_inputs(self, name: str, version: str = "") -> tuple[TensorSpec, ...]: ...
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]: ...
+
+    # -- the model repository extension ----------------------------------------------------
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]: ...
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    # -- the shared-memory extensions ------------------------------------------------------
+
+    async def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]: ...
+
+    async def register_shared_memory(self, name: str, key: Any, offset: Any, byte_size: Any) -> None: ...
+
+    async def unregister_shared_memory(self, name: str = "") -> None: ...
+
+    async def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]: ...
+
+    async def register_cuda_shared_memory(self) -> None: ...
+
+    async def unregister_cuda_shared_memory(self, name: str = "") -> None: ...
+
+    # -- the trace and logging extensions --------------------------------------------------
+
+    async def trace_settings(self, model: str | None = None) -> dict[str, list[str] | str]: ...
+
+    async def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def log_settings(self) -> dict[str, Any]: ...
+
+    async def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]: ...
+
+    # -- statistics and metrics ------------------------------------------------------------
+
+    async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]: ...
+
+    async def version_statistics(self) -> list[VersionSnapshot]: ...
+
+    async def device_usage(self) -> dict[int, DeviceUsage]: ...
+
+    async def custom_metrics(self) -> list[CustomMetric]: ...
