@@ -14,6 +14,10 @@ from geserve.errors import GeserveError
 ParameterValue = bool | int | float | str
 Parameters = Mapping[str, ParameterValue]
 EMPTY_PARAMETERS: Parameters = {}
+# Request parameters the server acts on itself (scheduling, sequences, the response's encoding): a model
+# sees the others. An ensemble passes the scheduling and sequence ones on to its steps.
+SCHEDULING_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+SERVER_PARAMETERS = frozenset((*SCHEDULING_PARAMETERS, "binary_data_output"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,6 @@ from geserve.types import InferInput, InferRequest, Parameters, TensorSpec
 # (a tensor's parameters, what it is for messages) -> its bytes from client shared memory.
 SharedReader = Callable[[Parameters, str], memoryview]
 
-# Request parameters Triton interprets itself; everything else is passed to the model.
-_RESERVED_PARAMETERS = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"}
-)
-
 
 def check_parameters(parameters: Parameters) -> None:
     """Reject reserved `triton_` keys and badly typed scheduling parameters."""
@@ -38,10 +33,6 @@ def check_parameters(parameters: Parameters) -> None:
             raise InvalidArgumentError(
                 f"parameter 'sequence_id' must be an unsigned integer or a string, got {value!r}"
             )
-
-
-def is_reserved_parameter(key: str) -> bool:
-    return key in _RESERVED_PARAMETERS or key.startswith("triton_")
 
 
 def _dims_text(dims: tuple[int, ...]) -> str:

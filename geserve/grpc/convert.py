@@ -11,6 +11,7 @@ from geserve._generated import grpc_service_pb2 as pb
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import InvalidArgumentError
+from geserve.grpc.raw import InferReply
 from geserve.types import (
     InferInput,
     InferRequest,
@@ -141,20 +142,20 @@ def infer_request_from_proto(
     )
 
 
-def infer_response_to_proto(response: InferResponse) -> pb.ModelInferResponse:
-    """Outputs always travel in raw_output_contents, one entry per output in order (what clients decode)."""
+def infer_response_to_proto(response: InferResponse) -> InferReply:
+    """Outputs always travel in raw_output_contents, one entry per output in order (what clients decode);
+    they stay views of the outputs until the reply is serialized."""
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     for key, value in response.parameters.items():
         _set_parameter(message.parameters[key], value)
+    raw: list[bytes | memoryview] = []
     for tensor in response.outputs:
         message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        if tensor.in_shared_memory:
-            message.raw_output_contents.append(b"")  # the data is in the client's region
-        else:
-            message.raw_output_contents.append(bytes(bytes_codec.wire_bytes(tensor.datatype, tensor.data)))
-    return message
+        # In shared memory, the data is in the client's region.
+        raw.append(b"" if tensor.in_shared_memory else bytes_codec.wire_bytes(tensor.datatype, tensor.data))
+    return InferReply(message, tuple(raw))
 
 
 def metadata_to_proto(metadata: ModelMetadata) -> pb.ModelMetadataResponse:

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor, message_factory
 
-from geserve.grpc.raw import parse_infer_request
+from geserve.grpc.raw import parse_infer_request, serialize_infer_reply
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ def add_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor, 
         implementation = getattr(servicer, method.name)
         # ModelInfer's megabytes of raw_input_contents stay in the received bytes (the stream's are parsed whole).
         parse = _lenient(request_class, parse_infer_request if method.name == "ModelInfer" else None)
-        serialize = response_class.SerializeToString
+        # ...and its outputs' bytes are copied once, into the reply.
+        serialize = serialize_infer_reply if method.name == "ModelInfer" else response_class.SerializeToString
         if method.client_streaming and method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
                 implementation, request_deserializer=parse, response_serializer=serialize

@@ -1,4 +1,4 @@
-"""ModelInferRequest bytes split once: raw_input_contents as views of the received bytes, the rest parsed."""
+"""ModelInfer's raw tensor bytes kept out of protobuf: request contents as views, response contents joined once."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from geserve._generated import grpc_service_pb2 as pb
 
 _RAW_FIELD = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 _LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
+_RAW_OUTPUT_KEY = bytes(
+    [pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number << 3 | _LENGTH_DELIMITED]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +22,33 @@ class InferMessage:
 
     message: pb.ModelInferRequest
     raw_input_contents: tuple[memoryview, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InferReply:
+    """A ModelInferResponse with its raw_output_contents beside it, not in it: appending them to the message
+    would copy each one into bytes, then into the message, then into the serialized reply."""
+
+    message: pb.ModelInferResponse
+    raw_output_contents: tuple[bytes | memoryview, ...]
+
+    def to_message(self) -> pb.ModelInferResponse:
+        """The whole response as one message (a stream's responses are nested in another)."""
+        message = pb.ModelInferResponse()
+        message.CopyFrom(self.message)
+        message.raw_output_contents.extend(bytes(raw) for raw in self.raw_output_contents)
+        return message
+
+
+def serialize_infer_reply(reply: InferReply | pb.ModelInferResponse) -> bytes:
+    """The reply's wire bytes: the message, then each raw output as a field of its own (protobuf appends
+    repeated fields in the order they come), so each output's bytes are copied once, into the result."""
+    if not isinstance(reply, InferReply):
+        return reply.SerializeToString()
+    parts: list[bytes | memoryview] = [reply.message.SerializeToString()]
+    for raw in reply.raw_output_contents:
+        parts += (_RAW_OUTPUT_KEY, _encode_varint(memoryview(raw).nbytes), raw)
+    return b"".join(parts)
 
 
 def parse_infer_request(data: bytes) -> InferMessage:
@@ -54,6 +84,15 @@ def parse_infer_request(data: bytes) -> InferMessage:
         return InferMessage(pb.ModelInferRequest.FromString(data), ())
     rest.append(view[kept_from:])
     return InferMessage(pb.ModelInferRequest.FromString(b"".join(rest)), tuple(raw))
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:

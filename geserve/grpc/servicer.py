@@ -19,7 +19,7 @@ from geserve.errors import DecoupledModelError, GeserveError, InvalidArgumentErr
 from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
-from geserve.grpc.raw import InferMessage
+from geserve.grpc.raw import InferMessage, InferReply
 from geserve.types import StreamedResponse
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,9 @@ def _stream_messages(
     if item.error is not None:
         messages.append(_stream_error(request, item.error.message))
     if item.response is not None:
-        message = pb.ModelStreamInferResponse(infer_response=convert.infer_response_to_proto(item.response))
+        message = pb.ModelStreamInferResponse(
+            infer_response=convert.infer_response_to_proto(item.response).to_message()
+        )
         if final_flag:
             message.infer_response.parameters[convert.FINAL_RESPONSE].bool_param = item.final
         messages.append(message)
@@ -118,9 +120,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _answer(context, produce)
 
-    async def _infer(
-        self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None
-    ) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None) -> InferReply:
         infer_request = convert.infer_request_from_proto(request, raw)
         try:
             response = await self._service.infer(infer_request)
@@ -128,7 +128,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise UnsupportedError(DECOUPLED_UNARY_RPC_REFUSAL).with_request_id(infer_request.id) from None
         return convert.infer_response_to_proto(response)
 
-    async def ModelInfer(self, request: pb.ModelInferRequest | InferMessage, context: Context) -> pb.ModelInferResponse:
+    # The reply leaves through `serialize_infer_reply` (decoding.add_service), not protobuf's serializer.
+    async def ModelInfer(  # type: ignore[override]
+        self, request: pb.ModelInferRequest | InferMessage, context: Context
+    ) -> InferReply:
         # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
         if isinstance(request, InferMessage):
             return await _answer(context, lambda: self._infer(request.message, request.raw_input_contents))

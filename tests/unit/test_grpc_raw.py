@@ -8,7 +8,7 @@ from google.protobuf.message import DecodeError
 
 from geserve._generated import grpc_service_pb2 as pb
 from geserve.grpc.decoding import Undecodable, _lenient
-from geserve.grpc.raw import parse_infer_request
+from geserve.grpc.raw import InferReply, parse_infer_request, serialize_infer_reply
 
 
 def _request(raw: list[bytes]) -> pb.ModelInferRequest:
@@ -58,3 +58,19 @@ def test_bytes_that_are_not_a_message_are_refused(data: bytes) -> None:
     refused = _lenient(pb.ModelInferRequest, parse_infer_request)(data)
     assert isinstance(refused, Undecodable)
     assert refused.message.startswith("unable to parse the request as inference.ModelInferRequest")
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [16, 300, 0], [200_000, 3]])
+def test_a_reply_serialized_beside_its_raw_outputs_parses_as_the_whole_message(sizes: list[int]) -> None:
+    outputs = [np.arange(size, dtype=np.uint8) for size in sizes]
+    message = pb.ModelInferResponse(model_name="simple", model_version="1", id="request-7")
+    message.parameters["sequence_id"].int64_param = 9
+    for index, output in enumerate(outputs):
+        message.outputs.add(name=f"OUTPUT{index}", datatype="UINT8", shape=[output.size])
+    reply = InferReply(message, tuple(output.data.cast("B") for output in outputs))
+    expected = pb.ModelInferResponse()
+    expected.CopyFrom(message)
+    expected.raw_output_contents.extend(output.tobytes() for output in outputs)
+    parsed = pb.ModelInferResponse.FromString(serialize_infer_reply(reply))
+    assert parsed == expected == reply.to_message()
+    assert serialize_infer_reply(expected) == expected.SerializeToString()

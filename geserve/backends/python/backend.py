@@ -34,15 +34,11 @@ from geserve.errors import (
     UnsupportedError,
 )
 from geserve.repository.config import config_to_json
-from geserve.types import CustomMetric
+from geserve.types import SERVER_PARAMETERS, CustomMetric
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_FILENAME = "model.py"
-# Request parameters the server acts on itself; the model sees the others.
-_SERVER_PARAMETERS = frozenset(
-    {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output"}
-)
 _ERRORS: dict[int, type[GeserveError]] = {
     pb_utils.TritonError.INVALID_ARG: InvalidArgumentError,
     pb_utils.TritonError.NOT_FOUND: NotFoundError,
@@ -186,7 +182,7 @@ class PythonBackend:
             correlation_id=correlation if isinstance(correlation, int | str) else 0,
             flags=flags,
             timeout=timeout if isinstance(timeout, int) else 0,
-            parameters={key: value for key, value in parameters.items() if key not in _SERVER_PARAMETERS},
+            parameters={key: value for key, value in parameters.items() if key not in SERVER_PARAMETERS},
         )
 
         def handle(response: pb_utils.InferenceResponse | None, final: bool) -> None:
