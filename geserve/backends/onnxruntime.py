@@ -12,6 +12,7 @@ import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.base import OutputAllocator
+from geserve.backends.completion import complete_tensors
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import ModelLoadError
@@ -28,7 +29,7 @@ class _GraphTensor:
     name: str
     datatype: dtypes.DataType | None
     type_name: str
-    shape: tuple[int, ...]  # -1 for symbolic or unknown dimensions
+    dims: tuple[int, ...]  # -1 for symbolic or unknown dimensions
 
 
 class OnnxRuntimeBackend:
@@ -79,7 +80,7 @@ class OnnxRuntimeBackend:
 
     def _auto_complete(self, config: mc.ModelConfig) -> None:
         graph = self._inputs + self._outputs
-        batchable = all(len(t.shape) >= 1 and t.shape[0] == -1 for t in graph)
+        batchable = all(len(t.dims) >= 1 and t.dims[0] == -1 for t in graph)
         if config.max_batch_size == 0 and not config.input and batchable:
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
             if config.WhichOneof("scheduling_choice") is None:
@@ -88,8 +89,12 @@ class OnnxRuntimeBackend:
         # Control and state tensors are the sequence batcher's, never the client's.
         served = sequence.control_and_state_inputs(config)
         kept = sequence.state_outputs(config)
-        _complete_tensors(config.name, config.input, [t for t in self._inputs if t.name not in served], skip)
-        _complete_tensors(config.name, config.output, [t for t in self._outputs if t.name not in kept], skip)
+        for declared, graph, hidden in ((config.input, self._inputs, served), (config.output, self._outputs, kept)):
+            listed = [t for t in graph if t.name not in hidden]
+            if not declared:
+                for tensor in listed:
+                    declared.add(name=tensor.name)
+            complete_tensors(declared, {t.name: t for t in listed}.get, skip)
 
     def _check(self, config: mc.ModelConfig) -> None:
         skip = 1 if config.max_batch_size > 0 else 0
@@ -166,24 +171,6 @@ def _graph_tensor(node: Any) -> _GraphTensor:
     return _GraphTensor(node.name, dtypes.from_onnx(node.type), node.type, shape)
 
 
-def _complete_tensors(model: str, declared: Any, graph: list[_GraphTensor], skip: int) -> None:
-    if not declared:
-        for tensor in graph:
-            declared.add(name=tensor.name)
-    by_name = {t.name: t for t in graph}
-    for tensor in declared:
-        found = by_name.get(tensor.name)
-        if found is None:
-            continue  # reported by _check with the model file's names
-        if tensor.data_type == mc.TYPE_INVALID and found.datatype is not None:
-            tensor.data_type = found.datatype.config
-        if not tensor.dims and len(found.shape) > skip:
-            tensor.dims.extend(found.shape[skip:])
-        elif not tensor.dims and len(found.shape) == skip:
-            tensor.dims.append(1)
-            tensor.reshape.SetInParent()
-
-
 def _check_tensor(model: str, kind: str, tensor: Any, found: _GraphTensor, skip: int) -> None:
     if found.datatype is None:
         raise ModelLoadError(
@@ -195,13 +182,13 @@ def _check_tensor(model: str, kind: str, tensor: Any, found: _GraphTensor, skip:
             f"model '{model}': {kind} '{tensor.name}' is {declared} in the config but "
             f"{found.datatype.config_name} in the model file"
         )
-    if not found.shape:
+    if not found.dims:
         return  # the graph leaves the rank unknown
     expected = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
-    graph_dims = list(found.shape[skip:]) if len(found.shape) >= skip else None
-    if skip and found.shape[0] != -1:
+    graph_dims = list(found.dims[skip:]) if len(found.dims) >= skip else None
+    if skip and found.dims[0] != -1:
         raise ModelLoadError(
-            f"model '{model}': {kind} '{tensor.name}' has fixed first dimension {found.shape[0]} in the model file, "
+            f"model '{model}': {kind} '{tensor.name}' has fixed first dimension {found.dims[0]} in the model file, "
             "so the model cannot batch; set max_batch_size to 0"
         )
     compatible = graph_dims is not None and len(graph_dims) == len(expected)
@@ -211,7 +198,7 @@ def _check_tensor(model: str, kind: str, tensor: Any, found: _GraphTensor, skip:
         batch = "[-1] + " if skip else ""
         raise ModelLoadError(
             f"model '{model}': {kind} '{tensor.name}' has dims {batch}{expected} in the config but shape "
-            f"{list(found.shape)} in the model file"
+            f"{list(found.dims)} in the model file"
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import names
 from geserve.backends.acl.description import OmDescription, OmTensor
+from geserve.backends.completion import complete_tensors
 from geserve.errors import ModelLoadError
 from geserve.repository import sequence
 
@@ -49,14 +50,14 @@ def _auto_complete(config: mc.ModelConfig, om: OmDescription, model_file: str) -
             if shown != full:
                 config.parameters[names.FULL_NAME_PARAMETER.format(shown)].string_value = full
     inputs = {tensor.name: tensor for tensor in om.inputs}
-    _complete_tensors(config.input, inputs.get, skip)
+    complete_tensors(config.input, inputs.get, skip)
     outputs = {tensor.name: tensor for tensor in om.outputs}
     full_names = list(outputs)
 
     def output(name: str) -> OmTensor:
         return outputs[names.resolve(name, full_names, config.name, model_file)]
 
-    _complete_tensors(config.output, output, skip)
+    complete_tensors(config.output, output, skip)
 
 
 def _inputs_leave_out_the_batch(config: mc.ModelConfig, om: OmDescription) -> bool:
@@ -68,22 +69,6 @@ def _inputs_leave_out_the_batch(config: mc.ModelConfig, om: OmDescription) -> bo
         found is not None and len(found.dims) > 1 and list(tensor.dims) == list(found.dims[1:])
         for tensor, found in declared
     )
-
-
-def _complete_tensors(declared: Any, find: Any, skip: int) -> None:
-    for tensor in declared:
-        om_tensor = find(tensor.name)
-        if om_tensor is None or om_tensor.datatype is None:
-            continue  # reported by check, naming the .om's tensors
-        if tensor.data_type == mc.TYPE_INVALID:
-            tensor.data_type = om_tensor.datatype.config
-        if not tensor.dims:
-            dims = om_tensor.dims[skip:]
-            if dims:
-                tensor.dims.extend(dims)
-            else:
-                tensor.dims.append(1)
-                tensor.reshape.SetInParent()
 
 
 def check(config: mc.ModelConfig, om: OmDescription, model_file: str) -> dict[str, OmTensor]:
