@@ -24,7 +24,7 @@ from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
 from geserve.settings import Settings
 from geserve.workers.pool import PoolFactory
-from geserve.workers.shm import sweep_orphaned_segments
+from geserve.workers.runs import RunId, sweep_orphaned_segments
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,10 @@ class Server:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        pools = PoolFactory(settings.workers)
+        # This run's id, made here, in the top-level process, and named by every segment any of its processes
+        # creates: a later server removes them once this run is gone, and leaves those of live runs alone.
+        self.run = RunId.current()
+        pools = PoolFactory(settings.workers, run=self.run)
         metrics = settings.metrics if settings.metrics.enabled else None
         self.service = InferenceService(settings.server, settings.repository, pools, metrics)
         pools.caller = self.service  # python models' BLS requests

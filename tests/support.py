@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.client
 import json
 import os
@@ -18,8 +19,13 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from geserve.workers.runs import RunId, run_of
+from geserve.workers.shm import SHM_DIRECTORY, SHM_PREFIX
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
+# The pids of the geserve servers this test process started (GeserveProcess, unless told it is a stranger's).
+SUITE_SERVERS: set[int] = set()
 
 
 _HANDED_OUT: set[int] = set()
@@ -52,6 +58,35 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def suite_segments(directory: Path = SHM_DIRECTORY) -> set[str]:
+    """The geserve segments in `directory` the suite answers for: those of this process's run (the workers
+    it starts itself), of the servers it started, and of runs no longer alive; not those of another geserve
+    running on this machine (a developer's `make run`, another checkout's tests)."""
+    try:
+        names = [entry.name for entry in directory.iterdir() if entry.name.startswith(SHM_PREFIX)]
+    except OSError:
+        return set()
+    ours = {os.getpid(), *SUITE_SERVERS}
+    alive: dict[RunId, bool] = {}
+    counted = set()
+    for name in names:
+        run = run_of(name)
+        if run is not None and run.pid not in ours:
+            if run not in alive:
+                alive[run] = run.alive()
+            if alive[run]:
+                continue  # a live server the suite did not start
+        counted.add(name)
+    return counted
+
+
+def segments_of_server(pid: int, directory: Path = SHM_DIRECTORY) -> set[str]:
+    """The segments of the server whose top-level process is `pid` (their names carry its run's id)."""
+    with contextlib.suppress(OSError):
+        return {entry.name for entry in directory.iterdir() if (run := run_of(entry.name)) and run.pid == pid}
+    return set()
+
+
 def http_status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -71,9 +106,11 @@ class GeserveProcess:
         env: dict[str, str] | None = None,
         prefix: tuple[str, ...] = (),
         cwd: Path = ROOT,
+        suite_owned: bool = True,
     ) -> None:
         """`prefix` runs the server under another command that execs it (e.g. `unshare ...`), so the pid is geserve's;
-        `cwd` is the checkout whose geserve runs (`python -m` imports from it first)."""
+        `cwd` is the checkout whose geserve runs (`python -m` imports from it first); a server not `suite_owned`
+        stands for another one on the machine, whose segments the suite's checks leave out."""
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = log_path
         self._args = args
@@ -91,6 +128,8 @@ class GeserveProcess:
         self._log = log_path.open("wb")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env=environment)
+        if suite_owned:
+            SUITE_SERVERS.add(self.process.pid)
 
     @property
     def url(self) -> str:

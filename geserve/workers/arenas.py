@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,16 +12,17 @@ import numpy as np
 
 from geserve.backends.base import RequestResult
 from geserve.codecs import dtypes
-from geserve.workers import handoff
+from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import PlacedResult, request_outputs
+from geserve.workers.runs import RunId
 from geserve.workers.shm import (
     TensorLayout,
     TensorRef,
     attach_segment,
     buffer_of,
     create_segment,
+    discard,
     read_tensor,
-    segment_name,
     unlink_quietly,
 )
 
@@ -46,11 +46,15 @@ class Placement:
 class Arenas:
     """One input and one output arena per slot (a batch the worker may hold at once). A batch's inputs
     are written once, contiguously, into a free slot's input arena (or a one-off segment when they do
-    not fit); its outputs are copied out of the output arena once, after which the slot is free."""
+    not fit); its outputs are copied out of the output arena once, after which the slot is free. Every segment's
+    name carries `run`; inputs that are a previous pipeline step's outputs, still mapped (`mapped`), are passed
+    on in place."""
 
-    def __init__(self, slots: int, arena_bytes: int) -> None:
+    def __init__(self, slots: int, arena_bytes: int, run: RunId, mapped: MappedOutputs) -> None:
         self._count = slots
         self._arena_bytes = arena_bytes
+        self._run = run
+        self._mapped = mapped
         self._segments: dict[str, shared_memory.SharedMemory] = {}
         self._slots: list[tuple[str, str]] = []
         self._free: asyncio.Queue[int] = asyncio.Queue()
@@ -62,7 +66,7 @@ class Arenas:
     def create(self) -> None:
         """Create every arena (raises OSError or UnavailableError when /dev/shm cannot hold them)."""
         for slot in range(self._count):
-            pair = (segment_name("in"), segment_name("out"))
+            pair = (self._run.segment_name("in"), self._run.segment_name("out"))
             for name in pair:
                 self._segments[name] = create_segment(name, self._arena_bytes)
             self._slots.append(pair)
@@ -76,7 +80,7 @@ class Arenas:
             layout = TensorLayout()
             passed: list[TensorRef] = []  # a previous step's outputs, still in shared memory: read in place
             for name, parts in inputs.items():
-                mapped = handoff.ref_of(parts[0]) if len(parts) == 1 else None
+                mapped = self._mapped.ref_of(parts[0]) if len(parts) == 1 else None
                 if mapped is not None:
                     logger.debug("input '%s' passed on in place: %d bytes of %s", name, mapped.nbytes, mapped.segment)
                     passed.append(mapped._replace(name=name))
@@ -85,10 +89,10 @@ class Arenas:
             overflow = None
             if layout.size > self._arena_bytes:
                 # A batch too large for the arena; reserving its pages takes a while, so off the loop.
-                overflow = await asyncio.to_thread(create_segment, segment_name("in"), layout.size)
+                overflow = await asyncio.to_thread(create_segment, self._run.segment_name("in"), layout.size)
             target = overflow if overflow is not None else self._segments[input_name]
             segment = overflow.name if overflow is not None else input_name
-            placement = Placement(slot, (), output_name, segment_name("out"), overflow)
+            placement = Placement(slot, (), output_name, self._run.segment_name("out"), overflow)
             if layout.size > OFFLOAD_BYTES:
                 placement.inputs = await asyncio.to_thread(layout.write, buffer_of(target), segment)
             else:
@@ -126,17 +130,13 @@ class Arenas:
             return arrays
         finally:
             if overflow is not None:
-                overflow.close()
-                overflow.unlink()
+                discard(overflow)
 
     def release(self, placement: Placement, collected: bool) -> None:
         """The batch is answered (or failed): its overflow segments go and its slot is free again. Once its
         outputs were collected, an output overflow segment is already gone (`read` unlinks it)."""
         if placement.input_overflow is not None:
-            with contextlib.suppress(BufferError):
-                placement.input_overflow.close()
-            with contextlib.suppress(FileNotFoundError):
-                placement.input_overflow.unlink()
+            discard(placement.input_overflow)
         if not collected:
             unlink_quietly(placement.output_overflow)  # left behind when the worker died mid-write
         self._free.put_nowait(placement.slot)
@@ -144,10 +144,7 @@ class Arenas:
     def unlink(self) -> None:
         """Unlink every arena (also usable from a signal handler's fast path)."""
         for arena in self._segments.values():
-            with contextlib.suppress(BufferError):
-                arena.close()
-            with contextlib.suppress(FileNotFoundError):
-                arena.unlink()
+            discard(arena)
         self._segments.clear()
 
     @property

@@ -18,6 +18,7 @@ from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, UnavailableError
 from geserve.types import InferInput, InferRequest, RequestedOutput
 from geserve.workers.messages import BlsCall, BlsReply
+from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, unlink_quietly, write_tensors
 
 logger = logging.getLogger(__name__)
@@ -29,8 +30,9 @@ class BlsClient:
     """Sends BlsCalls through `send` and hands each model thread waiting in `exec` the replies to its call,
     which the worker's reader thread passes to `deliver`."""
 
-    def __init__(self, send: Callable[[object], None]) -> None:
+    def __init__(self, send: Callable[[object], None], run: RunId) -> None:
         self._send = send
+        self._run = run  # whose id the names of the calls' segments carry
         self._ids = itertools.count()
         self._waiting: dict[int, queue.SimpleQueue[BlsReply | None]] = {}
         self._lock = threading.Lock()
@@ -90,8 +92,7 @@ class BlsClient:
         with self._lock:
             self._waiting.pop(call_id, None)
 
-    @staticmethod
-    def _message(call_id: int, request: pb_utils.InferenceRequest, decoupled: bool) -> BlsCall:
+    def _message(self, call_id: int, request: pb_utils.InferenceRequest, decoupled: bool) -> BlsCall:
         arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
         parameters: dict[str, bool | int | float | str] = {}
         try:
@@ -110,7 +111,7 @@ class BlsClient:
             call_id,
             request.model_name(),
             str(version) if version >= 0 else "",
-            write_tensors(arrays, "bls"),
+            write_tensors(arrays, self._run.segment_name("bls")),
             tuple(request.requested_output_names()),
             request.request_id(),
             parameters,
@@ -140,9 +141,9 @@ class ModelCaller(Protocol):
     def stream_model(self, request: InferRequest) -> AsyncIterator[StreamItem]: ...
 
 
-async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[[BlsReply], None]) -> None:
+async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[[BlsReply], None], run: RunId) -> None:
     """Run one BlsCall and answer it through `reply`: outputs in a fresh segment, or the error; a call with a
-    timeout that runs out answers "Request timeout expired"."""
+    timeout that runs out answers "Request timeout expired". Segments are named for `run`."""
     try:
         arrays = take_tensors(call.inputs)
         if caller is None:
@@ -157,10 +158,10 @@ async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[
         )
         timeout_s = call.timeout_us / 1e6 if call.timeout_us > 0 else None
         if call.decoupled:
-            await asyncio.wait_for(_stream(caller, request, call.call_id, reply), timeout_s)
+            await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run), timeout_s)
             return
         outputs = await asyncio.wait_for(caller.call_model(request), timeout_s)
-        reply(BlsReply(call.call_id, write_tensors(outputs, "blsout"), None, True))
+        reply(BlsReply(call.call_id, write_tensors(outputs, run.segment_name("blsout")), None, True))
     except TimeoutError:
         reply(BlsReply(call.call_id, (), UnavailableError(TIMEOUT_EXPIRED), True))
     except GeserveError as error:
@@ -170,9 +171,11 @@ async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[
         reply(BlsReply(call.call_id, (), InternalError(f"{type(error).__name__}: {error}"), True))
 
 
-async def _stream(caller: ModelCaller, request: InferRequest, call_id: int, reply: Callable[[BlsReply], None]) -> None:
+async def _stream(
+    caller: ModelCaller, request: InferRequest, call_id: int, reply: Callable[[BlsReply], None], run: RunId
+) -> None:
     final = False
     async for outputs, error, final in caller.stream_model(request):
-        reply(BlsReply(call_id, write_tensors(outputs or {}, "blsout"), error, final))
+        reply(BlsReply(call_id, write_tensors(outputs or {}, run.segment_name("blsout")), error, final))
     if not final:
         reply(BlsReply(call_id, (), None, True))

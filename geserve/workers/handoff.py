@@ -14,21 +14,63 @@ from geserve.backends.base import RequestResult
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.workers.messages import PlacedResult, request_outputs
-from geserve.workers.shm import TensorRef, create_segment, segment_name, unlink_quietly
+from geserve.workers.runs import RunId
+from geserve.workers.shm import SHM_DIRECTORY, TensorRef, create_segment, unlink_quietly
 
-_SHM_DIR = "/dev/shm"
 # Free handoff segments a worker keeps for its next batches; more are unlinked when they come back.
 _IDLE_SEGMENTS = 4
-# The mappings in use, by id of their array: segment name, and a weak reference to the array.
-_MAPPED: dict[int, tuple[str, weakref.ref[np.ndarray]]] = {}
+
+
+class MappedOutputs:
+    """The handoff mappings in use, so that a pipeline's next step can be given a view of one by reference
+    (`ref_of`). One per server, made by whoever makes its workers (the PoolFactory) and shared by every
+    worker's HandoffSegments, which map outputs, and Arenas, which pass them on."""
+
+    def __init__(self) -> None:
+        # By id of the whole-segment array (arrays are not hashable): its segment, and a weak reference that
+        # tells the array from a later one given the same id.
+        self._mapped: dict[int, tuple[str, weakref.ref[np.ndarray]]] = {}
+
+    def map_results(self, blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]) -> tuple[RequestResult, ...]:
+        """`HandoffSegments.map_results` for one-off segments, which are unlinked once no view of them is left."""
+        mapped = {
+            name: self.track(np.frombuffer(_map(name), dtype=np.uint8), name, unlink_quietly)
+            for name in dict.fromkeys(block.segment for block in blocks)
+        }
+        return _results(mapped, blocks, placed)
+
+    def track(self, whole: np.ndarray, name: str, done: Callable[[str], None]) -> np.ndarray:
+        """Track a mapping of segment `name`: `done(name)` once no view of it is left."""
+        key = id(whole)
+        self._mapped[key] = (name, weakref.ref(whole))
+        weakref.finalize(whole, self._finished, key, name, done)
+        return whole
+
+    def _finished(self, key: int, name: str, done: Callable[[str], None]) -> None:
+        self._mapped.pop(key, None)
+        done(name)
+
+    def ref_of(self, array: np.ndarray) -> TensorRef | None:
+        """Where a view made by `map_results` lies in shared memory, so that a worker can read it in place;
+        None for any other array (or one that is not contiguous)."""
+        base = array.base
+        if not isinstance(base, np.ndarray) or array.dtype.kind == "O" or not array.flags.c_contiguous:
+            return None
+        entry = self._mapped.get(id(base))
+        if entry is None or entry[1]() is not base:
+            return None
+        offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return TensorRef("", dtypes.from_numpy(array.dtype).wire, tuple(array.shape), offset, array.nbytes, entry[0])
 
 
 class HandoffSegments:
     """The segments one worker writes a pipeline step's outputs to. Each is created (its pages reserved) and
-    mapped once, then reused: it is free again once no view of what it holds is left."""
+    mapped once, then reused: it is free again once no view of what it holds is left. Their names carry `run`."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, run: RunId, mapped: MappedOutputs) -> None:
         self._size = size
+        self._run = run
+        self._tracked = mapped
         self._idle: list[str] = []
         self._mappings: dict[str, mmap.mmap] = {}
         self._lock = threading.Lock()  # views die wherever the garbage collector runs
@@ -38,7 +80,7 @@ class HandoffSegments:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        name = segment_name("handoff")
+        name = self._run.segment_name("handoff")
         create_segment(name, self._size).close()
         self._mappings[name] = _map(name)
         return name
@@ -68,39 +110,17 @@ class HandoffSegments:
         outputs too large for it to): nothing is copied (BYTES are decoded)."""
         if not blocks or any(block.segment != name for block in blocks):
             self.release(name)
-            return map_results(blocks, placed)
+            return self._tracked.map_results(blocks, placed)
         whole = np.frombuffer(self._mappings[name], dtype=np.uint8)
-        return _results({name: _register(whole, name, self.release)}, blocks, placed)
-
-
-def map_results(blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]) -> tuple[RequestResult, ...]:
-    """`HandoffSegments.map_results` for one-off segments, which are unlinked once no view of them is left."""
-    mapped = {
-        name: _register(np.frombuffer(_map(name), dtype=np.uint8), name, unlink_quietly)
-        for name in dict.fromkeys(block.segment for block in blocks)
-    }
-    return _results(mapped, blocks, placed)
+        return _results({name: self._tracked.track(whole, name, self.release)}, blocks, placed)
 
 
 def _map(name: str) -> mmap.mmap:
-    descriptor = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR)
+    descriptor = os.open(SHM_DIRECTORY / name, os.O_RDWR)
     try:
         return mmap.mmap(descriptor, 0)
     finally:
         os.close(descriptor)
-
-
-def _register(whole: np.ndarray, name: str, done: Callable[[str], None]) -> np.ndarray:
-    """Track a mapping: `done(name)` once no view of it is left."""
-    key = id(whole)
-    _MAPPED[key] = (name, weakref.ref(whole))
-    weakref.finalize(whole, _finished, key, name, done)
-    return whole
-
-
-def _finished(key: int, name: str, done: Callable[[str], None]) -> None:
-    _MAPPED.pop(key, None)
-    done(name)
 
 
 def _results(
@@ -115,16 +135,3 @@ def _results(
             arrays.append(data.view(dtypes.from_wire(ref.datatype).numpy).reshape(ref.shape))
     del mapped
     return request_outputs(arrays, blocks, placed)
-
-
-def ref_of(array: np.ndarray) -> TensorRef | None:
-    """Where a view made by `map_results` lies in shared memory, so that a worker can read it in place; None
-    for any other array (or one that is not contiguous)."""
-    base = array.base
-    if not isinstance(base, np.ndarray) or array.dtype.kind == "O" or not array.flags.c_contiguous:
-        return None
-    entry = _MAPPED.get(id(base))
-    if entry is None or entry[1]() is not base:
-        return None
-    offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    return TensorRef("", dtypes.from_numpy(array.dtype).wire, tuple(array.shape), offset, array.nbytes, entry[0])

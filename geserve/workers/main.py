@@ -41,6 +41,7 @@ from geserve.workers.messages import (
     StatusReport,
 )
 from geserve.workers.runner import Batch, InstanceRunner
+from geserve.workers.runs import RunId
 from geserve.workers.shm import (
     OutputPlacement,
     TensorLayout,
@@ -166,10 +167,11 @@ class _Segments:
 
 class _Outbox:
     """The pipe to the front-end. Streamed responses may come from a model's own threads while the main
-    loop answers batches, so sends are serialized."""
+    loop answers batches, so sends are serialized. Segments it creates are named for `run`, the server's."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, run: RunId) -> None:
         self._connection = connection
+        self.run = run
         self._lock = threading.Lock()
 
     def send(self, message: object) -> None:
@@ -186,16 +188,15 @@ class _Outbox:
 
         return emit
 
-    @staticmethod
     def _partial(
-        stream_id: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool
+        self, stream_id: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool
     ) -> Partial:
         if not outputs:
             return Partial(stream_id, None, (), error, final)
         arrays = {name: np.asarray(array) for name, array in outputs.items()}
         if sum(array.nbytes for array in arrays.values()) <= _INLINE_BYTES:
             return Partial(stream_id, arrays, (), error, final)
-        return Partial(stream_id, None, write_tensors(arrays, "stream"), error, final)
+        return Partial(stream_id, None, write_tensors(arrays, self.run.segment_name("stream")), error, final)
 
 
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:
@@ -211,7 +212,8 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         ),
     )
     runner = InstanceRunner(spec)
-    outbox = _Outbox(connection)
+    # Started by hand (not by a ProcessWorker), the worker is the top of its own run.
+    outbox = _Outbox(connection, spec.run or RunId.current())
     try:
         segments = _Segments(spec)
         config = runner.load()
@@ -343,7 +345,7 @@ class _Inbox:
         if threaded:
             from geserve.backends.python import pb_utils
 
-            self._bls = BlsClient(outbox.send)
+            self._bls = BlsClient(outbox.send, outbox.run)
             pb_utils.set_bls_caller(self._bls.call)
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()

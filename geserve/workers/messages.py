@@ -11,6 +11,7 @@ import numpy as np
 from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError
 from geserve.types import EMPTY_PARAMETERS, InstanceStatus, Parameters
+from geserve.workers.runs import RunId
 from geserve.workers.shm import TensorRef
 
 
@@ -37,6 +38,8 @@ class InstanceSpec:
     polled: bool = False
     # The model's folder (a sequence model's initial_state/ lies there).
     model_directory: str = ""
+    # The server run whose id the names of the segments the worker creates carry (process workers only).
+    run: RunId | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,10 @@ from geserve.types import InstanceStatus
 from geserve.workers import placement
 from geserve.workers.bls import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
+from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
 from geserve.workers.process import ProcessWorker
+from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
 from geserve.workers.streams import ResponseStream
 from geserve.workers.supervisor import RestartPolicy
@@ -174,12 +176,18 @@ class InstancePool:
 class PoolFactory:
     """Builds started pools from configs: what core calls to bring a model version up, injected by the server."""
 
-    # Names of the shared-memory segments the workers create; clients may not register them.
+    # Names of the shared-memory segments the workers create (any run's); clients may not register them.
     segment_prefix = SHM_PREFIX
 
-    def __init__(self, settings: WorkerSettings, restart: RestartPolicy | None = None) -> None:
+    def __init__(
+        self, settings: WorkerSettings, restart: RestartPolicy | None = None, run: RunId | None = None
+    ) -> None:
         self._settings = settings
         self._restart = restart
+        # The server run every worker's segments belong to (by default this process's), and the pipeline
+        # outputs mapped in this process, which any worker's next step may read in place.
+        self._run = run or RunId.current()
+        self._mapped = MappedOutputs()
         # Where the instances' BLS requests go: the server sets it once its service exists.
         self.caller: ModelCaller | None = None
 
@@ -224,5 +232,7 @@ class PoolFactory:
                 restart=self._restart,
                 pipeline_depth=self._settings.pipeline_depth or (2 if registry.by_name(spec.backend).pipelined else 1),
                 caller=lambda: self.caller,
+                run=self._run,
+                mapped=self._mapped,
             )
         return ThreadWorker(spec)

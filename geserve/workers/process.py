@@ -27,7 +27,7 @@ from geserve.workers.arenas import Arenas
 from geserve.workers.bls import ModelCaller, serve_call
 from geserve.workers.client import InstanceState, WorkerClient
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
-from geserve.workers.handoff import HandoffSegments
+from geserve.workers.handoff import HandoffSegments, MappedOutputs
 from geserve.workers.messages import (
     BatchPlaced,
     BatchResult,
@@ -45,6 +45,7 @@ from geserve.workers.messages import (
     Shutdown,
     StatusReport,
 )
+from geserve.workers.runs import RunId
 from geserve.workers.shm import unlink_quietly
 from geserve.workers.streams import ResponseStream
 from geserve.workers.supervisor import RestartPolicy, Supervisor
@@ -65,8 +66,15 @@ class ProcessWorker:
         restart: RestartPolicy | None = None,
         pipeline_depth: int = 1,
         caller: Callable[[], ModelCaller | None] | None = None,
+        *,
+        run: RunId | None = None,
+        mapped: MappedOutputs | None = None,
     ) -> None:
-        self.spec = spec
+        # The run whose segments these are (by default this process's), and the pipeline outputs mapped
+        # here (shared by the pool factory's workers, so one's outputs pass on to another in place).
+        self._run = run or RunId.current()
+        mapped = mapped or MappedOutputs()
+        self.spec = replace(spec, run=self._run)
         # Where the model's BLS requests go (the server, once it is up).
         self._caller = caller or (lambda: None)
         self._bls_tasks: set[asyncio.Task[None]] = set()
@@ -79,8 +87,8 @@ class ProcessWorker:
         self.reason = ""
         self.model_ready = True
         self.incarnation = 0
-        self._arenas = Arenas(self.capacity, arena_bytes)
-        self._handoff = HandoffSegments(arena_bytes)
+        self._arenas = Arenas(self.capacity, arena_bytes, self._run, mapped)
+        self._handoff = HandoffSegments(arena_bytes, self._run, mapped)
         self._supervisor = Supervisor(
             spec.instance_name, restart or RestartPolicy(), self._respawn, self._back_up, self._give_up
         )
@@ -328,7 +336,7 @@ class ProcessWorker:
             for name in names:  # nobody will read it
                 unlink_quietly(name)
 
-        task = asyncio.get_running_loop().create_task(serve_call(self._caller(), call, reply))
+        task = asyncio.get_running_loop().create_task(serve_call(self._caller(), call, reply, self._run))
         self._bls_tasks.add(task)
         task.add_done_callback(self._bls_tasks.discard)
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import multiprocessing
 import os
-import re
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -23,53 +20,11 @@ from geserve.errors import UnavailableError
 
 logger = logging.getLogger(__name__)
 
-# Every segment geserve creates starts with this; the client shared-memory API refuses it.
+# Every segment geserve creates starts with this (then its run's id: runs.RunId); the client shared-memory
+# API refuses it.
 SHM_PREFIX = "geserve_"
-_ALIGNMENT = 64
-
-
-_OWNED_NAME = re.compile(rf"^{SHM_PREFIX}(\d+)_[0-9a-f]{{32}}_")
 SHM_DIRECTORY = Path("/dev/shm")
-
-
-def segment_name(role: str) -> str:
-    """A fresh name: the reserved prefix, the server's pid, 128 random bits, and the segment's role.
-    The pid lets a later server remove what a server killed outright left behind."""
-    return f"{SHM_PREFIX}{_server_pid()}_{secrets.token_hex(16)}_{role}"
-
-
-def _server_pid() -> int:
-    """The front-end's pid, in the front-end and in its spawned workers alike."""
-    parent = multiprocessing.parent_process()
-    return parent.pid if parent is not None and parent.pid is not None else os.getpid()
-
-
-def sweep_orphaned_segments(directory: Path = SHM_DIRECTORY) -> list[str]:
-    """Unlink segments of geserve servers that no longer run (killed with their workers and the
-    resource tracker, as a container's or cgroup's OOM kill does); returns their names."""
-    removed: list[str] = []
-    try:
-        names = [entry.name for entry in directory.iterdir()]
-    except OSError:
-        return removed
-    for name in names:
-        match = _OWNED_NAME.match(name)
-        if match is None or _alive(int(match.group(1))):
-            continue
-        with contextlib.suppress(OSError):
-            (directory / name).unlink()
-            removed.append(name)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: not ours to judge
-    return True
+_ALIGNMENT = 64
 
 
 def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
@@ -79,8 +34,7 @@ def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
     try:
         os.posix_fallocate(segment._fd, 0, max(size, 1))  # type: ignore[attr-defined]
     except OSError as error:
-        segment.close()
-        segment.unlink()
+        discard(segment)
         if error.errno in (errno.ENOSPC, errno.ENOMEM):
             raise UnavailableError(
                 f"not enough shared memory for {size} bytes of tensors (/dev/shm is full or too small)"
@@ -100,14 +54,22 @@ def buffer_of(segment: shared_memory.SharedMemory) -> memoryview:
     return buffer
 
 
+def discard(segment: shared_memory.SharedMemory) -> None:
+    """Close and unlink a segment this process is done with. One that is already unlinked (after a crash, or
+    twice on shutdown) is fine; so is one a view still holds: its mapping goes with the last view."""
+    with contextlib.suppress(BufferError):
+        segment.close()
+    with contextlib.suppress(FileNotFoundError):
+        segment.unlink()
+
+
 def unlink_quietly(name: str) -> None:
-    """Remove a segment that may already be gone (after a crash, or twice on shutdown)."""
+    """Remove a segment by name that may already be gone."""
     try:
         segment = shared_memory.SharedMemory(name=name, create=False)
     except FileNotFoundError:
         return
-    segment.close()
-    segment.unlink()
+    discard(segment)
 
 
 def align(size: int) -> int:
@@ -217,14 +179,14 @@ class OutputPlacement:
         return placed[1] if placed is not None and placed[0] is array else None
 
 
-def write_tensors(arrays: Mapping[str, np.ndarray], role: str) -> tuple[TensorRef, ...]:
-    """Tensors in a segment of their own, which the reader unlinks (`take_tensors`); () for none."""
+def write_tensors(arrays: Mapping[str, np.ndarray], name: str) -> tuple[TensorRef, ...]:
+    """Tensors in a segment of their own named `name`, which the reader unlinks (`take_tensors`); () for none."""
     if not arrays:
         return ()
     layout = TensorLayout()
-    for name, array in arrays.items():
-        layout.add(name, dtypes.from_numpy(array.dtype).wire, [np.ascontiguousarray(array)])
-    segment = create_segment(segment_name(role), layout.size)
+    for tensor, array in arrays.items():
+        layout.add(tensor, dtypes.from_numpy(array.dtype).wire, [np.ascontiguousarray(array)])
+    segment = create_segment(name, layout.size)
     try:
         return layout.write(buffer_of(segment), segment.name)
     finally:
@@ -243,6 +205,5 @@ def take_tensors(refs: Sequence[TensorRef]) -> dict[str, np.ndarray]:
                     arrays[ref.name] = np.array(read_tensor(buffer, ref), copy=True)
             del buffer
         finally:
-            segment.close()
-            segment.unlink()
+            discard(segment)
     return arrays

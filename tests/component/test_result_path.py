@@ -12,14 +12,16 @@ import pytest
 from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError, InternalError
 from geserve.workers.arenas import Arenas
+from geserve.workers.handoff import MappedOutputs
 from geserve.workers.main import _Blocks, _Segments
 from geserve.workers.messages import BatchPlaced, InstanceSpec, RequestInfo, RunBatch
+from geserve.workers.runs import RunId
 from geserve.workers.shm import OutputPlacement, buffer_of
 
 
 @pytest.fixture
 def arenas() -> Iterator[Arenas]:
-    created = Arenas(1, 1 << 16)
+    created = Arenas(1, 1 << 16, RunId.current(), MappedOutputs())
     created.create()
     yield created
     created.unlink()

@@ -21,6 +21,7 @@ from geserve.workers.client import InstanceState, ThreadWorker, WorkerClient
 from geserve.workers.messages import InstanceSpec, RequestInfo
 from geserve.workers.pool import InstancePool
 from geserve.workers.process import ProcessWorker, RestartPolicy
+from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
 
 IDENTITY = """
@@ -104,7 +105,8 @@ def requests(*rows: int) -> list[RequestInfo]:
 
 
 def shm_segments() -> set[str]:
-    return {entry.name for entry in Path("/dev/shm").iterdir() if entry.name.startswith(SHM_PREFIX)}
+    """This process's run's segments (its ProcessWorkers' names carry it), whatever else runs on the machine."""
+    return {entry.name for entry in Path("/dev/shm").iterdir() if entry.name.startswith(RunId.current().prefix)}
 
 
 async def wait_for_state(worker: ProcessWorker, state: InstanceState, timeout_s: float = 15.0) -> None:

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import GeserveProcess, copy_model
+from tests.support import GeserveProcess, copy_model, segments_of_server
 
 pytestmark = pytest.mark.e2e
 
 Launch = Callable[..., GeserveProcess]
-SHM = Path("/dev/shm")
 
 
 def _children(pid: int) -> list[int]:
@@ -35,7 +34,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _segments_of(pid: int) -> list[str]:
-    return [entry.name for entry in SHM.iterdir() if entry.name.startswith(f"geserve_{pid}_")]
+    return sorted(segments_of_server(pid))
 
 
 def _alive(pid: int) -> bool:
@@ -85,8 +84,10 @@ def test_a_new_server_removes_what_a_server_killed_with_all_its_processes_left(l
     """The OOM killer or a container stop kills the workers and the resource tracker too."""
     server, children = _server(launch, tmp_path / "first")
     pid = server.process.pid
-    for process in (pid, *children):
-        os.kill(process, signal.SIGKILL)
+    # Stopped first, all of them, so that no worker sees the front-end go and removes its arenas meanwhile.
+    for signum in (signal.SIGSTOP, signal.SIGKILL):
+        for process in (pid, *children):
+            os.kill(process, signum)
     server.process.wait(timeout=30)
     assert _wait_until(lambda: not any(_alive(child) for child in children))
     left = _segments_of(pid)

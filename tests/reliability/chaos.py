@@ -28,10 +28,8 @@ from tests.reliability.load import (
     build_repository,
     children,
     http_binary_simple,
-    segments,
-    server_segments,
 )
-from tests.support import GeserveProcess, http_status, write_identity_model
+from tests.support import GeserveProcess, http_status, segments_of_server, write_identity_model
 
 REPORT = Path(os.environ.get("CHAOS_REPORT", "chaos-report.json"))
 Result = dict[str, Any]
@@ -82,7 +80,7 @@ def _stopped_cleanly(server: GeserveProcess) -> tuple[int, list[str]]:
     pid = server.process.pid
     exit_code = server.stop()
     time.sleep(0.3)
-    return exit_code, sorted(server_segments(pid))
+    return exit_code, sorted(segments_of_server(pid))
 
 
 # -- scenarios --------------------------------------------------------------------------------
@@ -135,7 +133,7 @@ def sigterm_under_load(workdir: Path) -> Result:
         exit_code = server.stop()  # exited already: this only collects the status and closes the log
         time.sleep(1)
     time.sleep(0.3)
-    leaked = sorted(server_segments(pid))
+    leaked = sorted(segments_of_server(pid))
     log = server.log()
     return _result(
         "SIGTERM under load",
@@ -205,7 +203,7 @@ def shm_nearly_full(workdir: Path, phase_s: float = 6.0) -> Result:
         Kind("HTTP binary / echo, 2 MiB (needs its own segment)", 2, _http, _echo(512 * 1024)),
     )
     phases: dict[str, Tally] = {}
-    baseline = segments(shm)  # the workers' arenas
+    baseline = segments_of_server(server.process.pid, shm)  # the workers' arenas
     with Traffic(server, kinds, bursty=False) as traffic:
         time.sleep(phase_s)
         phases["before"], traffic.tally = traffic.tally, Tally()
@@ -222,7 +220,8 @@ def shm_nearly_full(workdir: Path, phase_s: float = 6.0) -> Result:
         time.sleep(phase_s)
         phases["after"] = traffic.tally
     time.sleep(SETTLE_S)
-    left_in_namespace = sorted(segments(shm) - baseline)  # one-off segments still there once traffic stopped
+    # One-off segments still there once traffic stopped.
+    left_in_namespace = sorted(segments_of_server(server.process.pid, shm) - baseline)
     alive = server.process.poll() is None
     exit_code, _ = _stopped_cleanly(server)  # the namespace's /dev/shm goes with it; counted above instead
     tally = _merged(phases)

@@ -21,10 +21,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import MODEL_REPOSITORY, GeserveProcess
+from tests.support import MODEL_REPOSITORY, GeserveProcess, segments_of_server
 
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
-SHM = Path("/dev/shm")
 
 _REQUEST_ID = re.compile(r"\[request id: [^\]]*\] ")
 # gRPC statuses and texts that mean the call never reached an answer from the server.
@@ -344,12 +343,6 @@ def _fds(pid: int) -> int:
         return 0
 
 
-def segments(shm: Path = SHM) -> set[str]:
-    with contextlib.suppress(OSError):
-        return {entry.name for entry in shm.iterdir() if entry.name.startswith("geserve_")}
-    return set()
-
-
 def sample(pid: int, started: float, tally: Tally) -> dict[str, Any]:
     """One reading of the server: front-end and worker RSS, descriptors, segments, requests so far."""
     workers = children(pid)
@@ -361,10 +354,5 @@ def sample(pid: int, started: float, tally: Tally) -> dict[str, Any]:
         "workers": len(workers),
         "frontend_fds": _fds(pid),
         "workers_fds": sum(_fds(worker) for worker in workers),
-        "shm_segments": len(segments()),
+        "shm_segments": len(segments_of_server(pid)),  # its own: another server's on the machine do not count
     }
-
-
-def server_segments(pid: int) -> set[str]:
-    """The segments a given front-end created (their names carry its pid)."""
-    return {name for name in segments() if name.startswith(f"geserve_{pid}_")}

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.reliability.load import Traffic, build_repository, sample, server_segments
-from tests.support import GeserveProcess, http_status
+from tests.reliability.load import Traffic, build_repository, sample
+from tests.support import GeserveProcess, http_status, segments_of_server
 
 # Growth allowed from the first sample (taken once the traffic has warmed every path up) to the last.
 RSS_GROWTH_LIMIT_MIB = 48.0  # front-end, and all workers together, each
@@ -58,7 +58,7 @@ def run(duration_s: float, workdir: Path) -> dict[str, Any]:
     finally:
         exit_code = server.stop()
     time.sleep(0.5)
-    leaked = sorted(server_segments(pid))
+    leaked = sorted(segments_of_server(pid))
     tally = traffic.tally
     failures = _growth_failures(samples[0], samples[-1]) if len(samples) > 1 else ["fewer than two samples"]
     for outcome in ("failed", "wrong", "lost", "refused"):
