@@ -1,4 +1,4 @@
-"""The Backend protocol every execution backend implements."""
+"""The Backend protocol every execution backend implements, and the optional ones some add."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, InternalError
-from geserve.types import DeviceUsage, Parameters
+from geserve.types import CustomMetric, DeviceUsage, Parameters
 
 # (output name, KServe datatype, shape) -> an array to write that output into, possibly in the
 # worker's shared-memory output arena, so the result needs no further copy.
@@ -104,3 +104,27 @@ class DeviceReporter(Protocol):
     """A backend on an accelerator that can say how busy and how full it is."""
 
     def device_usage(self) -> DeviceUsage | None: ...
+
+
+class ModelHost(Protocol):
+    """A backend that runs a model's own code (Triton's python backend): the model learns which instance
+    it is, and reports its own readiness and metrics."""
+
+    def describe_instance(self, name: str, kind: str) -> None:
+        """The instance's name and kind ("CPU", "GPU"); called before `load`."""
+
+    def model_ready(self) -> bool: ...
+
+    def custom_metrics(self) -> list[CustomMetric]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """One backend object, and the same object typed by each optional protocol its registry entry says it
+    implements (None for those it does not): callers test a field, never the object's attributes."""
+
+    backend: Backend
+    pipelined: PipelinedBackend | None = None
+    per_request: RequestBackend | None = None
+    device: DeviceReporter | None = None
+    model: ModelHost | None = None

@@ -5,12 +5,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from geserve.backends.base import Backend, Capabilities
 from geserve.errors import ModelLoadError
-
-if TYPE_CHECKING:
-    from geserve.backends.base import Backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +25,25 @@ class BackendSpec:
     per_request: bool = False
     # The backend copies the next batch to the device while one runs: its workers take two batches at once.
     pipelined: bool = False
+    # The backend reports its device's memory and load (DeviceReporter).
+    reports_device: bool = False
+    # The backend runs the model's own code (ModelHost), which may send BLS requests to the server and wait
+    # inside `execute` for their replies: its worker reads the pipe on a thread of its own.
+    runs_model_code: bool = False
 
     def create(self) -> Backend:
-        factory = importlib.import_module(self.module).create_backend
-        backend: Backend = factory()
-        return backend
+        return self.create_typed().backend
+
+    def create_typed(self) -> Capabilities:
+        """A fresh backend object, and the same object typed by each optional protocol this entry declares."""
+        backend = importlib.import_module(self.module).create_backend()
+        return Capabilities(
+            backend,
+            pipelined=backend if self.pipelined else None,
+            per_request=backend if self.per_request else None,
+            device=backend if self.reports_device else None,
+            model=backend if self.runs_model_code else None,
+        )
 
 
 BACKENDS = (
@@ -45,8 +56,9 @@ BACKENDS = (
         aliases=("acl",),
         path_parameter="model_path",
         pipelined=True,
+        reports_device=True,
     ),
-    BackendSpec("python", "geserve.backends.python", "model.py", per_request=True),
+    BackendSpec("python", "geserve.backends.python", "model.py", per_request=True, runs_model_code=True),
     BackendSpec("identity", "geserve.backends.identity", ""),
 )
 

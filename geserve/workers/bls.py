@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
-import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
-
-import numpy as np
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from geserve.backends.python import pb_utils
-from geserve.codecs import dtypes
-from geserve.errors import GeserveError, InternalError, UnavailableError
-from geserve.types import InferInput, InferRequest, RequestedOutput
 from geserve.workers.messages import BlsCall, BlsReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, unlink_quietly, write_tensors
-
-logger = logging.getLogger(__name__)
-# Triton's text for a request whose timeout ran out.
-TIMEOUT_EXPIRED = "Request timeout expired"
 
 
 class BlsClient:
@@ -127,55 +116,9 @@ def _response(reply: BlsReply) -> Any:
     return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in outputs.items()])
 
 
-# -- the front-end's side ---------------------------------------------------------------------------------
-
-StreamItem = tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]
-
-
-class ModelCaller(Protocol):
-    """The server as a BLS request reaches it (core's InferenceService): validated and scheduled like a
-    client's request, answered with the outputs' arrays."""
-
-    async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]: ...
-
-    def stream_model(self, request: InferRequest) -> AsyncIterator[StreamItem]: ...
-
-
-async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[[BlsReply], None], run: RunId) -> None:
-    """Run one BlsCall and answer it through `reply`: outputs in a fresh segment, or the error; a call with a
-    timeout that runs out answers "Request timeout expired". Segments are named for `run`."""
-    try:
-        arrays = take_tensors(call.inputs)
-        if caller is None:
-            raise UnavailableError("BLS requests cannot reach the server from this worker")
-        request = InferRequest(
-            call.model_name,
-            call.model_version,
-            tuple(InferInput(name, dtypes.from_numpy(a.dtype).wire, tuple(a.shape), a) for name, a in arrays.items()),
-            tuple(RequestedOutput(name) for name in call.output_names),
-            call.request_id,
-            dict(call.parameters),
-        )
-        timeout_s = call.timeout_us / 1e6 if call.timeout_us > 0 else None
-        if call.decoupled:
-            await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run), timeout_s)
-            return
-        outputs = await asyncio.wait_for(caller.call_model(request), timeout_s)
-        reply(BlsReply(call.call_id, write_tensors(outputs, run.segment_name("blsout")), None, True))
-    except TimeoutError:
-        reply(BlsReply(call.call_id, (), UnavailableError(TIMEOUT_EXPIRED), True))
-    except GeserveError as error:
-        reply(BlsReply(call.call_id, (), error, True))
-    except Exception as error:  # never leave a model waiting
-        logger.exception("BLS request to model '%s' failed", call.model_name)
-        reply(BlsReply(call.call_id, (), InternalError(f"{type(error).__name__}: {error}"), True))
-
-
-async def _stream(
-    caller: ModelCaller, request: InferRequest, call_id: int, reply: Callable[[BlsReply], None], run: RunId
-) -> None:
-    final = False
-    async for outputs, error, final in caller.stream_model(request):
-        reply(BlsReply(call_id, write_tensors(outputs or {}, run.segment_name("blsout")), error, final))
-    if not final:
-        reply(BlsReply(call_id, (), None, True))
+def connect(send: Callable[[object], None], run: RunId) -> BlsClient:
+    """A BlsClient sending through `send`, made the one that python models' `exec` calls in this process;
+    its calls' segments are named for `run`."""
+    client = BlsClient(send, run)
+    pb_utils.set_bls_caller(client.call)
+    return client

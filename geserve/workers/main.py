@@ -8,38 +8,28 @@ import multiprocessing
 import os
 import queue
 import secrets
-import select
 import signal
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 
-import numpy as np
-
-from geserve.backends.base import RequestResult, ResponseEmitter
-from geserve.codecs import dtypes
+from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.workers.bls import BlsClient
+from geserve.workers.mailbox import Inbox, Outbox
 from geserve.workers.messages import (
     BatchPlaced,
-    BlsReply,
-    Cancel,
     InstanceSpec,
     Loaded,
     LoadFailed,
-    Partial,
-    PlacedResult,
     ReadStatus,
-    RequestInfo,
     Retiring,
-    RowRange,
     RunBatch,
     Shutdown,
     StatusReport,
 )
+from geserve.workers.output_blocks import OutputBlocks
 from geserve.workers.runner import Batch, InstanceRunner
 from geserve.workers.runs import RunId
 from geserve.workers.shm import (
@@ -51,7 +41,6 @@ from geserve.workers.shm import (
     create_segment,
     read_tensor,
     unlink_quietly,
-    write_tensors,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,8 +51,6 @@ HANDOFF_MIN_BYTES = 64 << 10
 # The name suffix of pipeline handoff segments, and how many of them a worker keeps attached.
 _HANDOFF_ROLE = "_handoff"
 _ATTACHED_HANDOFFS = 16
-# Streamed responses up to this size travel in the message itself; larger ones in a segment.
-_INLINE_BYTES = 64 << 10
 
 
 @dataclass(slots=True)
@@ -129,7 +116,7 @@ class _Segments:
             allocate = None if keep else placement.allocate
             result, whole = runner.finish(running.batch, allocate, emit, split=False)
             running.batch.inputs = {}
-            blocks = _Blocks(runner.output_datatypes, placement)
+            blocks = OutputBlocks(runner.output_datatypes, placement)
             try:
                 placed = blocks.place(result.results, whole, message.requests)
                 overflow = message.output_overflow
@@ -137,7 +124,7 @@ class _Segments:
             except (GeserveError, OSError) as error:  # the outputs do not fit in /dev/shm: every request fails
                 if isinstance(error, OSError):
                     error = UnavailableError(f"the batch's outputs cannot be placed in shared memory: {error}")
-                blocks, placed = _Blocks(runner.output_datatypes, placement), (error,) * len(message.requests)
+                blocks, placed = OutputBlocks(runner.output_datatypes, placement), (error,) * len(message.requests)
             return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns)
         finally:
             _close(running.extra)
@@ -165,40 +152,6 @@ class _Segments:
             segment.close()
 
 
-class _Outbox:
-    """The pipe to the front-end. Streamed responses may come from a model's own threads while the main
-    loop answers batches, so sends are serialized. Segments it creates are named for `run`, the server's."""
-
-    def __init__(self, connection: Connection, run: RunId) -> None:
-        self._connection = connection
-        self.run = run
-        self._lock = threading.Lock()
-
-    def send(self, message: object) -> None:
-        with self._lock:
-            self._connection.send(message)
-
-    def emitter(self, requests: tuple[RequestInfo, ...]) -> ResponseEmitter:
-        def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
-            stream_id = requests[index].stream_id
-            try:
-                self.send(self._partial(stream_id, outputs, error, final))
-            except (OSError, ValueError):
-                logger.warning("dropping a response of stream %d: the front-end is gone", stream_id)
-
-        return emit
-
-    def _partial(
-        self, stream_id: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool
-    ) -> Partial:
-        if not outputs:
-            return Partial(stream_id, None, (), error, final)
-        arrays = {name: np.asarray(array) for name, array in outputs.items()}
-        if sum(array.nbytes for array in arrays.values()) <= _INLINE_BYTES:
-            return Partial(stream_id, arrays, (), error, final)
-        return Partial(stream_id, None, write_tensors(arrays, self.run.segment_name("stream")), error, final)
-
-
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     """Serve one instance until Shutdown or until the front-end's end of the pipe closes."""
     # Ctrl-C reaches the whole process group; the front-end decides when workers stop.
@@ -213,7 +166,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     )
     runner = InstanceRunner(spec)
     # Started by hand (not by a ProcessWorker), the worker is the top of its own run.
-    outbox = _Outbox(connection, spec.run or RunId.current())
+    outbox = Outbox(connection, spec.run or RunId.current())
     try:
         segments = _Segments(spec)
         config = runner.load()
@@ -224,14 +177,14 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         connection.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
     connection.send(Loaded(config.SerializeToString()))
-    inbox = _Inbox(connection, runner, outbox, threaded=spec.backend == "python")
+    inbox = Inbox(connection, runner.cancelled_streams, outbox, threaded=runner.runs_model_code)
     # The batch launched on the device. While it runs, the next one (already sent when the front-end
     # pipelines) is staged, so the device starts it as soon as this one is answered.
     running: _Running | None = None
     waiter = _DeviceWaiter(runner) if runner.pipelined and not inbox.threaded else None
     try:
         while True:
-            if running is not None and not inbox.ready(waiter):
+            if running is not None and not inbox.ready(waiter.done if waiter is not None else None):
                 finished, running = running, None
                 if not _answer(segments, runner, outbox, finished, waiter):
                     break
@@ -312,7 +265,7 @@ class _DeviceWaiter:
 
 
 def _answer(
-    segments: _Segments, runner: InstanceRunner, outbox: _Outbox, running: _Running, waiter: _DeviceWaiter | None
+    segments: _Segments, runner: InstanceRunner, outbox: Outbox, running: _Running, waiter: _DeviceWaiter | None
 ) -> bool:
     """Finish a batch and send its answer; False when the device failed under it and the worker must go."""
     if waiter is not None:
@@ -324,177 +277,3 @@ def _answer(
         outbox.send(Retiring(runner.fault))
         return False
     return True
-
-
-class _Inbox:
-    """What the front-end sends. A python model may wait inside `execute` for a BLS reply, so for python
-    models a reader thread takes every message: BLS replies and cancellations are handled at once, the rest
-    queue for the main loop. Other backends read the pipe directly, one batch after the other."""
-
-    _END = object()
-
-    def __init__(self, connection: Connection, runner: InstanceRunner, outbox: _Outbox, threaded: bool) -> None:
-        self._connection = connection
-        self._runner = runner
-        self._bls: BlsClient | None = None
-        self._queue: queue.SimpleQueue[object] | None = None
-        # One poll object, made once: Connection.poll builds a selector on every call.
-        self._readable = select.poll()
-        self._readable.register(connection.fileno(), select.POLLIN)
-        self._either: select.poll | None = None  # the pipe or a device waiter's signal
-        if threaded:
-            from geserve.backends.python import pb_utils
-
-            self._bls = BlsClient(outbox.send, outbox.run)
-            pb_utils.set_bls_caller(self._bls.call)
-            self._queue = queue.SimpleQueue()
-            threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()
-
-    @property
-    def threaded(self) -> bool:
-        return self._queue is not None
-
-    def ready(self, waiter: _DeviceWaiter | None = None) -> bool:
-        """Whether a message is waiting (`get` would not block). With a `waiter`, blocks until either a
-        message comes or the device is done with the running batch (then False, unless both are ready)."""
-        if self._queue is not None:
-            return not self._queue.empty()
-        try:
-            if waiter is None:
-                return bool(self._readable.poll(0))
-            if self._either is None:
-                self._either = select.poll()
-                self._either.register(self._connection.fileno(), select.POLLIN)
-                self._either.register(waiter.done.fileno(), select.POLLIN)
-            pipe = self._connection.fileno()
-            return any(fd == pipe for fd, _ in self._either.poll())
-        except (OSError, ValueError):
-            return True  # `get` reports the closed pipe
-
-    def get(self) -> object:
-        """The next message for the main loop; EOFError once the front-end is gone."""
-        while True:
-            if self._queue is None:
-                message = self._connection.recv()
-            else:
-                message = self._queue.get()
-                if message is self._END:
-                    raise EOFError
-            if isinstance(message, Cancel):
-                self._runner.cancelled_streams.add(message.stream_id)
-                continue
-            return message
-
-    def _read(self) -> None:
-        assert self._queue is not None and self._bls is not None
-        while True:
-            try:
-                message = self._connection.recv()
-            except (EOFError, OSError):
-                self._bls.close()
-                self._queue.put(self._END)
-                return
-            if isinstance(message, BlsReply):
-                self._bls.deliver(message)
-            elif isinstance(message, Cancel):
-                self._runner.cancelled_streams.add(message.stream_id)
-            else:
-                self._queue.put(message)
-                if isinstance(message, Shutdown):
-                    return
-
-    def close(self) -> None:
-        if self._bls is not None:
-            self._bls.close()
-
-
-class _Blocks:
-    """A batch's outputs as blocks in shared memory, and each request's outputs as row ranges of them.
-    One block per output holds every request's rows when the backend returned one tensor (the requests
-    get consecutive views of it) or wrote it in place; per-request outputs (python models) are stacked
-    into one block when their dims agree, else each is a block of its own (BYTES, ragged shapes)."""
-
-    def __init__(self, datatypes: dict[str, str], placement: OutputPlacement) -> None:
-        self._datatypes = datatypes
-        self._placement = placement
-        self._blocks: list[TensorRef | int] = []  # a ref in place, or the layout entry to be written
-        self.layout = TensorLayout()
-        self._written: tuple[TensorRef, ...] = ()
-
-    def place(
-        self, results: tuple[RequestResult, ...], whole: dict[str, np.ndarray], requests: tuple[RequestInfo, ...]
-    ) -> tuple[PlacedResult, ...]:
-        """Blocks for `whole` (a batch's outputs, each request's rows in turn) or else for the requests'
-        own outputs, and every request's outputs as row ranges of them."""
-        if whole:
-            return self._place_whole(whole, requests)
-        ranges: list[dict[str, RowRange]] = [{} for _ in results]
-        by_name: dict[str, list[tuple[int, np.ndarray]]] = {}
-        for index, result in enumerate(results):
-            if not isinstance(result, GeserveError):
-                for name, array in result.items():
-                    by_name.setdefault(name, []).append((index, array))
-        for name, entries in by_name.items():
-            self._add_own(name, entries, ranges)
-        return tuple(
-            result if isinstance(result, GeserveError) else tuple(ranges[index][name] for name in result)
-            for index, result in enumerate(results)
-        )
-
-    def _place_whole(self, whole: dict[str, np.ndarray], requests: tuple[RequestInfo, ...]) -> tuple[PlacedResult, ...]:
-        """One block per output, in place where the backend wrote it there; each request has its rows of the
-        outputs it asked for (a batch of one request has them whole, a model without a batch dimension too)."""
-        blocks = {name: self._block(name, array) for name, array in whole.items()}
-        if len(requests) == 1:
-            return (tuple((blocks[name], 0, -1) for name in requests[0].output_names),)
-        placed: list[PlacedResult] = []
-        first = 0
-        for info in requests:
-            placed.append(tuple((blocks[name], first, info.rows) for name in info.output_names))
-            first += info.rows
-        return tuple(placed)
-
-    def _block(self, name: str, array: np.ndarray) -> int:
-        block = len(self._blocks)
-        ref = self._placement.ref_of(name, array)
-        if ref is not None:
-            self._blocks.append(ref)
-        else:
-            self._blocks.append(self.layout.count)
-            self.layout.add(name, self._datatype(name, array), [array])
-        return block
-
-    def _add_own(self, name: str, entries: list[tuple[int, np.ndarray]], ranges: list[dict[str, RowRange]]) -> None:
-        """Per-request outputs of one name: stacked into one block when their dims agree, else one each."""
-        arrays = [array for _, array in entries]
-        datatype = self._datatype(name, arrays[0])
-        if len(arrays) > 1 and datatype != "BYTES" and _stackable(arrays):
-            block = len(self._blocks)
-            self._blocks.append(self.layout.count)
-            self.layout.add(name, datatype, arrays)
-            first = 0
-            for index, array in entries:
-                ranges[index][name] = (block, first, int(array.shape[0]))
-                first += int(array.shape[0])
-            return
-        for index, array in entries:
-            ranges[index][name] = (self._block(name, array), 0, -1)
-
-    def _datatype(self, name: str, array: np.ndarray) -> str:
-        return self._datatypes.get(name) or dtypes.from_numpy(array.dtype).wire
-
-    def written(self, refs: tuple[TensorRef, ...]) -> None:
-        self._written = refs
-
-    def refs(self) -> tuple[TensorRef, ...]:
-        return tuple(block if isinstance(block, TensorRef) else self._written[block] for block in self._blocks)
-
-
-def _stackable(arrays: list[np.ndarray]) -> bool:
-    """Whether the arrays are row blocks of one tensor: same dtype and the same dims after the first."""
-    first = arrays[0]
-    return (
-        first.ndim > 0
-        and all(a.ndim == first.ndim and a.shape[1:] == first.shape[1:] for a in arrays)
-        and all(a.dtype == first.dtype for a in arrays)
-    )

@@ -18,7 +18,7 @@ from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.types import InstanceStatus
 from geserve.workers import placement
-from geserve.workers.bls import ModelCaller
+from geserve.workers.bls_serving import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo

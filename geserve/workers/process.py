@@ -24,7 +24,7 @@ from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import InstanceStatus
 from geserve.workers import main as worker_main
 from geserve.workers.arenas import Arenas
-from geserve.workers.bls import ModelCaller, serve_call
+from geserve.workers.bls_serving import ModelCaller, serve_call
 from geserve.workers.client import InstanceState, WorkerClient
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
 from geserve.workers.handoff import HandoffSegments, MappedOutputs

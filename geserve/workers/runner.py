@@ -8,17 +8,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
 
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.backends.base import (
-    Backend,
     BackendRequest,
+    Capabilities,
     DeviceFaultError,
-    DeviceReporter,
     OutputAllocator,
     PipelinedBackend,
     RequestBackend,
@@ -47,16 +45,13 @@ class Batch:
     failure: BatchResult | None = None
 
 
-def _pipelined(backend: Backend | None) -> TypeGuard[PipelinedBackend]:
-    return hasattr(backend, "stage")
-
-
 class InstanceRunner:
     """The backend side of a worker, shared by the in-process and the process worker."""
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
-        self._backend: Backend | None = None
+        # The loaded backend, typed by what its registry entry says it can do; None when not loaded.
+        self._loaded: Capabilities | None = None
         self.output_datatypes: dict[str, str] = {}
         # Set when the device failed under a batch: the worker must be replaced, not reused.
         self.fault = ""
@@ -67,24 +62,23 @@ class InstanceRunner:
         """Load the backend and return the config it serves; raises ModelLoadError."""
         spec = self.spec
         config = mc.ModelConfig.FromString(spec.config)
-        backend: Backend | None = None
+        created: Capabilities | None = None
         try:
-            backend = registry.by_name(spec.backend).create()
-            describe = getattr(backend, "describe_instance", None)
-            if describe is not None:
-                describe(spec.instance_name, "GPU" if spec.on_device else "CPU")
-            backend.load(config, Path(spec.model_path), spec.device_id)
-            backend.complete_config(config, spec.auto_complete)
+            created = registry.by_name(spec.backend).create_typed()
+            if created.model is not None:
+                created.model.describe_instance(spec.instance_name, "GPU" if spec.on_device else "CPU")
+            created.backend.load(config, Path(spec.model_path), spec.device_id)
+            created.backend.complete_config(config, spec.auto_complete)
             self._states = SlotStates(read_states(config, Path(spec.model_directory)))
         except Exception as error:
-            if backend is not None:
+            if created is not None:
                 with contextlib.suppress(Exception):
-                    backend.unload()  # whatever `load` acquired before the failure
+                    created.backend.unload()  # whatever `load` acquired before the failure
             if isinstance(error, GeserveError):
                 raise ModelLoadError(error.message) from None
             logger.exception("instance %s failed to load", spec.instance_name)
             raise ModelLoadError(f"model '{spec.model_name}': {type(error).__name__}: {error}") from None
-        self._backend = backend
+        self._loaded = created
         self.output_datatypes = {output.name: dtypes.from_config(output.data_type).wire for output in config.output}
         return config
 
@@ -96,26 +90,11 @@ class InstanceRunner:
         allocate: OutputAllocator | None = None,
         emit: ResponseEmitter | None = None,
     ) -> BatchResult:
-        """Run one batch and answer each of its `requests`; any failure becomes their error, never an
-        exception."""
-        return self.run(inputs, output_names, requests, allocate, emit)[0]
-
-    def run(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        allocate: OutputAllocator | None = None,
-        emit: ResponseEmitter | None = None,
-        *,
-        split: bool = True,
-    ) -> tuple[BatchResult, dict[str, np.ndarray]]:
-        """`execute`, and the batch's whole outputs when the backend ran it as one tensor per output, which
-        the worker process places once. Each request's result then holds views of its rows of them, or,
-        with `split` false, nothing (its rows are in the whole outputs)."""
+        """Run one batch and answer each of its `requests` (with views of their rows of the batch's outputs);
+        any failure becomes their error, never an exception."""
         batch = self.stage(inputs, output_names, requests)
         self.launch(batch)
-        return self.finish(batch, allocate, emit, split=split)
+        return self.finish(batch, allocate, emit)[0]
 
     def stage(
         self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], requests: Sequence[RequestInfo]
@@ -123,8 +102,8 @@ class InstanceRunner:
         """A batch made ready to launch: a pipelined backend copies its inputs to the device now, even while
         the batch before it runs."""
         batch = Batch(inputs, output_names, requests, time.monotonic_ns())
-        backend = self._backend
-        if backend is None:
+        loaded = self._loaded
+        if loaded is None:
             batch.failure = self._failed(
                 InternalError(f"instance '{self.spec.instance_name}' is not loaded"), requests, batch.started
             )
@@ -134,16 +113,16 @@ class InstanceRunner:
             if states:
                 batch.inputs = states.feed(inputs, requests)
                 batch.output_names = output_names + tuple(n for n in states.output_names if n not in output_names)
-            if _pipelined(backend):
-                batch.staged = backend.stage(batch.inputs)
+            if loaded.pipelined is not None:
+                batch.staged = loaded.pipelined.stage(batch.inputs)
         except Exception as error:  # states whose shapes do not stack, inputs the device refuses
             batch.failure = self._failed(error, requests, batch.started)
         return batch
 
     def launch(self, batch: Batch) -> None:
         """Start a staged batch (the one launched before it has finished)."""
-        backend = self._backend
-        if batch.staged is None or batch.failure is not None or not _pipelined(backend):
+        backend = self._pipeline
+        if batch.staged is None or batch.failure is not None or backend is None:
             return
         try:
             backend.launch(batch.staged)
@@ -151,9 +130,18 @@ class InstanceRunner:
             batch.failure = self._failed(error, batch.requests, batch.started)
 
     @property
+    def _pipeline(self) -> PipelinedBackend | None:
+        return self._loaded.pipelined if self._loaded is not None else None
+
+    @property
     def pipelined(self) -> bool:
         """Whether the backend runs a launched batch on its device while the host stages the next."""
-        return _pipelined(self._backend)
+        return self._pipeline is not None
+
+    @property
+    def runs_model_code(self) -> bool:
+        """Whether the backend runs the model's own code, which may wait inside `execute` for BLS replies."""
+        return self._loaded is not None and self._loaded.model is not None
 
     @property
     def stages_ahead(self) -> bool:
@@ -163,14 +151,14 @@ class InstanceRunner:
 
     def wait(self, batch: Batch) -> None:
         """Block until a launched batch is done on the device (from a thread of its own); never raises."""
-        backend = self._backend
-        if batch.staged is not None and batch.failure is None and _pipelined(backend):
+        backend = self._pipeline
+        if batch.staged is not None and batch.failure is None and backend is not None:
             backend.wait(batch.staged)
 
     def discard(self, batch: Batch) -> None:
         """Give back what a staged batch holds on the device when it will never run."""
-        backend = self._backend
-        if batch.staged is not None and batch.failure is None and _pipelined(backend):
+        backend = self._pipeline
+        if batch.staged is not None and batch.failure is None and backend is not None:
             with contextlib.suppress(Exception):
                 backend.discard(batch.staged)
 
@@ -185,16 +173,16 @@ class InstanceRunner:
         """Run the batch (or wait for it, once launched) and answer each of its requests."""
         if batch.failure is not None:
             return batch.failure, {}
-        backend = self._backend
-        assert backend is not None
+        loaded = self._loaded
+        assert loaded is not None
         requests, output_names, started = batch.requests, batch.output_names, batch.started
-        if hasattr(backend, "execute_requests"):
-            return self._execute_requests(backend, batch.inputs, requests, emit, started), {}  # type: ignore[arg-type]
+        if loaded.per_request is not None:
+            return self._execute_requests(loaded.per_request, batch.inputs, requests, emit, started), {}
         try:
-            if batch.staged is not None and _pipelined(backend):
-                outputs = backend.finish(batch.staged, output_names, allocate)
+            if batch.staged is not None and loaded.pipelined is not None:
+                outputs = loaded.pipelined.finish(batch.staged, output_names, allocate)
             else:
-                outputs = backend.execute(batch.inputs, output_names, allocate)
+                outputs = loaded.backend.execute(batch.inputs, output_names, allocate)
             missing = [name for name in output_names if name not in outputs]
             if missing:
                 raise InternalError(f"model '{self.spec.model_name}' did not produce output(s) {missing}")
@@ -304,26 +292,22 @@ class InstanceRunner:
 
     def status(self) -> InstanceStatus:
         """Device usage, the model's own readiness and metrics, from backends that have them."""
-        backend = self._backend
+        model = self._loaded.model if self._loaded is not None else None
         ready = True
         metrics: tuple[CustomMetric, ...] = ()
         try:
-            model_ready = getattr(backend, "model_ready", None)
-            if model_ready is not None:
-                ready = bool(model_ready())
-            custom = getattr(backend, "custom_metrics", None)
-            if custom is not None:
-                metrics = tuple(custom())
+            if model is not None:
+                ready = bool(model.model_ready())
+                metrics = tuple(model.custom_metrics())
         except Exception:
             logger.exception("instance %s could not report its status", self.spec.instance_name)
         return InstanceStatus(self.device_usage(), ready, metrics)
 
     def device_usage(self) -> DeviceUsage | None:
         """The device's memory and load, from backends that run on one; None otherwise."""
-        backend = self._backend
-        if backend is None or not hasattr(backend, "device_usage"):
+        reporter = self._loaded.device if self._loaded is not None else None
+        if reporter is None:
             return None
-        reporter: DeviceReporter = backend  # type: ignore[assignment]
         try:
             return reporter.device_usage()
         except Exception:
@@ -331,12 +315,12 @@ class InstanceRunner:
             return None
 
     def unload(self) -> None:
-        if self._backend is not None:
+        if self._loaded is not None:
             try:
-                self._backend.unload()
+                self._loaded.backend.unload()
             except Exception:
                 logger.exception("instance %s failed to unload", self.spec.instance_name)
-            self._backend = None
+            self._loaded = None
 
 
 def _drop(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:

@@ -13,8 +13,9 @@ from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError, InternalError
 from geserve.workers.arenas import Arenas
 from geserve.workers.handoff import MappedOutputs
-from geserve.workers.main import _Blocks, _Segments
+from geserve.workers.main import _Segments
 from geserve.workers.messages import BatchPlaced, InstanceSpec, RequestInfo, RunBatch
+from geserve.workers.output_blocks import OutputBlocks
 from geserve.workers.runs import RunId
 from geserve.workers.shm import OutputPlacement, buffer_of
 
@@ -44,7 +45,7 @@ def round_trip(
         target = placement.allocate(name, "FP32", array.shape)
         target[...] = array
         outputs[name] = target
-    blocks = _Blocks({"A": "FP32", "B": "FP32", "S": "BYTES"}, placement)
+    blocks = OutputBlocks({"A": "FP32", "B": "FP32", "S": "BYTES"}, placement)
     placed = blocks.place(results, outputs, message.requests)
     blocks.written(segments._write(blocks.layout, output_arena, message.output_overflow, placement.end))
     answer = pickle.loads(pickle.dumps(BatchPlaced(7, blocks.refs(), placed, 1, 2)))

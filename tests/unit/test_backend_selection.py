@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.backends import registry
+from geserve.backends import base, registry
 from geserve.errors import ModelLoadError
 from geserve.repository.scan import ModelSource
 from geserve.workers.placement import model_file_path
@@ -76,3 +76,25 @@ def test_model_path_outside_the_repository_is_refused(tmp_path: Path, value: str
     _touch(tmp_path / "repo" / "m" / "1" / "model.om")
     with pytest.raises(ModelLoadError, match="must name a file inside the model repository"):
         model_file_path(ModelSource("m", tmp_path / "repo" / "m"), _model_path(value), registry.by_name("ge"), 1)
+
+
+def _methods(protocol: type) -> set[str]:
+    return {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
+
+
+@pytest.mark.parametrize("spec", registry.BACKENDS, ids=lambda spec: spec.name)
+def test_each_backend_declares_exactly_the_optional_protocols_it_implements(spec: registry.BackendSpec) -> None:
+    """The registry's flags are what the worker trusts: a flag without the methods, or methods without the
+    flag, would either fail at the first batch or leave a capability unused."""
+    made = spec.create_typed()
+    declared = {
+        base.PipelinedBackend: made.pipelined,
+        base.RequestBackend: made.per_request,
+        base.DeviceReporter: made.device,
+        base.ModelHost: made.model,
+    }
+    for protocol, typed in declared.items():
+        implements = all(callable(getattr(made.backend, name, None)) for name in _methods(protocol))
+        assert implements == (typed is not None), f"{spec.name}: {protocol.__name__}"
+        assert typed is None or typed is made.backend
+    assert all(callable(getattr(made.backend, name, None)) for name in _methods(base.Backend))

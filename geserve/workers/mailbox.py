@@ -1,0 +1,144 @@
+"""The worker's ends of its pipe to the front-end: Inbox (messages in) and Outbox (serialized sends)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import select
+import threading
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from geserve.backends.base import ResponseEmitter
+from geserve.errors import GeserveError
+from geserve.workers.messages import BlsReply, Cancel, Partial, RequestInfo, Shutdown
+from geserve.workers.runs import RunId
+from geserve.workers.shm import write_tensors
+
+if TYPE_CHECKING:
+    from geserve.workers.bls import BlsClient
+
+logger = logging.getLogger(__name__)
+
+# Streamed responses up to this size travel in the message itself; larger ones in a segment.
+_INLINE_BYTES = 64 << 10
+
+
+class Outbox:
+    """The pipe to the front-end. Streamed responses may come from a model's own threads while the main
+    loop answers batches, so sends are serialized. Segments it creates are named for `run`, the server's."""
+
+    def __init__(self, connection: Connection, run: RunId) -> None:
+        self._connection = connection
+        self.run = run
+        self._lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        with self._lock:
+            self._connection.send(message)
+
+    def emitter(self, requests: tuple[RequestInfo, ...]) -> ResponseEmitter:
+        def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
+            stream_id = requests[index].stream_id
+            try:
+                self.send(self._partial(stream_id, outputs, error, final))
+            except (OSError, ValueError):
+                logger.warning("dropping a response of stream %d: the front-end is gone", stream_id)
+
+        return emit
+
+    def _partial(
+        self, stream_id: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool
+    ) -> Partial:
+        if not outputs:
+            return Partial(stream_id, None, (), error, final)
+        arrays = {name: np.asarray(array) for name, array in outputs.items()}
+        if sum(array.nbytes for array in arrays.values()) <= _INLINE_BYTES:
+            return Partial(stream_id, arrays, (), error, final)
+        return Partial(stream_id, None, write_tensors(arrays, self.run.segment_name("stream")), error, final)
+
+
+class Inbox:
+    """What the front-end sends. A model running its own code may wait inside `execute` for a BLS reply, so
+    for those a reader thread takes every message: BLS replies and cancellations are handled at once, the rest
+    queue for the main loop. Other backends read the pipe directly, one batch after the other."""
+
+    _END = object()
+
+    def __init__(self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool) -> None:
+        self._connection = connection
+        self._cancelled = cancelled  # the runner's cancelled streams, which its model reads
+        self._bls: BlsClient | None = None
+        self._queue: queue.SimpleQueue[object] | None = None
+        # One poll object, made once: Connection.poll builds a selector on every call.
+        self._readable = select.poll()
+        self._readable.register(connection.fileno(), select.POLLIN)
+        self._either: select.poll | None = None  # the pipe or a device waiter's signal
+        if threaded:
+            # Imported only here: it brings the python backend's pb_utils, which other workers never need.
+            from geserve.workers import bls
+
+            self._bls = bls.connect(outbox.send, outbox.run)
+            self._queue = queue.SimpleQueue()
+            threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()
+
+    @property
+    def threaded(self) -> bool:
+        return self._queue is not None
+
+    def ready(self, device_done: Connection | None = None) -> bool:
+        """Whether a message is waiting (`get` would not block). With `device_done` (a device waiter's signal),
+        blocks until either a message comes or the device is done with the running batch (then False, unless
+        both are ready)."""
+        if self._queue is not None:
+            return not self._queue.empty()
+        try:
+            if device_done is None:
+                return bool(self._readable.poll(0))
+            if self._either is None:
+                self._either = select.poll()
+                self._either.register(self._connection.fileno(), select.POLLIN)
+                self._either.register(device_done.fileno(), select.POLLIN)
+            pipe = self._connection.fileno()
+            return any(fd == pipe for fd, _ in self._either.poll())
+        except (OSError, ValueError):
+            return True  # `get` reports the closed pipe
+
+    def get(self) -> object:
+        """The next message for the main loop; EOFError once the front-end is gone."""
+        while True:
+            if self._queue is None:
+                message = self._connection.recv()
+            else:
+                message = self._queue.get()
+                if message is self._END:
+                    raise EOFError
+            if isinstance(message, Cancel):
+                self._cancelled.add(message.stream_id)
+                continue
+            return message
+
+    def _read(self) -> None:
+        assert self._queue is not None and self._bls is not None
+        while True:
+            try:
+                message = self._connection.recv()
+            except (EOFError, OSError):
+                self._bls.close()
+                self._queue.put(self._END)
+                return
+            if isinstance(message, BlsReply):
+                self._bls.deliver(message)
+            elif isinstance(message, Cancel):
+                self._cancelled.add(message.stream_id)
+            else:
+                self._queue.put(message)
+                if isinstance(message, Shutdown):
+                    return
+
+    def close(self) -> None:
+        if self._bls is not None:
+            self._bls.close()
