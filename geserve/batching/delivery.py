@@ -53,12 +53,10 @@ class Delivery:
         reschedule: Callable[[], None],
         preserve_ordering: bool = False,
     ) -> None:
-        self._model_name = model_name
-        self._stats = stats
-        self._clock = clock
+        self._model_name, self._stats, self._clock = model_name, stats, clock
         self._reschedule = reschedule
+        self._running: set[asyncio.Task[None]] = set()  # batches not yet delivered
         self._preserve_ordering = preserve_ordering
-        self._running: set[asyncio.Task[None]] = set()
         # preserve_ordering: outcomes wait here until every earlier request has been answered.
         self._next_release = 0
         self._finished: dict[int, tuple[PendingRequest, Outcome]] = {}

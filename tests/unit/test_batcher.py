@@ -72,6 +72,7 @@ class ScriptedInstance:
         self.on_ready: Callable[[Any], None] | None = None
         self.capacity = 1
         self.incarnation = 0
+        self.model_ready = True
 
     @property
     def recoverable(self) -> bool:
@@ -135,7 +136,8 @@ class Harness:
         for instance in self.instances:
             instance.capacity = capacity
         self.stats = ModelStats()
-        self.scheduler = Scheduler("m", InstancePool(self.instances), policy, self.stats, self.clock)
+        self.pool = InstancePool(self.instances)
+        self.scheduler = Scheduler("m", self.pool, policy, self.stats, self.clock)
 
     def submit(
         self, rows: int, value: float = 0.0, width: int = 2, **parameters: Any
