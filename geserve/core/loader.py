@@ -94,8 +94,8 @@ async def _load_version(
         ensemble.check_steps(config, models)
         stats = ModelStats()
         stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
-        steps = ensemble.EnsembleScheduler(config, models, stats)
-        return ModelVersion(config, version, steps, steps.instances, stats)
+        steps_scheduler = ensemble.EnsembleScheduler(config, models, stats)
+        return ModelVersion(config, version, steps_scheduler, steps_scheduler.instances, stats)
     pool, completed = await pools.create(source, config, version)
     stats = ModelStats()
     stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
