@@ -288,7 +288,8 @@ class EnsembleScheduler:
     async def _outputs(self, request: ScheduledRequest, timing: list[int]) -> dict[str, np.ndarray]:
         flow = self._flow(dict(request.inputs), self._steps, _forwarded(request.parameters), request.request_id, timing)
         async with contextlib.aclosing(flow):
-            tensors = await anext(flow)
+            # The first complete set: the only one, unless a step's model became decoupled since the check.
+            tensors: dict[str, np.ndarray] = await anext(flow, {})
         missing = [name for name in request.output_names if name not in tensors]
         if missing:
             raise InternalError(f"ensemble '{self._name}' did not produce output(s) {missing}")
