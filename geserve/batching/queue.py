@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from geserve.batching.policy import BatchingPolicy
+from geserve.batching.request import RequestTimestamps, ScheduledRequest
 from geserve.errors import GeserveError, UnavailableError
-from geserve.types import Parameters
 from geserve.workers.streams import ResponseStream
 
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -59,9 +59,8 @@ Reply = UnaryReply | StreamReply
 class PendingRequest:
     """One request waiting for (or running in) a batch."""
 
-    sequence: int
-    inputs: Mapping[str, np.ndarray]
-    output_names: tuple[str, ...]
+    sequence: int  # its place in arrival order
+    request: ScheduledRequest
     rows: int  # its share of the batch dimension
     shape_key: tuple[tuple[int, ...], ...]  # non-batch dims; only equal keys share a batch
     level: int
@@ -70,12 +69,26 @@ class PendingRequest:
     reply: Reply = field(repr=False)
     queued: bool = True
     delayed: bool = False
-    request_id: str = ""
-    parameters: Parameters = field(default_factory=dict)
     dispatched_ns: int = 0
-    handoff: bool = False  # a pipeline's step: its outputs may stay in shared memory
-    # Set for a traced request: where its queue and compute timestamps go.
-    marks: list[tuple[str, int]] | None = field(default=None, repr=False)
+    timestamps: RequestTimestamps | None = None  # once its batch has returned
+
+
+def pending_request(
+    request: ScheduledRequest, policy: BatchingPolicy, sequence: int, now_ns: int, reply: Reply
+) -> PendingRequest:
+    """A request as it waits: its rows and the dims it can share a batch on, its priority level, and when
+    its queue timeout (the request's own, as the policy allows it) expires."""
+    batched = policy.max_batch_size > 0
+    inputs, parameters = request.inputs, request.parameters
+    first = next(iter(inputs.values()), None)
+    rows = int(first.shape[0]) if batched and first is not None and first.ndim else 1
+    shape_key = tuple(tuple(array.shape[1:]) if batched else tuple(array.shape) for array in inputs.values())
+    priority = parameters.get("priority")
+    level = policy.level(priority if isinstance(priority, int) else None)
+    timeout = parameters.get("timeout")
+    timeout_ns = policy.queue_policies[level - 1].timeout_ns(timeout if isinstance(timeout, int) else None)
+    deadline_ns = now_ns + timeout_ns if timeout_ns else None
+    return PendingRequest(sequence, request, rows, shape_key, level, now_ns, deadline_ns, reply)
 
 
 class RequestQueue:

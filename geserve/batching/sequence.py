@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from geserve.batching.clock import Clock
+from geserve.batching.clock import Alarm, Clock, LoopClock
+from geserve.batching.delivery import Delivery, StatsRecorder
+from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.policy import BatchingPolicy
-from geserve.batching.queue import PendingRequest, Reply, StreamReply
-from geserve.batching.scheduler import Instances, Scheduler, StatsRecorder
+from geserve.batching.queue import PendingRequest, Reply, StreamReply, pending_request
+from geserve.batching.request import ScheduledRequest, ScheduledResponse
+from geserve.batching.scheduler import Instances
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.sequence import SequenceSettings
 from geserve.types import EMPTY_PARAMETERS, Parameters
+from geserve.workers.batch import Batch
 from geserve.workers.messages import SEQUENCE_END, SEQUENCE_READY, SEQUENCE_START, BatchResult, RequestInfo
-from geserve.workers.streams import ResponseStream
+from geserve.workers.streams import StreamItem
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +33,9 @@ CorrelationId = int | str
 _LOST_REMEMBERED = 4096
 
 
-class SequenceInstances(Instances, Protocol):
-    """The pool as the sequence batcher drives it: one instance at a time (workers.pool.InstancePool)."""
+class SequenceInstances(Instances, InstanceControl, Protocol):
+    """The pool as the sequence batcher drives it, one instance at a time, and as its version's lifecycle
+    controls it (workers.pool.InstancePool)."""
 
     @property
     def size(self) -> int: ...
@@ -40,16 +46,7 @@ class SequenceInstances(Instances, Protocol):
 
     def idle_on(self, index: int) -> bool: ...
 
-    def dispatch_to(
-        self,
-        index: int,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> Coroutine[Any, Any, BatchResult]: ...
+    def dispatch_to(self, index: int, batch: Batch) -> Coroutine[Any, Any, BatchResult]: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -69,7 +66,7 @@ class _Sequence:
 _Row = tuple[int, PendingRequest | None]
 
 
-class SequenceScheduler(Scheduler):
+class SequenceScheduler:
     """Triton's sequence batcher over a model version's instances.
 
     - A request names its sequence (`sequence_id`) and its first and last request say so
@@ -93,9 +90,17 @@ class SequenceScheduler(Scheduler):
         stats: StatsRecorder,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(model_name, pool, BatchingPolicy(max_batch_size=settings.max_batch_size), stats, clock)
+        self._model_name = model_name
         self._instances = pool
+        pool.on_idle = self._schedule
         self._settings = settings
+        # Requests have no priority levels or queue timeouts here; the policy only tells a batch's rows.
+        self._policy = BatchingPolicy(max_batch_size=settings.max_batch_size)
+        self.stats = stats
+        self._clock = clock or LoopClock()
+        self._sequence = 0  # requests admitted so far
+        self._alarm = Alarm(self._clock, self._schedule)
+        self._delivery = Delivery(model_name, stats, self._clock, self._schedule)
         self._live: dict[CorrelationId, _Sequence] = {}  # by id; a sequence whose END is queued has left
         self._owner: dict[PendingRequest, _Sequence] = {}  # queued requests
         self._slots: list[list[_Sequence | None]] = [[None] * settings.slots_per_instance for _ in range(pool.size)]
@@ -106,20 +111,23 @@ class SequenceScheduler(Scheduler):
         self._lost: OrderedDict[CorrelationId, str] = OrderedDict()
         self._queued = 0
 
+    async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
+        """Queue one request of a sequence and wait for its outputs and the timestamps of its batch."""
+        return await self._delivery.execute(request, self._enqueue, self._withdraw)
+
+    def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamItem]:
+        """Queue one request of a decoupled sequence model (when iterated) and yield its responses."""
+        return self._delivery.stream(request, self._enqueue, self._withdraw)
+
+    async def drain(self) -> None:
+        """Wait until every request admitted so far has been answered (while an instance can take them)."""
+        await self._delivery.drain(lambda: self._queued > 0 and self._instances.recoverable())
+
     # -- admission ---------------------------------------------------------------------------
 
-    def _enqueue(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: tuple[str, ...],
-        parameters: Parameters,
-        request_id: str,
-        reply: Reply,
-        *,
-        handoff: bool = False,
-    ) -> PendingRequest:
+    def _enqueue(self, request: ScheduledRequest, reply: Reply) -> PendingRequest:
         try:
-            correlation_id, start, end = self._check(inputs, parameters)
+            correlation_id, start, end = self._check(request.inputs, request.parameters)
         except (InvalidArgumentError, UnavailableError):
             self.stats.record_failure("OTHER", 0)
             raise
@@ -137,24 +145,22 @@ class SequenceScheduler(Scheduler):
                 correlation_id,
                 self._model_name,
             )
-        request = self._pending(inputs, output_names, parameters, now, reply)
-        request.request_id = request_id
-        request.handoff = handoff
+        pending = pending_request(request, self._policy, self._sequence, now, reply)
         self._sequence += 1
-        sequence.requests.append(request)
+        sequence.requests.append(pending)
         sequence.last_ns = now
-        self._owner[request] = sequence
+        self._owner[pending] = sequence
         self._queued += 1
         if end:
             # Later requests with this id start a new sequence; this one's slot is freed once END has run.
             del self._live[correlation_id]
         self._schedule()
-        return request
+        return pending
 
     def _check(self, inputs: Mapping[str, np.ndarray], parameters: Parameters) -> tuple[CorrelationId, bool, bool]:
         """The request's sequence id and flags, or Triton's error for a request the batcher cannot take."""
         name = self._model_name
-        if not self._pool.recoverable():
+        if not self._instances.recoverable():
             raise UnavailableError(f"model '{name}' has no running instance")
         if self._settings.batched:
             first = next(iter(inputs.values()), None)
@@ -204,9 +210,6 @@ class SequenceScheduler(Scheduler):
         self._queued -= 1
         self.stats.pending = self._queued
         return True
-
-    def _has_queued(self) -> bool:
-        return self._queued > 0
 
     # -- slots -------------------------------------------------------------------------------
 
@@ -269,7 +272,7 @@ class SequenceScheduler(Scheduler):
         for request in failed:
             del self._owner[request]
         self._queued -= len(failed)
-        self._fail_batch(failed, UnavailableError(message))
+        self._delivery.fail(failed, UnavailableError(message))
         index, slot = sequence.instance, sequence.slot
         self._slots[index][slot] = None
         sequence.instance = sequence.slot = -1
@@ -313,10 +316,10 @@ class SequenceScheduler(Scheduler):
                 if not rows:
                     break
                 self._dispatch_rows(index, rows, now)
-        if self._queued and not self._pool.recoverable():
+        if self._queued and not self._instances.recoverable():
             self._fail_all(UnavailableError(f"model '{self._model_name}' has no running instance"))
         self.stats.pending = self._queued
-        self._set_timer(wake_at)
+        self._alarm.set(wake_at)
 
     def _fail_all(self, error: UnavailableError) -> None:
         failed = list(self._owner)
@@ -324,7 +327,7 @@ class SequenceScheduler(Scheduler):
             sequence.requests.clear()
         self._owner.clear()
         self._queued = 0
-        self._fail_batch(failed, error)
+        self._delivery.fail(failed, error)
 
     def _form(self, index: int, now: int) -> tuple[list[_Row], int | None]:
         """The rows of the next batch for instance `index`, or none and when to look again."""
@@ -381,72 +384,59 @@ class SequenceScheduler(Scheduler):
         except Exception as failure:  # a batch that cannot even be built fails its requests, not the batcher
             logger.exception("model '%s': could not build a sequence batch", self._model_name)
             run = _failing(InternalError(f"model '{self._model_name}': {type(failure).__name__}: {failure}"))
-        self._start_task(self._run_rows(run, rows, sequences, now))
+        pending = [request for _, request in rows]
+        self._delivery.start(run, pending, now, then=functools.partial(self._ran, rows, sequences))
 
     def _send(
         self, index: int, rows: list[_Row], sequences: list[_Sequence | None]
     ) -> Coroutine[Any, Any, BatchResult]:
         settings = self._settings
-        model = next(request for _, request in rows if request is not None)
+        model = next(pending.request for _, pending in rows if pending is not None)
+        requests = [pending.request if pending is not None else None for _, pending in rows]
         inputs: dict[str, list[np.ndarray]] = {
-            name: [request.inputs[name] if request is not None else _padding(array) for _, request in rows]
+            name: [request.inputs[name] if request is not None else _padding(array) for request in requests]
             for name, array in model.inputs.items()
         }
-        starts = [request is not None and request.parameters.get("sequence_start") is True for _, request in rows]
-        ends = [request is not None and request.parameters.get("sequence_end") is True for _, request in rows]
+        starts = [request is not None and request.parameters.get("sequence_start") is True for request in requests]
+        ends = [request is not None and request.parameters.get("sequence_end") is True for request in requests]
         batched = settings.batched
         if settings.start is not None:
             inputs[settings.start.name] = [settings.start.array(starts, batched)]
         if settings.end is not None:
             inputs[settings.end.name] = [settings.end.array(ends, batched)]
         if settings.ready is not None:
-            inputs[settings.ready.name] = [settings.ready.array([r is not None for _, r in rows], batched)]
+            inputs[settings.ready.name] = [settings.ready.array([r is not None for r in requests], batched)]
         if settings.correlation is not None:
             ids = [s.correlation_id if s is not None else 0 for s in sequences]
             inputs[settings.correlation.name] = [settings.correlation.array(ids, batched)]
         infos: list[RequestInfo] = []
         wanted: dict[str, None] = {}
-        for (slot, request), start, end in zip(rows, starts, ends, strict=True):
-            if request is None:
+        for (slot, pending), start, end in zip(rows, starts, ends, strict=True):
+            if pending is None:
                 infos.append(RequestInfo(1, (), "", EMPTY_PARAMETERS, -1, slot, 0))
                 continue
+            request = pending.request
             flags = SEQUENCE_READY | (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0)
             infos.append(
-                RequestInfo(request.rows, request.output_names, request.request_id, request.parameters, -1, slot, flags)
+                RequestInfo(pending.rows, request.output_names, request.request_id, request.parameters, -1, slot, flags)
             )
             wanted.update(dict.fromkeys(request.output_names))
         streams = {
-            i: request.reply.stream
-            for i, (_, request) in enumerate(rows)
-            if request is not None and isinstance(request.reply, StreamReply)
+            i: pending.reply.stream
+            for i, (_, pending) in enumerate(rows)
+            if pending is not None and isinstance(pending.reply, StreamReply)
         }
-        keep = any(request.handoff for _, request in rows if request is not None)
-        return self._instances.dispatch_to(index, inputs, tuple(wanted), infos, streams, keep_outputs=keep)
+        keep = any(request.handoff for request in requests if request is not None)
+        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep))
 
-    async def _run_rows(
-        self,
-        run: Coroutine[Any, Any, BatchResult],
-        rows: list[_Row],
-        sequences: list[_Sequence | None],
-        dispatched_ns: int,
-    ) -> None:
-        requests = [request for _, request in rows if request is not None]
-        try:
-            result = await run
-            if len(result.results) != len(rows):
-                raise InternalError(f"model '{self._model_name}': {len(result.results)} results for {len(rows)} rows")
-        except Exception as failure:
-            self._fail_batch(requests, failure)
-        else:
-            own = tuple(outcome for (_, request), outcome in zip(rows, result.results, strict=True) if request)
-            self._deliver(requests, BatchResult(own, result.infer_start_ns, result.infer_end_ns), dispatched_ns)
-        for (_, request), sequence in zip(rows, sequences, strict=True):
-            if request is None or sequence is None:
+    def _ran(self, rows: list[_Row], sequences: list[_Sequence | None]) -> None:
+        """A batch is back: its sequences can run their next request, and those it ended free their slots."""
+        for (_, pending), sequence in zip(rows, sequences, strict=True):
+            if pending is None or sequence is None:
                 continue
             sequence.running = False
-            if request.parameters.get("sequence_end") is True:
+            if pending.request.parameters.get("sequence_end") is True:
                 self._free_slot(sequence)
-        self._schedule()
 
 
 async def _failing(error: InternalError) -> BatchResult:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
 from geserve.core import validation
-from geserve.core.models import Model, ModelVersion, find_version
+from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_version
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
@@ -217,6 +219,40 @@ def _link(ensemble: str, tensor: str, node: _TensorNode, tensors: dict[str, _Ten
 # -- running an ensemble ------------------------------------------------------------------------------------
 
 
+class EnsembleSteps:
+    """An ensemble's stand-in for instances: it has none of its own, so it is ready while its steps' models
+    are, reports no status, and stopping waits for the requests it is running (their steps run on the
+    composing models)."""
+
+    def __init__(self, steps: tuple[Step, ...], models: Mapping[str, Model]) -> None:
+        self._steps = steps
+        self._models = models
+        self._running: set[asyncio.Task[dict[str, np.ndarray]]] = set()
+        self._stopping = False
+
+    def ready(self) -> bool:
+        try:
+            return not self._stopping and all(_version(self._models, step).ready for step in self._steps)
+        except GeserveError:
+            return False
+
+    async def read_statuses(self) -> list[InstanceStatus]:
+        return []
+
+    def kill(self) -> None:
+        self._stopping = True
+
+    async def stop(self, timeout_s: float) -> None:
+        self._stopping = True
+        if self._running:
+            await asyncio.wait(list(self._running), timeout=timeout_s)
+
+    def track(self, task: asyncio.Task[dict[str, np.ndarray]]) -> None:
+        """A request the ensemble runs now: `stop` waits for it."""
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+
 class EnsembleScheduler:
     """Runs each request through the step graph: a step starts as soon as its inputs exist, so independent
     steps run side by side, each through its composing model's own scheduler (its batching and instances
@@ -227,91 +263,17 @@ class EnsembleScheduler:
         self._steps = steps_of(config)
         self._models = models
         self._stats = stats
-        self._running: set[asyncio.Task[object]] = set()
-        self._stopping = False
+        self.instances = EnsembleSteps(self._steps, models)
 
-    def ready(self) -> bool:
-        try:
-            return not self._stopping and all(_version(self._models, step).ready for step in self._steps)
-        except GeserveError:
-            return False
-
-    async def read_statuses(self) -> list[InstanceStatus]:
-        return []  # an ensemble has no instances of its own
-
-    def kill(self) -> None:
-        self._stopping = True
-
-    async def stop(self, timeout_s: float) -> None:
-        """Let requests already admitted finish (their steps run on the composing models)."""
-        self._stopping = True
-        if self._running:
-            await asyncio.wait(list(self._running), timeout=timeout_s)
-
-    async def stream(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: tuple[str, ...],
-        parameters: Parameters | None = None,
-        request_id: str = "",
-    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
-        """A decoupled ensemble: every response of a decoupled step runs the steps after it, and each time the
-        requested outputs are complete they are one response; an empty final response ends the stream. Steps
-        run in graph order, one after the other."""
+    async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
+        """The requested outputs once every step has run; its statistics are its steps' summed (there are no
+        timestamps of its own: its steps' batches have theirs)."""
         started = time.monotonic_ns()
-        forwarded = {key: (parameters or {})[key] for key in _FORWARDED if key in (parameters or {})}
+        timing = [0, 0, 0, 0]  # queue, compute input, infer, output: the sum over the steps
+        task = asyncio.ensure_future(self._outputs(request, timing))
+        self.instances.track(task)
         try:
-            async for tensors in self._flow(dict(inputs), frozenset(), forwarded, request_id):
-                yield {name: tensors[name] for name in output_names if name in tensors}, None, False
-        except GeserveError as error:
-            self._stats.record_failure("OTHER", time.monotonic_ns() - started)
-            yield None, error, True
-            return
-        self._stats.record_success(RequestTiming(time.monotonic_ns() - started, 0, 0, 0, 0))
-        yield None, None, True
-
-    async def _flow(
-        self, tensors: dict[str, np.ndarray], done: frozenset[int], parameters: Parameters, request_id: str
-    ) -> AsyncIterator[dict[str, np.ndarray]]:
-        step = next(
-            (s for s in self._steps if s.index not in done and all(t in tensors for t in s.inputs.values())), None
-        )
-        if step is None:
-            yield tensors
-            return
-        after = done | {step.index}
-        model = _version(self._models, step)
-        if not model.decoupled:
-            outputs = await self._call(step, tensors, parameters, request_id, [])
-            async for complete in self._flow(_with(tensors, step, outputs), after, parameters, request_id):
-                yield complete
-            return
-        request = _request(step, model, tensors, parameters, request_id)
-        inputs = validation.validate_inputs(request, model)
-        responses = model.scheduler.stream(inputs, tuple(step.outputs), dict(parameters), request_id)
-        async for streamed, error, _ in responses:
-            if error is not None:
-                raise error
-            if streamed:
-                async for complete in self._flow(_with(tensors, step, streamed), after, parameters, request_id):
-                    yield complete
-
-    async def execute(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: tuple[str, ...],
-        parameters: Parameters | None = None,
-        request_id: str = "",
-        marks: list[tuple[str, int]] | None = None,
-        *,
-        handoff: bool = False,
-    ) -> dict[str, np.ndarray]:
-        started = time.monotonic_ns()
-        task = asyncio.ensure_future(self._run(dict(inputs), output_names, parameters or {}, request_id))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        try:
-            outputs, timing = await task
+            outputs = await task
         except GeserveError:
             self._stats.record_failure("OTHER", time.monotonic_ns() - started)
             raise
@@ -320,57 +282,108 @@ class EnsembleScheduler:
             raise
         total = time.monotonic_ns() - started
         self._stats.record_success(RequestTiming(total, *timing))
-        self._stats.record_execution(_rows(inputs), *timing[1:])
-        return outputs
+        self._stats.record_execution(_rows(request.inputs), *timing[1:])
+        return ScheduledResponse(outputs)
 
-    async def _run(
-        self, tensors: dict[str, np.ndarray], output_names: tuple[str, ...], parameters: Parameters, request_id: str
-    ) -> tuple[dict[str, np.ndarray], tuple[int, int, int, int]]:
-        forwarded = {key: parameters[key] for key in _FORWARDED if key in parameters}
-        pending = {step.index: step for step in self._steps}
-        running: dict[asyncio.Task[dict[str, np.ndarray]], tuple[Step, list[tuple[str, int]]]] = {}
-        timing = [0, 0, 0, 0]  # queue, compute input, infer, output: the sum over the steps
+    async def _outputs(self, request: ScheduledRequest, timing: list[int]) -> dict[str, np.ndarray]:
+        flow = self._flow(dict(request.inputs), self._steps, _forwarded(request.parameters), request.request_id, timing)
+        async with contextlib.aclosing(flow):
+            # The first complete set: the only one, unless a step's model became decoupled since the check.
+            tensors: dict[str, np.ndarray] = await anext(flow, {})
+        missing = [name for name in request.output_names if name not in tensors]
+        if missing:
+            raise InternalError(f"ensemble '{self._name}' did not produce output(s) {missing}")
+        return {name: tensors[name] for name in request.output_names}
+
+    async def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamedOutputs]:
+        """A decoupled ensemble: every response of a decoupled step runs the steps after it, and each time the
+        requested outputs are complete they are one response; an empty final response ends the stream."""
+        started = time.monotonic_ns()
+        forwarded = _forwarded(request.parameters)
         try:
-            while pending or running:
-                for index, step in list(pending.items()):
-                    if all(tensor in tensors for tensor in step.inputs.values()):
-                        del pending[index]
-                        marks: list[tuple[str, int]] = []
-                        call = self._call(step, tensors, forwarded, request_id, marks)
-                        running[asyncio.ensure_future(call)] = (step, marks)
+            async for tensors in self._flow(dict(request.inputs), self._steps, forwarded, request.request_id, None):
+                yield {name: tensors[name] for name in request.output_names if name in tensors}, None, False
+        except GeserveError as error:
+            self._stats.record_failure("OTHER", time.monotonic_ns() - started)
+            yield None, error, True
+            return
+        self._stats.record_success(RequestTiming(time.monotonic_ns() - started, 0, 0, 0, 0))
+        yield None, None, True
+
+    async def _flow(
+        self,
+        tensors: dict[str, np.ndarray],
+        waiting: Sequence[Step],
+        parameters: Parameters,
+        request_id: str,
+        timing: list[int] | None,
+    ) -> AsyncGenerator[dict[str, np.ndarray]]:
+        """The graph executor: runs the `waiting` steps as their inputs come, side by side, and yields the
+        ensemble tensors once none is left to run. A decoupled step runs once the others in flight are done,
+        and each of its responses runs the steps after it (one yield per complete response). Each step's
+        queue and compute times are added to `timing`."""
+        waiting = list(waiting)
+        running: dict[asyncio.Task[ScheduledResponse], Step] = {}
+        decoupled: tuple[Step, ModelVersion] | None = None
+        try:
+            while True:
+                for step in [s for s in waiting if all(tensor in tensors for tensor in s.inputs.values())]:
+                    model = _version(self._models, step)
+                    if model.decoupled:
+                        decoupled = decoupled or (step, model)
+                        continue
+                    waiting.remove(step)
+                    running[asyncio.ensure_future(self._call(step, model, tensors, parameters, request_id))] = step
                 if not running:
-                    break  # what is left never gets its inputs (the config check makes this unreachable)
+                    break
                 done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    step, marks = running.pop(task)
-                    outputs = task.result()  # a step's error fails the whole request
-                    for model_output, tensor in step.outputs.items():
-                        tensors[tensor] = outputs[model_output]
-                    _add_timing(timing, marks)
+                    step = running.pop(task)
+                    response = task.result()  # a step's error fails the whole request
+                    tensors = _with(tensors, step, response.outputs)
+                    if timing is not None and response.timestamps is not None:
+                        for index, ns in enumerate(response.timestamps.durations()):
+                            timing[index] += ns
         finally:
             for task in running:
                 task.cancel()
-        missing = [name for name in output_names if name not in tensors]
-        if missing:
-            raise InternalError(f"ensemble '{self._name}' did not produce output(s) {missing}")
-        return {name: tensors[name] for name in output_names}, (timing[0], timing[1], timing[2], timing[3])
+        if decoupled is None:
+            yield tensors  # every step has run (what is left never gets its inputs: the config check rules it out)
+            return
+        step, model = decoupled
+        waiting.remove(step)
+        inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
+        async for streamed, error, _ in model.scheduler.stream(
+            ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id)
+        ):
+            if error is not None:
+                raise error
+            if streamed:
+                async for complete in self._flow(
+                    _with(tensors, step, streamed), waiting, parameters, request_id, timing
+                ):
+                    yield complete
 
     async def _call(
         self,
         step: Step,
+        model: ModelVersion,
         tensors: Mapping[str, np.ndarray],
         parameters: Parameters,
         request_id: str,
-        marks: list[tuple[str, int]],
-    ) -> dict[str, np.ndarray]:
+    ) -> ScheduledResponse:
         """One step through its composing model, validated as a client's request to it would be; its errors are
         the ensemble request's, word for word."""
-        model = _version(self._models, step)
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
         # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
         return await model.scheduler.execute(
-            inputs, tuple(step.outputs), dict(parameters), request_id, marks, handoff=True
+            ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
         )
+
+
+def _forwarded(parameters: Parameters) -> Parameters:
+    """The request parameters an ensemble passes on to its steps."""
+    return {key: parameters[key] for key in _FORWARDED if key in parameters}
 
 
 def _request(
@@ -402,12 +415,3 @@ def _input(name: str, array: np.ndarray) -> InferInput:
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1
-
-
-def _add_timing(timing: list[int], marks: list[tuple[str, int]]) -> None:
-    at = dict(marks)
-    if {"QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"} <= set(at):
-        timing[0] += at["COMPUTE_START"] - at["QUEUE_START"]
-        timing[1] += max(at["COMPUTE_INPUT_END"] - at["COMPUTE_START"], 0)
-        timing[2] += max(at["COMPUTE_OUTPUT_START"] - at["COMPUTE_INPUT_END"], 0)
-        timing[3] += max(at["COMPUTE_END"] - at["COMPUTE_OUTPUT_START"], 0)

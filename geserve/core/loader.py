@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.batching.lifecycle import InstanceLifecycle
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.scheduler import Scheduler
 from geserve.batching.sequence import SequenceScheduler
@@ -93,15 +94,17 @@ async def _load_version(
         ensemble.check_steps(config, models)
         stats = ModelStats()
         stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
-        return ModelVersion(config, version, ensemble.EnsembleScheduler(config, models, stats), stats)
+        steps_scheduler = ensemble.EnsembleScheduler(config, models, stats)
+        return ModelVersion(config, version, steps_scheduler, steps_scheduler.instances, stats)
     pool, completed = await pools.create(source, config, version)
     stats = ModelStats()
     stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
-    scheduler: Scheduler
+    scheduler: Scheduler | SequenceScheduler
     if completed.HasField("sequence_batching"):
         scheduler = SequenceScheduler(completed.name, pool, sequence.settings_of(completed), stats)
     else:
         scheduler = Scheduler(completed.name, pool, BatchingPolicy.from_config(completed), stats)
-    served = ModelVersion(completed, version, scheduler, stats)
+    instances = InstanceLifecycle(completed.name, pool, scheduler)
+    served = ModelVersion(completed, version, scheduler, instances, stats)
     served.labels = await asyncio.to_thread(read_labels, source.path, completed)
     return served

@@ -1,4 +1,4 @@
-"""Loaded models and their versions: config, tensor specs, scheduler, readiness."""
+"""Loaded models and their versions: config, tensor specs, scheduler, instances, readiness."""
 
 from __future__ import annotations
 
@@ -10,13 +10,18 @@ from typing import Protocol
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.batching.lifecycle import InstanceControl
+from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
 from geserve.codecs.digits import is_decimal
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
-from geserve.types import InstanceStatus, ModelMetadata, Parameters, TensorMetadata, TensorSpec
+from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
 
 logger = logging.getLogger(__name__)
+
+# One response of a decoupled model: its outputs (or None), its error (or None), and whether it is the last.
+StreamedOutputs = tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]
 
 
 def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: bool) -> dict[str, TensorSpec]:
@@ -31,14 +36,23 @@ def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: 
 
 
 class ModelVersion:
-    """One served version of a model and the scheduler that feeds its instances."""
+    """One served version of a model: the scheduler its requests go through, and its instances (an
+    ensemble's stand for its steps), which decide its readiness and its end."""
 
-    def __init__(self, config: mc.ModelConfig, version: int, scheduler: ModelScheduler, stats: ModelStats) -> None:
+    def __init__(
+        self,
+        config: mc.ModelConfig,
+        version: int,
+        scheduler: ModelScheduler,
+        instances: InstanceControl,
+        stats: ModelStats,
+    ) -> None:
         self.name = config.name
         self.version = version
         self.version_str = str(version)
         self.config = config
         self.scheduler = scheduler
+        self._instances = instances
         self.stats = stats
         self.max_batch_size = config.max_batch_size
         self.decoupled = config.model_transaction_policy.decoupled
@@ -53,53 +67,34 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
-        return self.scheduler.ready()
+        return self._instances.ready()
 
     async def read_statuses(self) -> list[InstanceStatus]:
         """What its instances report between batches (device usage, readiness, custom metrics)."""
-        return await self.scheduler.read_statuses()
+        return await self._instances.read_statuses()
 
     def kill(self) -> None:
         """Stop its instances at once, without draining."""
-        self.scheduler.kill()
+        self._instances.kill()
 
     def metadata(self, versions: tuple[str, ...]) -> ModelMetadata:
         return ModelMetadata(self.name, versions, self.platform, self.input_metadata, self.output_metadata)
 
     async def stop(self, timeout_s: float) -> None:
-        """Let running batches finish (up to `timeout_s`), then stop the instances."""
-        await self.scheduler.stop(timeout_s)
+        """Let the requests already admitted finish (up to `timeout_s`), then stop the instances."""
+        await self._instances.stop(timeout_s)
 
 
 class ModelScheduler(Protocol):
     """What feeds a version's requests to its instances: the dynamic or sequence batcher, or an ensemble's steps."""
 
-    def ready(self) -> bool: ...
+    async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
+        """The request's outputs, with the timestamps of its batch."""
+        ...
 
-    async def read_statuses(self) -> list[InstanceStatus]: ...
-
-    def kill(self) -> None: ...
-
-    async def stop(self, timeout_s: float) -> None: ...
-
-    async def execute(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: tuple[str, ...],
-        parameters: Parameters | None = None,
-        request_id: str = "",
-        marks: list[tuple[str, int]] | None = None,
-        *,
-        handoff: bool = False,
-    ) -> dict[str, np.ndarray]: ...
-
-    def stream(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        output_names: tuple[str, ...],
-        parameters: Parameters | None = None,
-        request_id: str = "",
-    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]: ...
+    def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamedOutputs]:
+        """Every response of a request to a decoupled model: (outputs or None, an error or None, final)."""
+        ...
 
 
 @dataclass(slots=True)

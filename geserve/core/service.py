@@ -11,6 +11,7 @@ import numpy as np
 
 import geserve
 from geserve._generated import model_config_pb2 as mc
+from geserve.batching.request import ScheduledRequest
 from geserve.core import validation
 from geserve.core.api import InferenceAPI, ServerMetadata, VersionSnapshot
 from geserve.core.instance_monitor import InstanceMonitor
@@ -254,18 +255,19 @@ class InferenceService:
         """Validate, schedule and run one request; errors carry Triton's request-id prefix. A decoupled
         model answers only streams: the request fails with DecoupledModelError."""
         started_ns = time.monotonic_ns()
-        model, inputs, output_names = self._admit(request)
+        model, scheduled = self._admit(request)
         trace = self._traces.start(model.name, model.version_str, request.id) if self._traces.active else None
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
-            marks = trace.timestamps if trace is not None else None
-            outputs = await model.scheduler.execute(inputs, output_names, request.parameters, request.id, marks)
-            response = await self._responses.build(model, request, output_names, outputs)
+            answered = await model.scheduler.execute(scheduled)
+            response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         if trace is not None:
-            trace.timestamps.insert(0, ("REQUEST_START", started_ns))
+            trace.mark("REQUEST_START", started_ns)
+            if answered.timestamps is not None:  # an ensemble's are its steps'
+                trace.add(answered.timestamps.marks())
             trace.mark("REQUEST_END", time.monotonic_ns())
             trace.emit()
         return response
@@ -273,13 +275,13 @@ class InferenceService:
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
         """Every response to one request, as the model sends them (one, final, for a model that is not
         decoupled). Errors before the model runs are raised; the model's own come as items."""
-        model, inputs, output_names = self._admit(request)
+        model, scheduled = self._admit(request)
         if not model.decoupled:
             yield StreamedResponse(await self.infer(request), None, True)
             return
+        output_names = scheduled.output_names
         try:
-            responses = model.scheduler.stream(inputs, output_names, request.parameters, request.id)
-            async for outputs, error, final in responses:
+            async for outputs, error, final in model.scheduler.stream(scheduled):
                 response = (
                     await self._responses.build(model, request, output_names, outputs) if outputs is not None else None
                 )
@@ -290,28 +292,27 @@ class InferenceService:
     async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]:
         """A python model's BLS request (`exec`): validated and scheduled as a client's request, also while
         the server drains at shutdown (the request that made it was admitted); its outputs as arrays."""
-        model, inputs, output_names = self._admit(request, internal=True)
+        model, scheduled = self._admit(request, internal=True)
         if model.decoupled:
             raise DecoupledModelError(
                 f"model '{model.name}' is decoupled: call it with exec(decoupled=True) or async_exec(decoupled=True)"
             )
-        return await model.scheduler.execute(inputs, output_names, request.parameters, request.id)
+        return (await model.scheduler.execute(scheduled)).outputs
 
     async def stream_model(
         self, request: InferRequest
     ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
         """A BLS request with `decoupled=True`: every response the model sends (one, for a model that is not
         decoupled)."""
-        model, inputs, output_names = self._admit(request, internal=True)
+        model, scheduled = self._admit(request, internal=True)
         if not model.decoupled:
-            yield await model.scheduler.execute(inputs, output_names, request.parameters, request.id), None, True
+            yield (await model.scheduler.execute(scheduled)).outputs, None, True
             return
-        async for item in model.scheduler.stream(inputs, output_names, request.parameters, request.id):
+        async for item in model.scheduler.stream(scheduled):
             yield item
 
-    def _admit(
-        self, request: InferRequest, internal: bool = False
-    ) -> tuple[ModelVersion, dict[str, np.ndarray], tuple[str, ...]]:
+    def _admit(self, request: InferRequest, internal: bool = False) -> tuple[ModelVersion, ScheduledRequest]:
+        """The version a request addresses and the request as its scheduler takes it, validated."""
         if not self._accepting and not internal:
             raise UnavailableError("the server is shutting down").with_request_id(request.id)
         try:
@@ -325,7 +326,7 @@ class InferenceService:
         except GeserveError as error:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
-        return model, inputs, output_names
+        return model, ScheduledRequest(inputs, output_names, request.parameters, request.id)
 
 
 def _track_latency(version: ModelVersion, metrics: MetricsSettings) -> None:

@@ -16,9 +16,9 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, UnavailableError
 from geserve.types import InstanceStatus
-from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.batch import Batch
+from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.runner import InstanceRunner
-from geserve.workers.streams import ResponseStream
 
 logger = logging.getLogger(__name__)
 
@@ -59,19 +59,9 @@ class WorkerClient(Protocol):
         """Load the instance; returns the config it serves, raises ModelLoadError."""
         ...
 
-    async def execute(
-        self,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> BatchResult:
-        """Run one batch of `requests`; each input is given as the requests' row blocks, in order. The
-        requests whose index is in `streams` answer there (decoupled models), also after the batch has
-        returned. With `keep_outputs` the outputs may stay in shared memory, for a pipeline's next step.
-        Raises GeserveError when the instance cannot run it (not running, died meanwhile)."""
+    async def execute(self, batch: Batch) -> BatchResult:
+        """Run one batch: every request's outputs (or its own error), in order. Raises GeserveError when the
+        instance cannot run it (not running, died meanwhile)."""
         ...
 
     async def read_status(self) -> InstanceStatus | None:
@@ -116,20 +106,13 @@ class ThreadWorker:
         self._state = InstanceState.READY
         return config
 
-    async def execute(
-        self,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> BatchResult:
+    async def execute(self, batch: Batch) -> BatchResult:
         if not self.alive:
             raise UnavailableError(f"instance '{self.spec.instance_name}' is {self._state.value}")
         loop = asyncio.get_running_loop()
-        arrays = {name: concatenate(parts) for name, parts in inputs.items()}
-        infos = list(requests)
+        arrays = {name: concatenate(parts) for name, parts in batch.inputs.items()}
+        infos = list(batch.requests)
+        streams = batch.streams
         for index, stream in streams.items():
             stream_id = next(self._stream_ids)
             infos[index] = infos[index]._replace(stream_id=stream_id)
@@ -140,7 +123,7 @@ class ThreadWorker:
             if stream is not None:
                 loop.call_soon_threadsafe(stream.put, dict(outputs) if outputs else None, error, final)
 
-        run = functools.partial(self._runner.execute, arrays, output_names, tuple(infos), None, emit)
+        run = functools.partial(self._runner.execute, arrays, batch.output_names, tuple(infos), None, emit)
         return await loop.run_in_executor(self._thread, run)
 
     async def read_status(self) -> InstanceStatus | None:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
-
-import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
@@ -18,14 +16,14 @@ from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.types import InstanceStatus
 from geserve.workers import placement
+from geserve.workers.batch import Batch
 from geserve.workers.bls_serving import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.handoff import MappedOutputs
-from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.process import ProcessWorker
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
-from geserve.workers.streams import ResponseStream
 from geserve.workers.supervisor import RestartPolicy
 
 logger = logging.getLogger(__name__)
@@ -72,15 +70,7 @@ class InstancePool:
                 return instance
         return None
 
-    def dispatch(
-        self,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> Coroutine[Any, Any, BatchResult]:
+    def dispatch(self, batch: Batch) -> Coroutine[Any, Any, BatchResult]:
         """Claim an idle slot now (call `has_idle` first), on an instance that holds no batch if there is
         one, and return the batch's run, to be awaited."""
         instance = self._free_slot()
@@ -88,33 +78,16 @@ class InstancePool:
             instance = self._idle.popleft()
         else:
             self._idle.remove(instance)
-        return self._claim(instance, inputs, output_names, requests, streams, keep_outputs=keep_outputs)
+        return self._claim(instance, batch)
 
-    def _claim(
-        self,
-        instance: WorkerClient,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool,
-    ) -> Coroutine[Any, Any, BatchResult]:
+    def _claim(self, instance: WorkerClient, batch: Batch) -> Coroutine[Any, Any, BatchResult]:
+        # Busy from now, not from when the run is first awaited: the scheduler's next decision must see it.
         self._busy[id(instance)] = self._busy.get(id(instance), 0) + 1
-        return self._run(instance, inputs, output_names, requests, streams, keep_outputs=keep_outputs)
+        return self._run(instance, batch)
 
-    async def _run(
-        self,
-        instance: WorkerClient,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool,
-    ) -> BatchResult:
+    async def _run(self, instance: WorkerClient, batch: Batch) -> BatchResult:
         try:
-            return await instance.execute(inputs, output_names, requests, streams, keep_outputs=keep_outputs)
+            return await instance.execute(batch)
         finally:
             self._busy[id(instance)] -= 1
             self._idle.append(instance)
@@ -137,20 +110,11 @@ class InstancePool:
         instance = self._instances[index]
         return instance.alive and instance in self._idle
 
-    def dispatch_to(
-        self,
-        index: int,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> Coroutine[Any, Any, BatchResult]:
+    def dispatch_to(self, index: int, batch: Batch) -> Coroutine[Any, Any, BatchResult]:
         """`dispatch` to instance `index` (call `idle_on` first)."""
         instance = self._instances[index]
         self._idle.remove(instance)
-        return self._claim(instance, inputs, output_names, requests, streams, keep_outputs=keep_outputs)
+        return self._claim(instance, batch)
 
     def _instance_ready(self, instance: WorkerClient) -> None:
         """A restarted instance is back: its free slots rejoin the idle ones and take queued work."""

@@ -11,12 +11,10 @@ import multiprocessing
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from multiprocessing.connection import Connection
-
-import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
@@ -24,6 +22,7 @@ from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import InstanceStatus
 from geserve.workers import main as worker_main
 from geserve.workers.arenas import Arenas
+from geserve.workers.batch import Batch
 from geserve.workers.bls_serving import ModelCaller, serve_call
 from geserve.workers.client import InstanceState, WorkerClient
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
@@ -39,7 +38,6 @@ from geserve.workers.messages import (
     LoadFailed,
     Partial,
     ReadStatus,
-    RequestInfo,
     Retiring,
     RunBatch,
     Shutdown,
@@ -204,21 +202,13 @@ class ProcessWorker:
 
     # -- batches -----------------------------------------------------------------------------
 
-    async def execute(
-        self,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> BatchResult:
+    async def execute(self, batch: Batch) -> BatchResult:
         if not self.alive or not self._arenas.available:
             raise UnavailableError(self._exited_message())
-        placement = await self._arenas.place(inputs)
-        infos = list(requests)
+        placement = await self._arenas.place(batch.inputs)
+        infos = list(batch.requests)
         stream_ids: dict[int, int] = {}  # request index -> stream id
-        for index, stream in streams.items():
+        for index, stream in batch.streams.items():
             stream_id = next(self._ids)
             self._streams[stream_id] = stream
             stream.on_cancel(functools.partial(self._cancel, stream_id))
@@ -228,14 +218,16 @@ class ProcessWorker:
         failed = set(stream_ids)  # streams the scheduler ends with an error: forgotten here
         collected = False
         # A pipeline's step: its outputs go to a segment of their own, which the next step reads in place.
-        handoff_segment = self._handoff.acquire() if keep_outputs else ""
+        handoff_segment = self._handoff.acquire() if batch.keep_outputs else ""
         try:
             connection, loop = self._connection, asyncio.get_running_loop()
             if not self.alive or connection is None:
                 raise UnavailableError(self._exited_message())
             self._in_flight[batch_id] = answer = loop.create_future()
             arena, overflow = placement.output_arena, handoff_segment or placement.output_overflow
-            message = RunBatch(batch_id, placement.inputs, output_names, arena, overflow, tuple(infos), keep_outputs)
+            message = RunBatch(
+                batch_id, placement.inputs, batch.output_names, arena, overflow, tuple(infos), batch.keep_outputs
+            )
             # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
             connection.send(message)
             placed = await answer

@@ -15,6 +15,7 @@ from geserve.errors import ModelLoadError
 from geserve.repository.config import parse_config_text
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
+from geserve.workers.batch import Batch
 from geserve.workers.devices import discover_devices, worker_visible_devices
 from geserve.workers.messages import RequestInfo
 from geserve.workers.placement import instance_specs
@@ -81,7 +82,7 @@ async def test_both_devices_get_a_worker_and_each_worker_sees_exactly_one(
             await worker.start()
         x = np.arange(2 * FEATURES, dtype=np.float32).reshape(2, FEATURES)
         for worker in workers:
-            executed = await worker.execute({"x": [x]}, ("y",), [RequestInfo(2, ("y",))], {})
+            executed = await worker.execute(Batch({"x": [x]}, ("y",), [RequestInfo(2, ("y",))]))
             (outputs,) = executed.results
             assert isinstance(outputs, dict)
             np.testing.assert_array_equal(outputs["y"], affine_reference(x)["y"])

@@ -13,10 +13,12 @@ import pytest
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.policy import BatchingPolicy
+from geserve.batching.request import ScheduledRequest
 from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text
+from geserve.workers.batch import Batch
 from geserve.workers.client import InstanceState, ThreadWorker, WorkerClient
 from geserve.workers.messages import InstanceSpec, RequestInfo
 from geserve.workers.pool import InstancePool
@@ -32,6 +34,10 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 parameters { key: "execute_delay_ms" value: { string_value: "%s" } }
 """
+
+
+async def outputs_of(scheduler: Scheduler, request: ScheduledRequest) -> dict[str, np.ndarray]:
+    return (await scheduler.execute(request)).outputs
 
 
 def spec(tmp_path: Path, delay_ms: str = "0", backend: str = "identity") -> InstanceSpec:
@@ -56,7 +62,7 @@ async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorke
     assert isinstance(config, mc.ModelConfig) and config.name == "echo"
     assert worker.alive
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
-    batches = (worker.execute({"INPUT0": [data + i]}, ("OUTPUT0",), requests(2), {}) for i in range(5))
+    batches = (worker.execute(Batch({"INPUT0": [data + i]}, ("OUTPUT0",), requests(2))) for i in range(5))
     results = await asyncio.gather(*batches)
     for i, executed in enumerate(results):
         (outputs,) = executed.results
@@ -125,8 +131,10 @@ async def test_killed_worker_fails_in_flight_requests_at_once_and_restarts(tmp_p
     assert first_pid is not None
     data = np.ones((1, 3), dtype=np.float32)
     # The worker holds two batches (one running, one behind it); the third waits in the scheduler.
-    in_flight = [asyncio.ensure_future(scheduler.execute({"INPUT0": data}, ("OUTPUT0",))) for _ in range(2)]
-    queued = asyncio.ensure_future(scheduler.execute({"INPUT0": data * 2}, ("OUTPUT0",)))
+    in_flight = [
+        asyncio.ensure_future(outputs_of(scheduler, ScheduledRequest({"INPUT0": data}, ("OUTPUT0",)))) for _ in range(2)
+    ]
+    queued = asyncio.ensure_future(outputs_of(scheduler, ScheduledRequest({"INPUT0": data * 2}, ("OUTPUT0",))))
     await asyncio.sleep(0.3)
     os.kill(first_pid, signal.SIGKILL)
     for task in in_flight:
@@ -149,7 +157,7 @@ async def test_a_worker_whose_pipe_ended_takes_no_batch_and_says_it_exited(tmp_p
     # Between the pipe's end and the exit being reaped the state still read "ready": a batch sent then
     # failed with "instance ... is ready: [Errno 32] Broken pipe".
     with pytest.raises(UnavailableError) as error:
-        await worker.execute({"INPUT0": [np.ones((1, 3), np.float32)]}, ("OUTPUT0",), requests(1), {})
+        await worker.execute(Batch({"INPUT0": [np.ones((1, 3), np.float32)]}, ("OUTPUT0",), requests(1)))
     assert "echo_0' of model 'echo' version 1 exited unexpectedly" in error.value.message
     assert "is ready" not in error.value.message and "Errno" not in error.value.message
     await wait_for_state(worker, InstanceState.READY)
@@ -168,7 +176,7 @@ async def test_crash_loop_gives_up_with_the_reason(tmp_path: Path) -> None:
     await wait_for_state(worker, InstanceState.FAILED)
     assert "crashed 2 times" in worker.reason
     with pytest.raises(UnavailableError, match="model 'echo' has no running instance"):
-        await scheduler.execute({"INPUT0": np.ones((1, 3), np.float32)}, ("OUTPUT0",))
+        await outputs_of(scheduler, ScheduledRequest({"INPUT0": np.ones((1, 3), np.float32)}, ("OUTPUT0",)))
     await worker.stop(timeout_s=5)
 
 
@@ -179,7 +187,7 @@ async def test_shared_memory_is_released(tmp_path: Path) -> None:
     # An input and an output arena for each of the two batches it may hold.
     assert len(shm_segments() - before) == 4 and all(name.startswith(SHM_PREFIX) for name in worker.segments)
     big = np.arange(3 * 4000, dtype=np.float32).reshape(-1, 3)  # 48 kB: too large for the 4 kB arenas
-    executed = await worker.execute({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",), requests(1000, 3000), {})
+    executed = await worker.execute(Batch({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",), requests(1000, 3000)))
     first, second = executed.results
     assert isinstance(first, dict) and isinstance(second, dict)
     np.testing.assert_array_equal(np.concatenate([first["OUTPUT0"], second["OUTPUT0"]]), big)
@@ -204,6 +212,6 @@ async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:
         await asyncio.sleep(0.1)
     data = np.ones((1, 3), dtype=np.float32)
     for _ in range(4):
-        outputs = await scheduler.execute({"INPUT0": data}, ("OUTPUT0",))
+        outputs = await outputs_of(scheduler, ScheduledRequest({"INPUT0": data}, ("OUTPUT0",)))
         np.testing.assert_array_equal(outputs["OUTPUT0"], data)
     await asyncio.gather(first.stop(5), second.stop(5))

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from geserve.repository.config import parse_config_text
+from geserve.workers.batch import Batch
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.messages import InstanceSpec, RequestInfo
 from geserve.workers.process import ProcessWorker
@@ -36,11 +37,11 @@ def _spec(folder: str) -> InstanceSpec:
 async def _round_trip_us(worker: WorkerClient, elements: int, repeats: int) -> float:
     data = np.ones(elements, dtype=np.float32)
     for _ in range(50):
-        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
+        await worker.execute(Batch({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST))
     samples = []
     for _ in range(repeats):
         started = time.perf_counter_ns()
-        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
+        await worker.execute(Batch({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST))
         samples.append(time.perf_counter_ns() - started)
     return statistics.median(samples) / 1000
 
@@ -48,10 +49,10 @@ async def _round_trip_us(worker: WorkerClient, elements: int, repeats: int) -> f
 async def _throughput_gbs(worker: WorkerClient, nbytes: int, repeats: int) -> float:
     data = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
     for _ in range(3):  # first touches map the arenas' pages in both processes
-        await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
+        await worker.execute(Batch({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST))
     started = time.perf_counter()
     for _ in range(repeats):
-        executed = await worker.execute({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST, {})
+        executed = await worker.execute(Batch({"INPUT0": [data]}, ("OUTPUT0",), ONE_REQUEST))
     elapsed = time.perf_counter() - started
     (outputs,) = executed.results
     assert isinstance(outputs, dict) and outputs["OUTPUT0"].tobytes() == data.tobytes()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,13 +11,15 @@ import pytest
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.policy import BatchingPolicy, QueuePolicy
+from geserve.batching.request import ScheduledRequest
 from geserve.batching.scheduler import Scheduler
+from geserve.core.models import ModelScheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import InternalError, UnavailableError
 from geserve.repository.config import parse_config_text
-from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.batch import Batch
+from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.pool import InstancePool
-from geserve.workers.streams import ResponseStream
 
 MS = 1_000_000
 
@@ -70,6 +72,7 @@ class ScriptedInstance:
         self.on_ready: Callable[[Any], None] | None = None
         self.capacity = 1
         self.incarnation = 0
+        self.model_ready = True
 
     @property
     def recoverable(self) -> bool:
@@ -81,16 +84,9 @@ class ScriptedInstance:
     async def stop(self, timeout_s: float) -> None:
         self.alive = False
 
-    async def execute(
-        self,
-        inputs: Mapping[str, Sequence[np.ndarray]],
-        output_names: tuple[str, ...],
-        requests: Sequence[RequestInfo],
-        streams: Mapping[int, ResponseStream],
-        *,
-        keep_outputs: bool = False,
-    ) -> BatchResult:
-        inputs = {name: np.concatenate(parts) for name, parts in inputs.items()}
+    async def execute(self, batch: Batch) -> BatchResult:
+        inputs = {name: np.concatenate(parts) for name, parts in batch.inputs.items()}
+        output_names = batch.output_names
         self.batches.append(dict(inputs))
         self.output_names.append(output_names)
         started = self.clock.now
@@ -101,7 +97,7 @@ class ScriptedInstance:
             raise self.fail_with
         outputs = {name: inputs[name.replace("OUT", "IN")] for name in output_names}
         results, row = [], 0
-        for request in requests:
+        for request in batch.requests:
             results.append({name: outputs[name][row : row + request.rows] for name in request.output_names})
             row += request.rows
         if self.answers_short:
@@ -115,6 +111,10 @@ class ScriptedInstance:
     def finish(self) -> None:
         """Complete the oldest running batch."""
         next(gate for gate in self._waiting if not gate.done()).set_result(None)
+
+
+async def outputs_of(scheduler: ModelScheduler, request: ScheduledRequest) -> dict[str, np.ndarray]:
+    return (await scheduler.execute(request)).outputs
 
 
 async def settle() -> None:
@@ -136,13 +136,16 @@ class Harness:
         for instance in self.instances:
             instance.capacity = capacity
         self.stats = ModelStats()
-        self.scheduler = Scheduler("m", InstancePool(self.instances), policy, self.stats, self.clock)
+        self.pool = InstancePool(self.instances)
+        self.scheduler = Scheduler("m", self.pool, policy, self.stats, self.clock)
 
     def submit(
         self, rows: int, value: float = 0.0, width: int = 2, **parameters: Any
     ) -> asyncio.Task[dict[str, np.ndarray]]:
         array = np.full((rows, width), value, dtype=np.float32)
-        return asyncio.ensure_future(self.scheduler.execute({"IN0": array}, ("OUT0",), parameters))
+        return asyncio.ensure_future(
+            outputs_of(self.scheduler, ScheduledRequest({"IN0": array}, ("OUT0",), parameters))
+        )
 
     def batch_rows(self) -> list[int]:
         return [len(batch["IN0"]) for instance in self.instances for batch in instance.batches]

@@ -8,13 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geserve.batching.request import ScheduledRequest
 from geserve.batching.sequence import SequenceScheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import InvalidArgumentError, UnavailableError
 from geserve.repository.config import parse_config_text
 from geserve.repository.sequence import settings_of
 from geserve.workers.pool import InstancePool
-from tests.unit.test_batcher import MS, ManualClock, ScriptedInstance, settle
+from tests.unit.test_batcher import MS, ManualClock, ScriptedInstance, outputs_of, settle
 
 CONTROLS = """
   control_input [
@@ -46,7 +47,9 @@ class Harness:
     ) -> asyncio.Task[dict[str, np.ndarray]]:
         array = np.full((1, 2) if self.batched else (2,), value, dtype=np.float32)
         parameters: dict[str, Any] = {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
-        return asyncio.ensure_future(self.scheduler.execute({"IN0": array}, ("OUT0",), parameters))
+        return asyncio.ensure_future(
+            outputs_of(self.scheduler, ScheduledRequest({"IN0": array}, ("OUT0",), parameters))
+        )
 
     def column(self, batch: int, name: str, instance: int = 0) -> list[Any]:
         return np.asarray(self.instances[instance].batches[batch][name]).reshape(-1).tolist()
@@ -184,7 +187,7 @@ async def test_batch_size_above_one_is_refused() -> None:
     parameters: dict[str, Any] = {"sequence_id": 3, "sequence_start": True}
     array = np.zeros((2, 2), dtype=np.float32)
     with pytest.raises(InvalidArgumentError, match="must specify batch-size 1 due to requirements of sequence batcher"):
-        await h.scheduler.execute({"IN0": array}, ("OUT0",), parameters)
+        await h.scheduler.execute(ScheduledRequest({"IN0": array}, ("OUT0",), parameters))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,61 @@
+"""ScheduledRequest and ScheduledResponse: one request as a model version's scheduler takes and answers it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from geserve.types import Parameters
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """A validated request: its inputs, the outputs it wants, its parameters (priority, timeout, sequence)
+    and id. With `handoff` (a pipeline's step) its outputs may be views of the shared memory the worker
+    wrote them to, for the next step to read in place."""
+
+    inputs: Mapping[str, np.ndarray]
+    output_names: tuple[str, ...]
+    parameters: Parameters = field(default_factory=dict)
+    request_id: str = ""
+    handoff: bool = False
+
+
+class RequestTimestamps(NamedTuple):
+    """When a request went through its batch (time.monotonic_ns, as the scheduler and workers take them)."""
+
+    queue_start_ns: int
+    compute_start_ns: int  # its batch went to an instance
+    compute_input_end_ns: int  # the model started on the batch
+    compute_output_start_ns: int  # the model finished
+    compute_end_ns: int  # its outputs were back
+
+    def marks(self) -> tuple[tuple[str, int], ...]:
+        """The trace extension's timestamps, by Triton's names."""
+        return (
+            ("QUEUE_START", self.queue_start_ns),
+            ("COMPUTE_START", self.compute_start_ns),
+            ("COMPUTE_INPUT_END", self.compute_input_end_ns),
+            ("COMPUTE_OUTPUT_START", self.compute_output_start_ns),
+            ("COMPUTE_END", self.compute_end_ns),
+        )
+
+    def durations(self) -> tuple[int, int, int, int]:
+        """Queue, compute input, compute infer and compute output, in ns (the statistics' split)."""
+        return (
+            self.compute_start_ns - self.queue_start_ns,
+            max(self.compute_input_end_ns - self.compute_start_ns, 0),
+            max(self.compute_output_start_ns - self.compute_input_end_ns, 0),
+            max(self.compute_end_ns - self.compute_output_start_ns, 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledResponse:
+    """A request's outputs, and when it went through its batch (None: it ran as several, an ensemble's steps)."""
+
+    outputs: dict[str, np.ndarray]
+    timestamps: RequestTimestamps | None = None

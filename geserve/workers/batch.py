@@ -1,0 +1,25 @@
+"""Batch: what a scheduler hands an instance to run, from the pool down to the worker client."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from geserve.workers.messages import RequestInfo
+from geserve.workers.streams import ResponseStream
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch of requests. Each input is given as the requests' row blocks, in request order (the worker
+    lays them out contiguously); `output_names` is the union of the outputs the requests asked for. The
+    requests whose index is in `streams` answer there (decoupled models), also after the batch has returned.
+    With `keep_outputs` (a pipeline's step) the outputs may stay in shared memory, for the next step to read."""
+
+    inputs: Mapping[str, Sequence[np.ndarray]]
+    output_names: tuple[str, ...]
+    requests: Sequence[RequestInfo]
+    streams: Mapping[int, ResponseStream] = field(default_factory=dict)
+    keep_outputs: bool = False
