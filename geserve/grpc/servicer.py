@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -24,12 +25,26 @@ from geserve.types import StreamedResponse
 
 logger = logging.getLogger(__name__)
 
+Request = TypeVar("Request")
 Response = TypeVar("Response")
+Servicer = TypeVar("Servicer")
 Context = grpc.aio.ServicerContext[Any, Any]
 # Per stream: requests in flight at once, and answers waiting to be written, before reading pauses.
 STREAM_MAX_IN_FLIGHT = 256
 STREAM_MAX_PENDING_RESPONSES = 256
 GRPC_ERROR_HEADER = "triton_grpc_error"
+
+
+def _unary(
+    method: Callable[[Servicer, Request], Awaitable[Response]],
+) -> Callable[[Servicer, Request, Context], Coroutine[Any, Any, Response]]:
+    """One unary RPC: what `method` answers, or its GeserveError as the status and message."""
+
+    @functools.wraps(method)
+    async def rpc(servicer: Servicer, request: Request, context: Context) -> Response:
+        return await _answer(context, lambda: method(servicer, request))
+
+    return rpc
 
 
 async def _answer(context: Context, produce: Callable[[], Awaitable[Response]]) -> Response:
@@ -98,27 +113,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=await self._service.ready())
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
-        async def produce() -> pb.ModelReadyResponse:
-            return pb.ModelReadyResponse(ready=await self._service.model_ready(request.name, request.version))
-
-        return await _answer(context, produce)
+    @_unary
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=await self._service.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
         metadata = await self._service.server_metadata()
         return pb.ServerMetadataResponse(name=metadata.name, version=metadata.version, extensions=metadata.extensions)
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
-        async def produce() -> pb.ModelMetadataResponse:
-            return convert.metadata_to_proto(await self._service.model_metadata(request.name, request.version))
+    @_unary
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        return convert.metadata_to_proto(await self._service.model_metadata(request.name, request.version))
 
-        return await _answer(context, produce)
-
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
-        async def produce() -> pb.ModelConfigResponse:
-            return pb.ModelConfigResponse(config=await self._service.model_config(request.name, request.version))
-
-        return await _answer(context, produce)
+    @_unary
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=await self._service.model_config(request.name, request.version))
 
     async def _infer(self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None) -> InferReply:
         infer_request = convert.infer_request_from_proto(request, raw)
@@ -129,13 +138,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return convert.infer_response_to_proto(response)
 
     # The reply leaves through `serialize_infer_reply` (decoding.add_service), not protobuf's serializer.
-    async def ModelInfer(  # type: ignore[override]
-        self, request: pb.ModelInferRequest | InferMessage, context: Context
-    ) -> InferReply:
+    @_unary
+    async def ModelInfer(self, request: pb.ModelInferRequest | InferMessage) -> InferReply:  # type: ignore[override]
         # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
         if isinstance(request, InferMessage):
-            return await _answer(context, lambda: self._infer(request.message, request.raw_input_contents))
-        return await _answer(context, lambda: self._infer(request))
+            return await self._infer(request.message, request.raw_input_contents)
+        return await self._infer(request)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
@@ -192,139 +200,109 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
-        async def produce() -> pb.ModelStatisticsResponse:
-            entries = await self._service.statistics(request.name, request.version)
-            return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
-
-        return await _answer(context, produce)
+    @_unary
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        entries = await self._service.statistics(request.name, request.version)
+        return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
 
     # -- model repository ------------------------------------------------------------------------
 
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> pb.RepositoryIndexResponse:
-        async def produce() -> pb.RepositoryIndexResponse:
-            _no_repository_name(request.repository_name)
-            entries = await self._service.repository_index(request.ready)
-            return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+    @_unary
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        _no_repository_name(request.repository_name)
+        entries = await self._service.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
-        return await _answer(context, produce)
+    @_unary
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        _no_repository_name(request.repository_name)
+        parameters = {key: _repository_parameter(value) for key, value in request.parameters.items()}
+        await self._service.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
 
-    async def RepositoryModelLoad(
-        self, request: pb.RepositoryModelLoadRequest, context: Context
-    ) -> pb.RepositoryModelLoadResponse:
-        async def produce() -> pb.RepositoryModelLoadResponse:
-            _no_repository_name(request.repository_name)
-            parameters = {key: _repository_parameter(value) for key, value in request.parameters.items()}
-            await self._service.load_model(request.model_name, parameters)
-            return pb.RepositoryModelLoadResponse()
-
-        return await _answer(context, produce)
-
-    async def RepositoryModelUnload(
-        self, request: pb.RepositoryModelUnloadRequest, context: Context
-    ) -> pb.RepositoryModelUnloadResponse:
-        async def produce() -> pb.RepositoryModelUnloadResponse:
-            _no_repository_name(request.repository_name)
-            dependents = request.parameters.get("unload_dependents")
-            await self._service.unload_model(request.model_name, bool(dependents and dependents.bool_param))
-            return pb.RepositoryModelUnloadResponse()
-
-        return await _answer(context, produce)
+    @_unary
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        _no_repository_name(request.repository_name)
+        dependents = request.parameters.get("unload_dependents")
+        await self._service.unload_model(request.model_name, bool(dependents and dependents.bool_param))
+        return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory -----------------------------------------------------------------------------
 
+    @_unary
     async def SystemSharedMemoryStatus(
-        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
+        self, request: pb.SystemSharedMemoryStatusRequest
     ) -> pb.SystemSharedMemoryStatusResponse:
-        async def produce() -> pb.SystemSharedMemoryStatusResponse:
-            response = pb.SystemSharedMemoryStatusResponse()
-            for region in await self._service.shared_memory_status(request.name):
-                response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
-            return response
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in await self._service.shared_memory_status(request.name):
+            response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
 
-        return await _answer(context, produce)
-
+    @_unary
     async def SystemSharedMemoryRegister(
-        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
+        self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        async def produce() -> pb.SystemSharedMemoryRegisterResponse:
-            await self._service.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
-            return pb.SystemSharedMemoryRegisterResponse()
+        await self._service.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
-        return await _answer(context, produce)
-
+    @_unary
     async def SystemSharedMemoryUnregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
+        self, request: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        async def produce() -> pb.SystemSharedMemoryUnregisterResponse:
-            await self._service.unregister_shared_memory(request.name)
-            return pb.SystemSharedMemoryUnregisterResponse()
+        await self._service.unregister_shared_memory(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
-        return await _answer(context, produce)
-
+    @_unary
     async def CudaSharedMemoryStatus(
-        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
+        self, request: pb.CudaSharedMemoryStatusRequest
     ) -> pb.CudaSharedMemoryStatusResponse:
-        async def produce() -> pb.CudaSharedMemoryStatusResponse:
-            await self._service.cuda_shared_memory_status(request.name)
-            return pb.CudaSharedMemoryStatusResponse()
+        await self._service.cuda_shared_memory_status(request.name)
+        return pb.CudaSharedMemoryStatusResponse()
 
-        return await _answer(context, produce)
-
+    @_unary
     async def CudaSharedMemoryRegister(
-        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
+        self, request: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        async def produce() -> pb.CudaSharedMemoryRegisterResponse:
-            await self._service.register_cuda_shared_memory()
-            return pb.CudaSharedMemoryRegisterResponse()
+        await self._service.register_cuda_shared_memory()
+        return pb.CudaSharedMemoryRegisterResponse()
 
-        return await _answer(context, produce)
-
+    @_unary
     async def CudaSharedMemoryUnregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
+        self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        async def produce() -> pb.CudaSharedMemoryUnregisterResponse:
-            await self._service.unregister_cuda_shared_memory(request.name)
-            return pb.CudaSharedMemoryUnregisterResponse()
-
-        return await _answer(context, produce)
+        await self._service.unregister_cuda_shared_memory(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and logging -------------------------------------------------------------------------
 
-    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
-        async def produce() -> pb.TraceSettingResponse:
-            model = request.model_name or None
-            changes = {key: list(value.value) or None for key, value in request.settings.items()}
-            service = self._service
-            settings = await (
-                service.update_trace_settings(model, changes) if changes else service.trace_settings(model)
-            )
-            response = pb.TraceSettingResponse()
-            for key, value in settings.items():
-                response.settings[key].value.extend(value if isinstance(value, list) else [value])
-            return response
+    @_unary
+    async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        model = request.model_name or None
+        changes = {key: list(value.value) or None for key, value in request.settings.items()}
+        service = self._service
+        settings = await (service.update_trace_settings(model, changes) if changes else service.trace_settings(model))
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
-        return await _answer(context, produce)
-
-    async def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
-        async def produce() -> pb.LogSettingsResponse:
-            changes = {}
-            for key, value in request.settings.items():
-                choice = value.WhichOneof("parameter_choice")
-                changes[key] = getattr(value, choice) if choice else None
-            service = self._service
-            current_settings = await (service.update_log_settings(changes) if changes else service.log_settings())
-            response = pb.LogSettingsResponse()
-            for key, current in current_settings.items():
-                if isinstance(current, bool):
-                    response.settings[key].bool_param = current
-                elif isinstance(current, int):
-                    response.settings[key].uint32_param = current
-                else:
-                    response.settings[key].string_param = current
-            return response
-
-        return await _answer(context, produce)
+    @_unary
+    async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            changes[key] = getattr(value, choice) if choice else None
+        service = self._service
+        current_settings = await (service.update_log_settings(changes) if changes else service.log_settings())
+        response = pb.LogSettingsResponse()
+        for key, current in current_settings.items():
+            if isinstance(current, bool):
+                response.settings[key].bool_param = current
+            elif isinstance(current, int):
+                response.settings[key].uint32_param = current
+            else:
+                response.settings[key].string_param = current
+        return response
 
 
 def _no_repository_name(name: str) -> None:
