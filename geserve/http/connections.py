@@ -302,12 +302,11 @@ def _no_bodies_in_place(method: str, path: str) -> bool:
     return False
 
 
-def protocol_for(
+def protocol_class(
     listener: str, limits: HttpSettings, reads_in_place: InPlaceBodies | None = None
-) -> Callable[..., BufferedReader]:
-    """What uvicorn builds each connection with, for one listener: a reader over a protocol class with the
-    listener's own limits and its own count of admitted connections; `reads_in_place` says which requests'
-    bodies go straight into one buffer (none if not given)."""
+) -> type[GuardedHttpProtocol]:
+    """The protocol class of one listener: its own limits and its own count of admitted connections;
+    `reads_in_place` says which requests' bodies go straight into one buffer (none if not given)."""
     cap = limits.max_connections or default_max_connections()
     attributes = {
         "limits": limits,
@@ -316,9 +315,15 @@ def protocol_for(
         "tally": _Tally(listener),
         "reads_in_place": staticmethod(reads_in_place or _no_bodies_in_place),
     }
-    protocol = cast(
-        type[GuardedHttpProtocol], type(f"GuardedHttpProtocol[{listener}]", (GuardedHttpProtocol,), attributes)
-    )
+    name = f"GuardedHttpProtocol[{listener}]"
+    return cast(type[GuardedHttpProtocol], type(name, (GuardedHttpProtocol,), attributes))
+
+
+def protocol_for(
+    listener: str, limits: HttpSettings, reads_in_place: InPlaceBodies | None = None
+) -> Callable[..., BufferedReader]:
+    """What uvicorn builds each connection with, for one listener: a reader over its protocol class."""
+    protocol = protocol_class(listener, limits, reads_in_place)
 
     def create(**arguments: Any) -> BufferedReader:
         return BufferedReader(protocol(**arguments))

@@ -65,8 +65,7 @@ class InferEndpoint:
         else:
             header_size = int(header_length)
         if header_size == 0 and header_length is not None:
-            inputs = self._service.model_inputs(model_name, version)
-            request = codec.decode_raw_request(view, model_name, inputs, version)
+            request = codec.raw_request(view, model_name, version)  # shaped where the model is found
             encoding = codec.ALL_BINARY
         else:
             request, encoding = codec.decode_request(
