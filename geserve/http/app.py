@@ -90,5 +90,7 @@ async def _on_error(request: Request, error: Exception) -> Response:
 def create_api(service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Starlette:
     """Every route but infer: health, metadata, config, statistics and the control extensions."""
     routes = [*build_extension_routes(service, max_input_size), *build_routes(service)]
+    # One handler, registered per class: what reaches Starlette's Exception handler is answered and then
+    # re-raised into the server's log, which only unexpected errors should be.
     handlers = {GeserveError: _on_error, HTTPException: _on_error, Exception: _on_error}
     return Starlette(routes=routes, exception_handlers=handlers)
