@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest npu-check clean
+.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest check-uvicorn npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ protos: $(STAMP_TEST)
 # geserve with the oldest protobuf, grpcio, numpy and tritonclient it supports, in build/oldest-venv.
 check-oldest: $(STAMP_TEST)
 	$(BIN)/python scripts/check_oldest.py
+
+# The HTTP transport's tests with the oldest and the newest uvicorn that pyproject.toml allows (build/uvicorn-*).
+check-uvicorn: $(STAMP_TEST)
+	$(BIN)/python scripts/check_uvicorn.py
 
 models: $(STAMP_TEST)
 	$(BIN)/python scripts/make_models.py

@@ -19,6 +19,7 @@ from geserve.core.service import InferenceService
 from geserve.grpc.server import create_server
 from geserve.http.app import create_app
 from geserve.http.connections import protocol_for, raise_descriptor_limit
+from geserve.http.direct import InPlaceBodies
 from geserve.memory import freeze_startup_objects
 from geserve.metrics.registry import create_registry
 from geserve.metrics.server import create_metrics_app
@@ -220,7 +221,7 @@ class Server:
         listeners = []
         if http.enabled:
             app = create_app(self.service, http)
-            server = self._uvicorn("HTTPService", app, http.address, http.port)
+            server = self._uvicorn("HTTPService", app, http.address, http.port, app.reads_body_in_place)
             listeners.append(_Listener("HTTPService", http.address, http.port, server, reuse_port=http.reuse_port))
         if self.metrics is not None:
             registry, collector = self.metrics
@@ -229,13 +230,15 @@ class Server:
             listeners.append(_Listener("Metrics Service", metrics.address, metrics.port, server))
         return listeners
 
-    def _uvicorn(self, name: str, app: Any, host: str, port: int) -> _EmbeddedUvicorn:
+    def _uvicorn(
+        self, name: str, app: Any, host: str, port: int, reads_in_place: InPlaceBodies | None = None
+    ) -> _EmbeddedUvicorn:
         http = self.settings.http
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
-            http=cast(Any, protocol_for(name, http)),  # a factory: uvicorn calls it for each connection
+            http=cast(Any, protocol_for(name, http, reads_in_place)),  # a factory: uvicorn calls it for each connection
             timeout_keep_alive=http.keep_alive_s,
             lifespan="off",
             log_config=None,

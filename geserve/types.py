@@ -54,6 +54,9 @@ class InferRequest:
     outputs: tuple[RequestedOutput, ...] = ()
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+    # A raw binary request's body (HTTP, header length 0): the bytes of the model's one input, which
+    # admission shapes per the config of the version it finds; `inputs` is then empty.
+    raw_body: memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ from geserve.types import (
     InferResponse,
     ModelMetadata,
     StreamedResponse,
-    TensorSpec,
 )
 
 # A load request's parameter that carries a file of the model folder (`file:1/model.onnx`), as Triton's.
@@ -100,11 +99,12 @@ class InferenceAPI(Protocol):
 
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig: ...
 
-    async def model_inputs(self, name: str, version: str = "") -> tuple[TensorSpec, ...]: ...
-
     # -- inference -------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse: ...
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """One response; a request whose `raw_body` is set (HTTP's binary body without a JSON header) is shaped
+        as the one input of the version it addresses."""
+        ...
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]: ...
 

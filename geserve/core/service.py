@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from geserve.core.latency import DEFAULT_BUCKETS_MS, HISTOGRAM_FAMILY, LatencyTr
 from geserve.core.log_control import LogSettings
 from geserve.core.models import ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
+from geserve.core.raw import raw_input
 from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
 from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
@@ -38,7 +40,6 @@ from geserve.types import (
     InferResponse,
     ModelMetadata,
     StreamedResponse,
-    TensorSpec,
 )
 
 logger = logging.getLogger(__name__)
@@ -213,10 +214,6 @@ class InferenceService:
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.model_version(name, version).config
 
-    async def model_inputs(self, name: str, version: str = "") -> tuple[TensorSpec, ...]:
-        """The inputs of the version a request addresses, as its config declares them."""
-        return tuple(self.model_version(name, version).inputs.values())
-
     def loaded_versions(self) -> list[ModelVersion]:
         """Every loaded version of every model, by name then version."""
         return [
@@ -318,6 +315,9 @@ class InferenceService:
         try:
             validation.check_parameters(request.parameters)
             model = self.model_version(request.model_name, request.model_version)
+            if request.raw_body is not None:
+                tensor = raw_input(request.raw_body, model.name, tuple(model.inputs.values()))
+                request = replace(request, inputs=(tensor,), raw_body=None)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         try:

@@ -1,1 +1,1 @@
-"""The HTTP/REST front-end (KServe v2 and Triton extensions) on FastAPI and uvicorn."""
+"""The HTTP/REST front-end (KServe v2 and Triton extensions) on Starlette's router and uvicorn."""

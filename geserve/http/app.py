@@ -1,26 +1,23 @@
-"""The FastAPI application: routes plus Triton's error bodies for every failure."""
+"""The ASGI application: infer straight to its endpoint, every other route through Starlette, Triton's error bodies."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
-import geserve
 from geserve.core.api import InferenceAPI
 from geserve.errors import GeserveError
-from geserve.http.errors import error_body, error_response, from_error, unexpected_message
-from geserve.http.extensions import build_extension_router
-from geserve.http.infer import INFER_PATH, InferEndpoint
-from geserve.http.routes import build_router
+from geserve.http.errors import error_body, error_response, failure
+from geserve.http.extensions import build_extension_routes
+from geserve.http.infer import INFER_PATH, InferEndpoint, send_response
+from geserve.http.routes import build_routes
 from geserve.restrictions import allowed
 from geserve.settings import DEFAULT_MAX_INPUT_SIZE, HttpSettings, Restriction
-
-logger = logging.getLogger(__name__)
 
 
 def api_group(path: str) -> str:
@@ -45,11 +42,11 @@ def api_group(path: str) -> str:
 
 
 class HttpApp:
-    """The ASGI app uvicorn serves: infer requests go straight to InferEndpoint, the rest to FastAPI.
+    """The ASGI app uvicorn serves: infer requests go straight to InferEndpoint, the rest to Starlette.
     Restricted API groups are checked first, before any body is read."""
 
     def __init__(
-        self, api: FastAPI, infer: InferEndpoint, restrictions: Mapping[str, Restriction] | None = None
+        self, api: Starlette, infer: InferEndpoint, restrictions: Mapping[str, Restriction] | None = None
     ) -> None:
         self.api = api
         self._infer = infer
@@ -72,10 +69,13 @@ class HttpApp:
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         if allowed(restriction, headers.get):
             return True
-        body = error_body(f"This API is restricted, expecting header '{restriction.key}'")
-        await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_response(send, 403, error_body(f"This API is restricted, expecting header '{restriction.key}'"))
         return False
+
+    @staticmethod
+    def reads_body_in_place(method: str, path: str) -> bool:
+        """The requests whose bodies the connection may read straight into one buffer: infer's."""
+        return method == "POST" and INFER_PATH.match(path) is not None
 
 
 def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
@@ -83,25 +83,14 @@ def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
     return HttpApp(create_api(service, limit), InferEndpoint(service, limit), settings.restrictions)
 
 
-def create_api(service: InferenceAPI, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastAPI:
+async def _on_error(request: Request, error: Exception) -> Response:
+    return error_response(*failure(error, f"{request.method} {request.url.path}"))
+
+
+def create_api(service: InferenceAPI, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Starlette:
     """Every route but infer: health, metadata, config, statistics and the control extensions."""
-    app = FastAPI(title="geserve", version=geserve.__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(build_extension_router(service, max_input_size))
-    app.include_router(build_router(service))
-
-    async def on_geserve_error(request: Request, error: Exception) -> Response:
-        assert isinstance(error, GeserveError)
-        return from_error(error)
-
-    async def on_http_error(request: Request, error: Exception) -> Response:
-        assert isinstance(error, HTTPException)
-        return error_response(str(error.detail), error.status_code)
-
-    async def on_unexpected_error(request: Request, error: Exception) -> Response:
-        logger.exception("unexpected error serving %s %s", request.method, request.url.path)
-        return error_response(unexpected_message(error), 500)
-
-    app.add_exception_handler(GeserveError, on_geserve_error)
-    app.add_exception_handler(HTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected_error)
-    return app
+    routes = [*build_extension_routes(service, max_input_size), *build_routes(service)]
+    # One handler, registered per class: what reaches Starlette's Exception handler is answered and then
+    # re-raised into the server's log, which only unexpected errors should be.
+    handlers = {GeserveError: _on_error, HTTPException: _on_error, Exception: _on_error}
+    return Starlette(routes=routes, exception_handlers=handlers)

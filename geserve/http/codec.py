@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,6 @@ from geserve.types import (
     OutputTensor,
     ParameterValue,
     RequestedOutput,
-    TensorSpec,
 )
 
 BINARY_DATA = "binary_data"
@@ -206,42 +205,9 @@ def _requested_outputs(value: Any, default_binary: bool) -> tuple[tuple[Requeste
     return tuple(outputs), binary
 
 
-def decode_raw_request(
-    body: memoryview, model_name: str, inputs: Sequence[TensorSpec], model_version: str
-) -> InferRequest:
-    """A body that is one input's raw bytes (header length 0): shape deduced from the config's `inputs`."""
-    if len(inputs) != 1:
-        raise InvalidArgumentError(
-            f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} inputs "
-            f"in '{model_name}' model configuration"
-        )
-    spec = inputs[0]
-    batch = (1,) if spec.batched else ()
-    itemsize = spec.dtype.itemsize
-    if itemsize is None:
-        if spec.dims not in ((1,), (-1,)):
-            raise InvalidArgumentError(
-                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
-            )
-        shape = (*batch, 1)
-        element = np.empty(1, dtype=np.object_)
-        element[0] = bytes(body)  # the whole body is the one string element
-        tensor = InferInput(spec.name, spec.dtype.wire, shape, element.reshape(shape))
-        return InferRequest(model_name, model_version, (tensor,), (), "", {"binary_data_output": True})
-    else:
-        variable = [i for i, d in enumerate(spec.dims) if d == -1]
-        if len(variable) > 1:
-            raise InvalidArgumentError(
-                f"The shape of the raw input '{spec.name}' can not be deduced because there are more than one "
-                "variable-sized dimension"
-            )
-        dims = list(spec.dims)
-        if variable:
-            fixed = math.prod(d for d in dims if d != -1) * itemsize
-            dims[variable[0]] = len(body) // fixed if fixed else 0
-        shape = batch + tuple(dims)
-    tensor = InferInput(spec.name, spec.dtype.wire, shape, body)
-    return InferRequest(model_name, model_version, (tensor,), (), "", {"binary_data_output": True})
+def raw_request(body: memoryview, model_name: str, model_version: str) -> InferRequest:
+    """A body that is one input's raw bytes (header length 0): shaped once the model's config is at hand."""
+    return InferRequest(model_name, model_version, (), (), "", {"binary_data_output": True}, raw_body=body)
 
 
 def _json_data(tensor: OutputTensor) -> tuple[Any, bool]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 import resource
 import time
@@ -14,9 +13,8 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from geserve.codecs.digits import is_decimal
-from geserve.http.direct import BODY_EXTENSION, DIRECT_MIN_BYTES, BufferedReader, DirectBody
-from geserve.http.errors import error_body
-from geserve.http.infer import INFER_PATH
+from geserve.http.direct import BODY_EXTENSION, DIRECT_MIN_BYTES, BufferedReader, DirectBody, InPlaceBodies
+from geserve.http.errors import raw_error_response
 from geserve.settings import HttpSettings
 
 logger = logging.getLogger(__name__)
@@ -47,15 +45,6 @@ def raise_descriptor_limit() -> int:
             return soft
         return hard
     return soft
-
-
-def _raw_response(status: int, message: str, *extra: tuple[bytes, bytes]) -> bytes:
-    body = error_body(message)
-    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-    headers.append((b"connection", b"close"))
-    head += [name + b": " + value + b"\r\n" for name, value in headers]
-    return b"".join([*head, b"\r\n", body])
 
 
 class _Tally:
@@ -101,11 +90,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with deadlines, a connection cap and lingering closes; an infer request's
     body of known length is read straight into one buffer (`BufferedReader` feeds this protocol).
 
-    Subclassed per listener by `protocol_for`, which binds the limits and the set of admitted connections.
+    Subclassed per listener by `protocol_for`, which binds the limits, the set of admitted connections and
+    the app's choice of the requests whose bodies are read in place.
     """
 
     limits: ClassVar[HttpSettings] = HttpSettings()
     max_connections: ClassVar[int] = 1
+    reads_in_place: ClassVar[staticmethod[[str, str], bool]]  # the app's InPlaceBodies
     admitted: ClassVar[set[GuardedHttpProtocol]]
     tally: ClassVar[_Tally]
 
@@ -129,7 +120,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if len(self.admitted) >= self.max_connections:
             self.tally.add("over the connection cap")
             message = f"the server has reached its limit of {self.max_connections} HTTP connections; retry later"
-            transport.write(_raw_response(503, message, (b"retry-after", b"1")))
+            transport.write(raw_error_response(503, message, (b"retry-after", b"1")))
             self.close_gently()
             return
         self.admitted.add(self)
@@ -186,9 +177,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- bodies read in place ----------------------------------------------------------------
 
     def _start_direct(self) -> None:
-        """An infer request whose body has a known length within the limit: read it straight into one buffer
-        (the parser never sees it) and hand it to the handler through the scope."""
-        if self.scope["method"] != "POST" or INFER_PATH.match(self.scope["path"]) is None:
+        """A request the app reads in place, whose body has a known length within the limit: read it straight
+        into one buffer (the parser never sees it) and hand it to the handler through the scope."""
+        if not self.reads_in_place(self.scope["method"], self.scope["path"]):
             return
         lengths = [value for name, value in self.headers if name == b"content-length"]
         if len(lengths) != 1 or any(name == b"transfer-encoding" for name, _ in self.headers):
@@ -257,7 +248,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         self.tally.add("slow request headers")
         message = f"request headers did not arrive within {self.limits.header_timeout_s:g} seconds"
-        self._give_up(_raw_response(408, message), in_body=False)
+        self._give_up(raw_error_response(408, message), in_body=False)
 
     def _body_too_slow(self) -> None:
         self._deadline = None
@@ -267,7 +258,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self.tally.add("stalled request bodies")
         message = f"the request body stopped arriving for {self.limits.body_timeout_s:g} seconds"
-        self._give_up(_raw_response(408, message), in_body=True)
+        self._give_up(raw_error_response(408, message), in_body=True)
 
     def _give_up(self, response: bytes, in_body: bool) -> None:
         """Answer 408 (in a body: unless the handler already answered, as it may before reading it all),
@@ -307,14 +298,32 @@ def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
     return parser
 
 
-def protocol_for(listener: str, limits: HttpSettings) -> Callable[..., BufferedReader]:
-    """What uvicorn builds each connection with, for one listener: a reader over a protocol class with the
-    listener's own limits and its own count of admitted connections."""
+def _no_bodies_in_place(method: str, path: str) -> bool:
+    return False
+
+
+def protocol_class(
+    listener: str, limits: HttpSettings, reads_in_place: InPlaceBodies | None = None
+) -> type[GuardedHttpProtocol]:
+    """The protocol class of one listener: its own limits and its own count of admitted connections;
+    `reads_in_place` says which requests' bodies go straight into one buffer (none if not given)."""
     cap = limits.max_connections or default_max_connections()
-    attributes = {"limits": limits, "max_connections": cap, "admitted": set(), "tally": _Tally(listener)}
-    protocol = cast(
-        type[GuardedHttpProtocol], type(f"GuardedHttpProtocol[{listener}]", (GuardedHttpProtocol,), attributes)
-    )
+    attributes = {
+        "limits": limits,
+        "max_connections": cap,
+        "admitted": set(),
+        "tally": _Tally(listener),
+        "reads_in_place": staticmethod(reads_in_place or _no_bodies_in_place),
+    }
+    name = f"GuardedHttpProtocol[{listener}]"
+    return cast(type[GuardedHttpProtocol], type(name, (GuardedHttpProtocol,), attributes))
+
+
+def protocol_for(
+    listener: str, limits: HttpSettings, reads_in_place: InPlaceBodies | None = None
+) -> Callable[..., BufferedReader]:
+    """What uvicorn builds each connection with, for one listener: a reader over its protocol class."""
+    protocol = protocol_class(listener, limits, reads_in_place)
 
     def create(**arguments: Any) -> BufferedReader:
         return BufferedReader(protocol(**arguments))

@@ -17,6 +17,9 @@ DIRECT_MIN_BYTES = 16 << 10
 # What one read takes while no body is read directly (request heads, small or chunked bodies).
 SCRATCH_BYTES = 64 << 10
 
+# Which requests, by method and path, the app wants their bodies read directly; the app says, not the transport.
+InPlaceBodies = Callable[[str, str], bool]
+
 
 class DirectBody:
     """One request body, filled by the socket reads in place; handed over whole once it is complete."""

@@ -1,11 +1,17 @@
-"""ErrorCode -> HTTP status, and Triton's `{"error": "<message>"}` bodies."""
+"""Every HTTP error answer: a failure's status and Triton's `{"error": "<message>"}` body, built in one place."""
 
 from __future__ import annotations
 
+import http
+import logging
+
 import orjson
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from geserve.errors import ErrorCode, GeserveError
+
+logger = logging.getLogger(__name__)
 
 HTTP_STATUS = {
     ErrorCode.INTERNAL: 500,
@@ -17,6 +23,7 @@ HTTP_STATUS = {
     ErrorCode.ALREADY_EXISTS: 400,
     ErrorCode.CANCELLED: 400,
 }
+JSON_CONTENT = (b"content-type", b"application/json")
 
 
 def error_body(message: str) -> bytes:
@@ -24,18 +31,26 @@ def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-def status_of(error: GeserveError) -> int:
-    return HTTP_STATUS.get(error.code, 400)
+def failure(error: Exception, serving: str) -> tuple[int, bytes]:
+    """The status and body that answer a request which failed with `error`: Triton's status for its error
+    code, the router's own for an unknown path or method, 500 (logged, with `serving` saying what) otherwise."""
+    if isinstance(error, GeserveError):
+        return HTTP_STATUS.get(error.code, 400), error_body(error.message)
+    if isinstance(error, HTTPException):
+        return error.status_code, error_body(str(error.detail))
+    logger.exception("unexpected error serving %s", serving)
+    return 500, error_body(f"internal error: {type(error).__name__}: {error}")
 
 
-def unexpected_message(error: Exception) -> str:
-    """The text of a 500 for an exception no layer anticipated."""
-    return f"internal error: {type(error).__name__}: {error}"
+def error_response(status: int, body: bytes) -> Response:
+    """An error answer as a Starlette response."""
+    return Response(body, status_code=status, media_type="application/json")
 
 
-def error_response(message: str, status: int) -> Response:
-    return Response(error_body(message), status_code=status, media_type="application/json")
-
-
-def from_error(error: GeserveError) -> Response:
-    return error_response(error.message, status_of(error))
+def raw_error_response(status: int, message: str, *extra: tuple[bytes, bytes]) -> bytes:
+    """A whole HTTP/1.1 error response that closes its connection, for answers written below the ASGI app."""
+    body = error_body(message)
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
+    headers = [JSON_CONTENT, (b"content-length", str(len(body)).encode()), *extra, (b"connection", b"close")]
+    head += [name + b": " + value + b"\r\n" for name, value in headers]
+    return b"".join([*head, b"\r\n", body])

@@ -7,19 +7,17 @@ import binascii
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from geserve.codecs.digits import is_decimal
 from geserve.core.api import FILE_PREFIX, InferenceAPI
 from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.http.routes import get, json_response, post
 
 REPOSITORY_NAME_REFUSAL = "'repository_name' specification is not supported"
-
-
-def _json(content: Any) -> Response:
-    return Response(orjson.dumps(content), media_type="application/json")
 
 
 async def _body(request: Request, limit: int) -> dict[str, Any]:
@@ -48,29 +46,29 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     return parameters
 
 
-def _no_repository_name(repository: str | None) -> None:
+def _no_repository_name(repository: str) -> None:
     if repository:
         raise UnsupportedError(REPOSITORY_NAME_REFUSAL)
 
 
-def build_extension_router(service: InferenceAPI, limit: int) -> APIRouter:
-    router = APIRouter()
+def _path(request: Request, name: str) -> str:
+    """A path parameter; "" where the route has none of that name."""
+    value: str = request.path_params.get(name, "")
+    return value
 
+
+def build_extension_routes(service: InferenceAPI, limit: int) -> list[Route]:
     # -- model repository ------------------------------------------------------------------------
 
-    @router.post("/v2/repository/index")
-    @router.post("/v2/repository/{repository}/index")
-    async def repository_index(request: Request, repository: str | None = None) -> Response:
-        _no_repository_name(repository)
+    async def repository_index(request: Request) -> Response:
+        _no_repository_name(_path(request, "repository"))
         ready = (await _body(request, limit)).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgumentError("'ready' must be a boolean")
-        return _json(await service.repository_index(ready))
+        return json_response(await service.repository_index(ready))
 
-    @router.post("/v2/repository/models/{model_name}/load")
-    @router.post("/v2/repository/{repository}/models/{model_name}/load")
-    async def repository_load(request: Request, model_name: str, repository: str | None = None) -> Response:
-        _no_repository_name(repository)
+    async def repository_load(request: Request) -> Response:
+        _no_repository_name(_path(request, "repository"))
         parameters = _parameters(await _body(request, limit))
         decoded: dict[str, Any] = {}
         for key, value in parameters.items():
@@ -83,79 +81,88 @@ def build_extension_router(service: InferenceAPI, limit: int) -> APIRouter:
                     raise InvalidArgumentError(f"'{key}' is not valid base64") from None
             else:
                 decoded[key] = value
-        await service.load_model(model_name, decoded)
+        await service.load_model(_path(request, "model_name"), decoded)
         return Response(status_code=200)
 
-    @router.post("/v2/repository/models/{model_name}/unload")
-    @router.post("/v2/repository/{repository}/models/{model_name}/unload")
-    async def repository_unload(request: Request, model_name: str, repository: str | None = None) -> Response:
-        _no_repository_name(repository)
+    async def repository_unload(request: Request) -> Response:
+        _no_repository_name(_path(request, "repository"))
         dependents = _parameters(await _body(request, limit)).get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise InvalidArgumentError("'unload_dependents' must be a boolean")
-        await service.unload_model(model_name, dependents)
+        await service.unload_model(_path(request, "model_name"), dependents)
         return Response(status_code=200)
 
     # -- shared memory ---------------------------------------------------------------------------
 
-    @router.get("/v2/systemsharedmemory/status")
-    @router.get("/v2/systemsharedmemory/region/{region}/status")
-    async def system_shm_status(region: str = "") -> Response:
-        return _json(await service.shared_memory_status(region))
+    async def system_shm_status(request: Request) -> Response:
+        return json_response(await service.shared_memory_status(_path(request, "region")))
 
-    @router.post("/v2/systemsharedmemory/region/{region}/register")
-    async def system_shm_register(request: Request, region: str) -> Response:
+    async def system_shm_register(request: Request) -> Response:
         body = await _body(request, limit)
+        region = _path(request, "region")
         await service.register_shared_memory(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
         return Response(status_code=200)
 
-    @router.post("/v2/systemsharedmemory/unregister")
-    @router.post("/v2/systemsharedmemory/region/{region}/unregister")
-    async def system_shm_unregister(region: str = "") -> Response:
-        await service.unregister_shared_memory(region)
+    async def system_shm_unregister(request: Request) -> Response:
+        await service.unregister_shared_memory(_path(request, "region"))
         return Response(status_code=200)
 
-    @router.get("/v2/cudasharedmemory/status")
-    @router.get("/v2/cudasharedmemory/region/{region}/status")
-    async def cuda_shm_status(region: str = "") -> Response:
-        return _json(await service.cuda_shared_memory_status(region))
+    async def cuda_shm_status(request: Request) -> Response:
+        return json_response(await service.cuda_shared_memory_status(_path(request, "region")))
 
-    @router.post("/v2/cudasharedmemory/region/{region}/register")
-    async def cuda_shm_register(region: str) -> Response:
+    async def cuda_shm_register(request: Request) -> Response:
         await service.register_cuda_shared_memory()
         return Response(status_code=200)
 
-    @router.post("/v2/cudasharedmemory/unregister")
-    @router.post("/v2/cudasharedmemory/region/{region}/unregister")
-    async def cuda_shm_unregister(region: str = "") -> Response:
-        await service.unregister_cuda_shared_memory(region)
+    async def cuda_shm_unregister(request: Request) -> Response:
+        await service.unregister_cuda_shared_memory(_path(request, "region"))
         return Response(status_code=200)
 
     # -- logging and trace -----------------------------------------------------------------------
 
-    @router.get("/v2/logging")
-    async def get_logging() -> Response:
-        return _json(await service.log_settings())
+    async def get_logging(request: Request) -> Response:
+        return json_response(await service.log_settings())
 
-    @router.post("/v2/logging")
     async def post_logging(request: Request) -> Response:
-        return _json(await service.update_log_settings(await _body(request, limit)))
+        return json_response(await service.update_log_settings(await _body(request, limit)))
 
-    @router.get("/v2/trace/setting")
-    @router.get("/v2/models/{model_name}/trace/setting")
-    async def get_trace(model_name: str | None = None) -> Response:
-        return _json(await service.trace_settings(model_name))
+    async def get_trace(request: Request) -> Response:
+        return json_response(await service.trace_settings(_path(request, "model_name") or None))
 
-    @router.post("/v2/trace/setting")
-    @router.post("/v2/models/{model_name}/trace/setting")
-    async def post_trace(request: Request, model_name: str | None = None) -> Response:
-        return _json(await service.update_trace_settings(model_name, await _body(request, limit)))
+    async def post_trace(request: Request) -> Response:
+        changes = await _body(request, limit)
+        return json_response(await service.update_trace_settings(_path(request, "model_name") or None, changes))
 
-    @router.get("/v2/models/{model_name}/versions/{version}/trace/setting")
-    @router.post("/v2/models/{model_name}/versions/{version}/trace/setting")
-    async def versioned_trace(model_name: str, version: str) -> Response:
-        if not is_decimal(version):
+    async def versioned_trace(request: Request) -> Response:
+        if not is_decimal(_path(request, "version")):
             raise HTTPException(404, "Not Found")
         raise InvalidArgumentError("trace settings are per model, not per model version")
 
-    return router
+    repository = ("/v2/repository", "/v2/repository/{repository}")
+    system_region = "/v2/systemsharedmemory/region/{region}"
+    cuda_region = "/v2/cudasharedmemory/region/{region}"
+    model_trace = "/v2/models/{model_name}/trace/setting"
+    version_trace = "/v2/models/{model_name}/versions/{version}/trace/setting"
+    return [
+        *(post(prefix + "/index", repository_index) for prefix in repository),
+        *(post(prefix + "/models/{model_name}/load", repository_load) for prefix in repository),
+        *(post(prefix + "/models/{model_name}/unload", repository_unload) for prefix in repository),
+        get("/v2/systemsharedmemory/status", system_shm_status),
+        get(system_region + "/status", system_shm_status),
+        post(system_region + "/register", system_shm_register),
+        post("/v2/systemsharedmemory/unregister", system_shm_unregister),
+        post(system_region + "/unregister", system_shm_unregister),
+        get("/v2/cudasharedmemory/status", cuda_shm_status),
+        get(cuda_region + "/status", cuda_shm_status),
+        post(cuda_region + "/register", cuda_shm_register),
+        post("/v2/cudasharedmemory/unregister", cuda_shm_unregister),
+        post(cuda_region + "/unregister", cuda_shm_unregister),
+        get("/v2/logging", get_logging),
+        post("/v2/logging", post_logging),
+        get("/v2/trace/setting", get_trace),
+        get(model_trace, get_trace),
+        post("/v2/trace/setting", post_trace),
+        post(model_trace, post_trace),
+        get(version_trace, versioned_trace),
+        post(version_trace, versioned_trace),
+    ]

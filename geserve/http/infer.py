@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
 from geserve.codecs.digits import is_decimal
 from geserve.core.api import InferenceAPI
-from geserve.errors import DecoupledModelError, GeserveError, InvalidArgumentError, UnsupportedError
+from geserve.errors import DecoupledModelError, InvalidArgumentError, UnsupportedError
 from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
 from geserve.http.direct import BODY_EXTENSION
-from geserve.http.errors import error_body, status_of, unexpected_message
-
-logger = logging.getLogger(__name__)
+from geserve.http.errors import JSON_CONTENT, error_body, failure
 
 # Triton's model route, infer action. Like Triton's, it matches numeric versions only: anything
 # else falls through to the other routes, which answer 404.
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
-_JSON = [(b"content-type", b"application/json")]
 # Triton's text for a decoupled model asked for one response.
 DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
 
@@ -33,24 +29,23 @@ class InferEndpoint:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, match: re.Match[str]) -> None:
         if scope["method"] != "POST":
-            await _send(send, 405, _JSON, error_body("Method Not Allowed"))
+            await send_response(send, 405, error_body("Method Not Allowed"))
             return
         model_name, version = match.group(1), match.group(2) or ""
         headers = {key: value for key, value in scope["headers"]}
         try:
-            status, response_headers, content = await self._infer(scope, model_name, version, headers, receive)
+            content, response_headers = await self._infer(scope, model_name, version, headers, receive)
         except ClientDisconnectedError:
             return
-        except GeserveError as error:
-            status, response_headers, content = status_of(error), _JSON, error_body(error.message)
         except Exception as error:
-            logger.exception("unexpected error serving infer for model '%s'", model_name)
-            status, response_headers, content = 500, _JSON, error_body(unexpected_message(error))
-        await _send(send, status, response_headers, content)
+            status, body = failure(error, f"infer for model '{model_name}'")
+            await send_response(send, status, body)
+            return
+        await send_response(send, 200, content, response_headers)
 
     async def _infer(
         self, scope: dict[str, Any], model_name: str, version: str, headers: dict[bytes, bytes], receive: Any
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         direct = scope.get("extensions", {}).get(BODY_EXTENSION)
         if direct is not None:  # read straight into one buffer by the connection (within the limit)
             sent: bytes | memoryview = await direct.read()
@@ -70,8 +65,7 @@ class InferEndpoint:
         else:
             header_size = int(header_length)
         if header_size == 0 and header_length is not None:
-            inputs = await self._service.model_inputs(model_name, version)
-            request = codec.decode_raw_request(view, model_name, inputs, version)
+            request = codec.raw_request(view, model_name, version)  # shaped where the model is found
             encoding = codec.ALL_BINARY
         else:
             request, encoding = codec.decode_request(
@@ -89,15 +83,19 @@ class InferEndpoint:
                 (codec.HEADER_LENGTH.lower().encode(), str(len(json_header)).encode()),
             ]
         else:
-            content, response_headers = json_header, list(_JSON)
+            content, response_headers = json_header, [JSON_CONTENT]
         compression = accepted_encoding(headers.get(b"accept-encoding", b"").decode("latin-1"))
         if compression:
             content = await compress(content, compression)
             response_headers.append((b"content-encoding", compression.encode()))
-        return 200, response_headers, content
+        return content, response_headers
 
 
-async def _send(send: Any, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
+async def send_response(
+    send: Any, status: int, content: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A whole response over ASGI; JSON unless `headers` say otherwise."""
+    headers = [JSON_CONTENT] if headers is None else headers
     await send(
         {
             "type": "http.response.start",

@@ -1,13 +1,15 @@
-"""HTTP handlers for health, metadata, config and infer, calling InferenceAPI."""
+"""HTTP routes for health, metadata, config and statistics, calling InferenceAPI."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from fastapi import APIRouter
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from geserve.codecs.digits import is_decimal
 from geserve.core.api import InferenceAPI
@@ -16,17 +18,17 @@ from geserve.repository.config import config_to_json
 from geserve.types import ModelMetadata
 
 
-def _json(content: Any) -> Response:
+def json_response(content: Any) -> Response:
     return Response(orjson.dumps(content), media_type="application/json")
 
 
-def _version(version: str | None) -> str:
+def _model_and_version(request: Request) -> tuple[str, str]:
+    """The model name and version ("" when the path names none) a model route's path holds."""
+    version = request.path_params.get("version", "")
     # Triton's route regex only matches numeric versions; anything else is an unknown path.
-    if version is None:
-        return ""
-    if not is_decimal(version):
+    if version and not is_decimal(version):
         raise HTTPException(404, "Not Found")
-    return version
+    return request.path_params["model_name"], version
 
 
 def _metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
@@ -39,48 +41,59 @@ def _metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
     }
 
 
-def build_router(service: InferenceAPI) -> APIRouter:
-    """All v2 routes of this slice, bound to one service."""
-    router = APIRouter()
+def get(path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Route:
+    """A GET route that, as Triton's, does not answer HEAD (Starlette adds HEAD to every GET route)."""
+    route = Route(path, endpoint, methods=["GET"])
+    route.methods = {"GET"}
+    return route
 
-    @router.get("/v2/health/live")
-    async def health_live() -> Response:
+
+def post(path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Route:
+    return Route(path, endpoint, methods=["POST"])
+
+
+def build_routes(service: InferenceAPI) -> list[Route]:
+    """All v2 routes of this slice, bound to one service."""
+
+    async def health_live(request: Request) -> Response:
         return Response(status_code=200 if await service.live() else 400)
 
-    @router.get("/v2/health/ready")
-    async def health_ready() -> Response:
+    async def health_ready(request: Request) -> Response:
         return Response(status_code=200 if await service.ready() else 400)
 
-    @router.get("/v2")
-    async def server_metadata() -> Response:
+    async def server_metadata(request: Request) -> Response:
         metadata = await service.server_metadata()
-        return _json({"name": metadata.name, "version": metadata.version, "extensions": list(metadata.extensions)})
+        return json_response(
+            {"name": metadata.name, "version": metadata.version, "extensions": list(metadata.extensions)}
+        )
 
-    # Matched before the model routes, as in Triton: "stats" is no model name here.
-    @router.get("/v2/models/stats")
-    async def all_statistics() -> Response:
-        return _json({"model_stats": await service.statistics()})
+    async def all_statistics(request: Request) -> Response:
+        return json_response({"model_stats": await service.statistics()})
 
-    @router.get("/v2/models/{model_name}/stats")
-    @router.get("/v2/models/{model_name}/versions/{version}/stats")
-    async def model_statistics(model_name: str, version: str | None = None) -> Response:
-        return _json({"model_stats": await service.statistics(model_name, _version(version))})
+    async def model_statistics(request: Request) -> Response:
+        return json_response({"model_stats": await service.statistics(*_model_and_version(request))})
 
-    @router.get("/v2/models/{model_name}")
-    @router.get("/v2/models/{model_name}/versions/{version}")
-    async def model_metadata(model_name: str, version: str | None = None) -> Response:
-        return _json(_metadata_json(await service.model_metadata(model_name, _version(version))))
+    async def model_metadata(request: Request) -> Response:
+        return json_response(_metadata_json(await service.model_metadata(*_model_and_version(request))))
 
-    @router.get("/v2/models/{model_name}/ready")
-    @router.get("/v2/models/{model_name}/versions/{version}/ready")
-    async def model_ready(model_name: str, version: str | None = None) -> Response:
-        if await service.model_ready(model_name, _version(version)):
+    async def model_ready(request: Request) -> Response:
+        if await service.model_ready(*_model_and_version(request)):
             return Response(status_code=200)
         raise InvalidArgumentError("Model version not ready")
 
-    @router.get("/v2/models/{model_name}/config")
-    @router.get("/v2/models/{model_name}/versions/{version}/config")
-    async def model_config(model_name: str, version: str | None = None) -> Response:
-        return _json(config_to_json(await service.model_config(model_name, _version(version))))
+    async def model_config(request: Request) -> Response:
+        return json_response(config_to_json(await service.model_config(*_model_and_version(request))))
 
-    return router
+    model = "/v2/models/{model_name}"
+    version = "/v2/models/{model_name}/versions/{version}"
+    return [
+        get("/v2/health/live", health_live),
+        get("/v2/health/ready", health_ready),
+        get("/v2", server_metadata),
+        # Matched before the model routes, as in Triton: "stats" is no model name here.
+        get("/v2/models/stats", all_statistics),
+        *(get(prefix + "/stats", model_statistics) for prefix in (model, version)),
+        *(get(prefix, model_metadata) for prefix in (model, version)),
+        *(get(prefix + "/ready", model_ready) for prefix in (model, version)),
+        *(get(prefix + "/config", model_config) for prefix in (model, version)),
+    ]

@@ -50,7 +50,7 @@ async def test_health_and_metadata(service: InferenceAPI) -> None:
     assert (model.name, model.versions, model.platform) == ("echo", ("1",), "identity")
     assert [(t.name, t.datatype, t.shape) for t in model.inputs] == [("INPUT0", "FP32", (-1, -1))]
     assert (await service.model_config("simple")).max_batch_size == 8
-    assert [spec.name for spec in await service.model_inputs("simple")] == ["INPUT0", "INPUT1"]
+    assert [tensor.name for tensor in (await service.model_config("simple")).input] == ["INPUT0", "INPUT1"]
     assert await service.model_ready("echo", "1") and not await service.model_ready("echo", "2")
 
 

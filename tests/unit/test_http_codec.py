@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
+from geserve.core.raw import raw_input
 from geserve.errors import InvalidArgumentError
 from geserve.http import codec
 from geserve.repository.config import parse_config_text
@@ -151,15 +152,18 @@ def raw_inputs(dtype: str, dims: str) -> tuple[TensorSpec, ...]:
 
 
 def test_raw_requests_deduce_the_shape() -> None:
-    request = codec.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "2, -1"), "")
-    assert request.inputs[0].shape == (1, 2, 3)
+    request = codec.raw_request(memoryview(bytes(24)), "raw", "2")
+    assert request.inputs == () and request.raw_body is not None and request.model_version == "2"
     assert request.parameters == {"binary_data_output": True}
-    strings = codec.decode_raw_request(memoryview(b"hello"), "raw", raw_inputs("TYPE_STRING", "1"), "")
-    tensor = strings.inputs[0]
-    assert tensor.shape == (1, 1) and isinstance(tensor.data, np.ndarray) and tensor.data[0, 0] == b"hello"
+    tensor = raw_input(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "2, -1"))
+    assert tensor.name == "IN" and tensor.datatype == "FP32" and tensor.shape == (1, 2, 3)
+    string = raw_input(memoryview(b"hello"), "raw", raw_inputs("TYPE_STRING", "1"))
+    assert string.shape == (1, 1) and isinstance(string.data, np.ndarray) and string.data[0, 0] == b"hello"
     with pytest.raises(InvalidArgumentError, match="more than one variable-sized dimension"):
-        codec.decode_raw_request(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "-1, -1"), "")
+        raw_input(memoryview(bytes(24)), "raw", raw_inputs("TYPE_FP32", "-1, -1"))
     with pytest.raises(
         InvalidArgumentError, match="For BYTE datatype raw input 'IN', the model must have input shape \\[1\\]"
     ):
-        codec.decode_raw_request(memoryview(b"x"), "raw", raw_inputs("TYPE_STRING", "2"), "")
+        raw_input(memoryview(b"x"), "raw", raw_inputs("TYPE_STRING", "2"))
+    with pytest.raises(InvalidArgumentError, match="but got 2 inputs in 'raw' model configuration"):
+        raw_input(memoryview(b"x"), "raw", raw_inputs("TYPE_STRING", "1") * 2)

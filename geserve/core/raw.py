@@ -1,0 +1,43 @@
+"""Triton's raw binary requests: a body that is one input's bytes, shaped from the config of the version found."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from geserve.errors import InvalidArgumentError
+from geserve.types import InferInput, TensorSpec
+
+
+def raw_input(body: memoryview, model_name: str, inputs: Sequence[TensorSpec]) -> InferInput:
+    """The one input a raw request's `body` holds, its shape deduced from the config's `inputs`."""
+    if len(inputs) != 1:
+        raise InvalidArgumentError(
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} inputs "
+            f"in '{model_name}' model configuration"
+        )
+    spec = inputs[0]
+    batch = (1,) if spec.batched else ()
+    itemsize = spec.dtype.itemsize
+    if itemsize is None:
+        if spec.dims not in ((1,), (-1,)):
+            raise InvalidArgumentError(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        shape = (*batch, 1)
+        element = np.empty(1, dtype=np.object_)
+        element[0] = bytes(body)  # the whole body is the one string element
+        return InferInput(spec.name, spec.dtype.wire, shape, element.reshape(shape))
+    variable = [i for i, d in enumerate(spec.dims) if d == -1]
+    if len(variable) > 1:
+        raise InvalidArgumentError(
+            f"The shape of the raw input '{spec.name}' can not be deduced because there are more than one "
+            "variable-sized dimension"
+        )
+    dims = list(spec.dims)
+    if variable:
+        fixed = math.prod(d for d in dims if d != -1) * itemsize
+        dims[variable[0]] = len(body) // fixed if fixed else 0
+    return InferInput(spec.name, spec.dtype.wire, batch + tuple(dims), body)
