@@ -4,42 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from geserve.core.api import InferenceAPI, VersionSnapshot
-from geserve.core.service import InferenceService
 from geserve.errors import InvalidArgumentError, NotFoundError
-from geserve.settings import ControlMode, MetricsSettings, RepositorySettings, ServerSettings, WorkerSettings
 from geserve.types import InferInput, InferRequest
-from geserve.workers.pool import PoolFactory
-from tests.support import copy_model, write_identity_model
+from tests.component.conftest import in_process_service
+from tests.support import write_identity_model
 
 
 def _request(model: str, values: np.ndarray, request_id: str = "") -> InferRequest:
     tensor = InferInput("INPUT0", "FP32", values.shape, values)
     return InferRequest(model, "", (tensor,), id=request_id)
-
-
-async def _service(repository: Path, **metrics: bool) -> InferenceService:
-    settings = RepositorySettings(paths=(repository,), control_mode=ControlMode.EXPLICIT, startup_models=("*",))
-    pools = PoolFactory(WorkerSettings(process_workers=False))
-    service = InferenceService(ServerSettings(), settings, pools, MetricsSettings(**metrics))
-    pools.caller = service
-    assert await service.load_models() == {}
-    return service
-
-
-@pytest.fixture
-async def service(tmp_path: Path) -> AsyncIterator[InferenceService]:
-    write_identity_model(tmp_path, "echo")
-    copy_model("simple", tmp_path)
-    served = await _service(tmp_path, summary_latencies=True, histogram_latencies=True)
-    yield served
-    await served.shutdown()
 
 
 async def test_health_and_metadata(service: InferenceAPI) -> None:
@@ -100,7 +79,7 @@ async def test_statistics_and_metric_snapshots_are_plain_values(service: Inferen
 
 async def test_without_latency_metrics_no_summaries_are_kept(tmp_path: Path) -> None:
     write_identity_model(tmp_path, "echo")
-    service = await _service(tmp_path)
+    service = await in_process_service(tmp_path)
     try:
         await service.infer(_request("echo", np.ones((1, 2), np.float32)))
         [echo] = await service.version_statistics()
