@@ -15,7 +15,7 @@ from geserve.grpc.raw import parse_infer_request, serialize_infer_reply
 from geserve.grpc.servicer import InferenceServicer
 
 
-class Aborted(Exception):
+class AbortedError(Exception):
     """What grpc.aio's context.abort raises, as the servicer sees it: the RPC ends here."""
 
 
@@ -29,7 +29,7 @@ class Context:
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.code, self.details = code, details
-        raise Aborted(details)
+        raise AbortedError(details)
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -76,12 +76,12 @@ async def test_infer_answers_each_request_with_its_own_values(servicer: Inferenc
 
 async def test_an_error_becomes_its_status_and_the_next_request_is_served(servicer: InferenceServicer) -> None:
     context = Context()
-    with pytest.raises(Aborted):
+    with pytest.raises(AbortedError):
         await servicer.ModelInfer(_infer_request("nope", np.zeros((1, 2), np.float32), "bad"), context)
     assert context.code == grpc.StatusCode.INVALID_ARGUMENT
     assert context.details == "[request id: bad] Request for unknown model: 'nope' is not found"
     context = Context()
-    with pytest.raises(Aborted):
+    with pytest.raises(AbortedError):
         await servicer.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="other"), context)
     assert context.code == grpc.StatusCode.UNIMPLEMENTED
     values = np.ones((1, 2), np.float32)
