@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.core.classification import classification_count, classify
 from geserve.core.models import ModelVersion
 from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryManager
+from geserve.offload import COPY_BYTES, off_loop
 from geserve.types import InferRequest, InferResponse, OutputTensor, Parameters
-
-# Larger outputs are copied into client shared memory off the event loop.
-_INLINE_COPY_BYTES = 1 << 20
 
 
 class ResponseBuilder:
@@ -43,10 +39,7 @@ class ResponseBuilder:
             return tensor
         data = bytes_codec.wire_bytes(tensor.datatype, tensor.data)
         what = f"output '{tensor.name}'"
-        if len(data) > _INLINE_COPY_BYTES:
-            written = await asyncio.to_thread(self._shared_memory.write, asked, what, data)
-        else:
-            written = self._shared_memory.write(asked, what, data)
+        written = await off_loop(len(data), COPY_BYTES, self._shared_memory.write, asked, what, data)
         parameters = {REGION: asked[REGION], BYTE_SIZE: written}
         if OFFSET in asked:
             parameters[OFFSET] = asked[OFFSET]

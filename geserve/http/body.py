@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from typing import Any
 
 from geserve.codecs.digits import is_decimal
 from geserve.errors import InvalidArgumentError
-
-# Above this size, (de)compression runs on a thread so the event loop keeps serving.
-OFFLOAD_BYTES = 1 << 16
+from geserve.offload import COMPRESSION_BYTES, off_loop
 
 
 class ClientDisconnectedError(Exception):
@@ -51,9 +48,7 @@ async def decoded(body: bytes | memoryview, encoding: str, limit: int) -> bytes 
         return body
     if encoding not in ("gzip", "deflate"):
         raise InvalidArgumentError(f"unsupported Content-Encoding '{encoding}'; gzip and deflate are supported")
-    if len(body) > OFFLOAD_BYTES:
-        return await asyncio.to_thread(_decompress, body, encoding, limit)
-    return _decompress(body, encoding, limit)
+    return await off_loop(len(body), COMPRESSION_BYTES, _decompress, body, encoding, limit)
 
 
 def _decompress(body: bytes | memoryview, encoding: str, limit: int) -> bytes:
@@ -76,9 +71,7 @@ def accepted_encoding(accept_encoding: str) -> str:
 
 
 async def compress(data: bytes, encoding: str) -> bytes:
-    if len(data) > OFFLOAD_BYTES:
-        return await asyncio.to_thread(_compress, data, encoding)
-    return _compress(data, encoding)
+    return await off_loop(len(data), COMPRESSION_BYTES, _compress, data, encoding)
 
 
 def _compress(data: bytes, encoding: str) -> bytes:

@@ -12,6 +12,7 @@ import numpy as np
 
 from geserve.backends.base import RequestResult
 from geserve.codecs import dtypes
+from geserve.offload import COPY_BYTES, off_loop
 from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import PlacedResult, request_outputs
 from geserve.workers.runs import RunId
@@ -27,9 +28,6 @@ from geserve.workers.shm import (
 )
 
 logger = logging.getLogger(__name__)
-
-# Above this many bytes, copies into and out of the arenas run on a thread, off the event loop.
-OFFLOAD_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -93,10 +91,7 @@ class Arenas:
             target = overflow if overflow is not None else self._segments[input_name]
             segment = overflow.name if overflow is not None else input_name
             placement = Placement(slot, (), output_name, self._run.segment_name("out"), overflow)
-            if layout.size > OFFLOAD_BYTES:
-                placement.inputs = await asyncio.to_thread(layout.write, buffer_of(target), segment)
-            else:
-                placement.inputs = layout.write(buffer_of(target), segment)
+            placement.inputs = await off_loop(layout.size, COPY_BYTES, layout.write, buffer_of(target), segment)
             placement.inputs += tuple(passed)
             return placement
         except BaseException:
@@ -108,10 +103,7 @@ class Arenas:
     ) -> tuple[RequestResult, ...]:
         """Each request's outputs: every block copied out of shared memory once (the arena is reused by the
         next batch), each request getting views of its rows; an overflow segment is unlinked after reading."""
-        if sum(block.nbytes for block in blocks) > OFFLOAD_BYTES:
-            arrays = await asyncio.to_thread(self.read, blocks)
-        else:
-            arrays = self.read(blocks)
+        arrays = await off_loop(sum(block.nbytes for block in blocks), COPY_BYTES, self.read, blocks)
         return request_outputs(arrays, blocks, placed)
 
     def read(self, refs: Sequence[TensorRef]) -> list[np.ndarray]:

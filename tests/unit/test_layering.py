@@ -39,6 +39,7 @@ FORBIDDEN = {
     "geserve.restrictions": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.triton_flags": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.errors": ("geserve.",),
+    "geserve.offload": ("geserve.",),
     "geserve.types": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.repository", "geserve.settings"),
 }
 
