@@ -12,20 +12,8 @@ import pytest
 
 from geserve.errors import InternalError, UnavailableError
 from geserve.types import InstanceStatus
+from geserve.workers import messages
 from geserve.workers.channel import Lifecycle, WorkerChannel
-from geserve.workers.messages import (
-    BatchPlaced,
-    BlsCall,
-    BlsReply,
-    Cancel,
-    Loaded,
-    Partial,
-    ReadStatus,
-    Retiring,
-    RunBatch,
-    Shutdown,
-    StatusReport,
-)
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_DIRECTORY, write_tensors
 from geserve.workers.streams import ResponseStream, StreamState
@@ -39,13 +27,13 @@ class Ends:
     def __init__(self) -> None:
         front, self.worker = multiprocessing.Pipe(duplex=True)
         self.lifecycle: list[Lifecycle] = []
-        self.bls_calls: list[tuple[BlsCall, Callable[[BlsReply], None]]] = []
+        self.bls_calls: list[tuple[messages.BlsCall, Callable[[messages.BlsReply], None]]] = []
         self.lost = asyncio.Event()
         self.channel = WorkerChannel(
             front, "echo_0", self._serve_bls, on_lifecycle=self.lifecycle.append, on_lost=self.lost.set
         )
 
-    def _serve_bls(self, call: BlsCall, reply: Callable[[BlsReply], None]) -> None:
+    def _serve_bls(self, call: messages.BlsCall, reply: Callable[[messages.BlsReply], None]) -> None:
         self.bls_calls.append((call, reply))
 
     def received(self) -> object:
@@ -62,12 +50,12 @@ async def ends() -> AsyncIterator[Ends]:
     ends.worker.close()
 
 
-def batch(ends: Ends) -> RunBatch:
-    return RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", ())
+def batch(ends: Ends) -> messages.RunBatch:
+    return messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", ())
 
 
-def placed(batch_id: int, start_ns: int = 0) -> BatchPlaced:
-    return BatchPlaced(batch_id, (), (), start_ns, start_ns + 1)
+def placed(batch_id: int, start_ns: int = 0) -> messages.BatchPlaced:
+    return messages.BatchPlaced(batch_id, (), (), start_ns, start_ns + 1)
 
 
 def segment_exists(name: str) -> bool:
@@ -119,8 +107,8 @@ async def test_partials_feed_their_stream_until_the_final_one(ends: Ends) -> Non
     [stream_id] = ends.channel.open_streams({3: stream}).values()
     large = np.arange(1000, dtype=np.float32)
     refs = write_tensors({"OUT": large}, RUN.segment_name("stream"))
-    ends.worker.send(Partial(stream_id, {"OUT": np.ones(2, np.float32)}, (), None, False))
-    ends.worker.send(Partial(stream_id, None, refs, None, True))
+    ends.worker.send(messages.Partial(stream_id, {"OUT": np.ones(2, np.float32)}, (), None, False))
+    ends.worker.send(messages.Partial(stream_id, None, refs, None, True))
     items = [item async for item in stream.responses()]
     assert [final for _, _, final in items] == [False, True]
     first, last = items[0][0], items[1][0]
@@ -136,7 +124,7 @@ async def test_a_partial_of_a_forgotten_stream_is_dropped_and_its_segment_unlink
     [stream_id] = ends.channel.open_streams({0: stream}).values()
     ends.channel.forget_streams([stream_id])
     refs = write_tensors({"OUT": np.arange(1000, dtype=np.float32)}, RUN.segment_name("stream"))
-    ends.worker.send(Partial(stream_id, None, refs, None, False))
+    ends.worker.send(messages.Partial(stream_id, None, refs, None, False))
     for _ in range(500):
         if not segment_exists(refs[0].segment):
             break
@@ -149,9 +137,9 @@ async def test_a_cancelled_stream_tells_the_worker_and_drops_what_follows(ends: 
     stream = ResponseStream()
     [stream_id] = ends.channel.open_streams({0: stream}).values()
     stream.cancel()
-    assert ends.received() == Cancel(stream_id)
-    ends.worker.send(Partial(stream_id, {"OUT": np.ones(1, np.float32)}, (), None, True))
-    ends.worker.send(Loaded(b""))  # a marker: once it is seen, the partial before it was handled
+    assert ends.received() == messages.Cancel(stream_id)
+    ends.worker.send(messages.Partial(stream_id, {"OUT": np.ones(1, np.float32)}, (), None, True))
+    ends.worker.send(messages.Loaded(b""))  # a marker: once it is seen, the partial before it was handled
     while not ends.lifecycle:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     assert stream._items.empty()
@@ -160,27 +148,27 @@ async def test_a_cancelled_stream_tells_the_worker_and_drops_what_follows(ends: 
 async def test_status_readers_at_once_share_one_read(ends: Ends) -> None:
     reads = [asyncio.ensure_future(ends.channel.read_status()) for _ in range(3)]
     await asyncio.sleep(0)
-    assert ends.received() == ReadStatus()
+    assert ends.received() == messages.ReadStatus()
     assert not ends.worker.poll(0.05)  # one question for the three of them
-    ends.worker.send(StatusReport(InstanceStatus(ready=False)))
+    ends.worker.send(messages.StatusReport(InstanceStatus(ready=False)))
     statuses = await asyncio.wait_for(asyncio.gather(*reads), 5)
     assert statuses == [InstanceStatus(ready=False)] * 3
 
 
 async def test_lifecycle_messages_go_to_the_supervisor_and_bls_calls_to_their_handler(ends: Ends) -> None:
-    call = BlsCall(7, "double", "", (), (), "r1", {}, 0, False)
-    for message in (Loaded(b"config"), call, Retiring("device lost")):
+    call = messages.BlsCall(7, "double", "", (), (), "r1", {}, 0, False)
+    for message in (messages.Loaded(b"config"), call, messages.Retiring("device lost")):
         ends.worker.send(message)
     while len(ends.lifecycle) < 2:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
-    assert ends.lifecycle == [Loaded(b"config"), Retiring("device lost")]
+    assert ends.lifecycle == [messages.Loaded(b"config"), messages.Retiring("device lost")]
     [(served, reply)] = ends.bls_calls
     assert served == call
-    answer = BlsReply(7, write_tensors({"OUT": np.ones(3, np.int32)}, RUN.segment_name("blsout")), None, True)
+    answer = messages.BlsReply(7, write_tensors({"OUT": np.ones(3, np.int32)}, RUN.segment_name("blsout")), None, True)
     reply(answer)
     assert ends.received() == answer
     ends.channel.shutdown()
-    assert ends.received() == Shutdown()
+    assert ends.received() == messages.Shutdown()
     # The worker never read the reply's segment: closing the channel unlinks it.
     ends.channel.close()
     assert not segment_exists(answer.outputs[0].segment)
@@ -188,7 +176,7 @@ async def test_lifecycle_messages_go_to_the_supervisor_and_bls_calls_to_their_ha
 
 async def test_a_reply_after_the_connection_ended_is_unlinked_not_sent(ends: Ends) -> None:
     ends.channel.close()
-    answer = BlsReply(
+    answer = messages.BlsReply(
         1, write_tensors({"OUT": np.ones(3, np.int32)}, RUN.segment_name("blsout")), InternalError("x"), True
     )
     ends.channel.reply(answer)
