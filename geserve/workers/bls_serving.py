@@ -74,3 +74,18 @@ async def _stream(
         reply(BlsReply(call_id, write_tensors(outputs or {}, run.segment_name("blsout")), error, final))
     if not final:
         reply(BlsReply(call_id, (), None, True))
+
+
+class BlsServer:
+    """Serves the BLS calls of one instance's workers on the server (`caller`, asked at each call, as the
+    server comes up after its first models), each answered through the reply it came with."""
+
+    def __init__(self, caller: Callable[[], ModelCaller | None], run: RunId) -> None:
+        self._caller = caller
+        self._run = run
+        self._tasks: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+
+    def __call__(self, call: BlsCall, reply: Callable[[BlsReply], None]) -> None:
+        task = asyncio.get_running_loop().create_task(serve_call(self._caller(), call, reply, self._run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

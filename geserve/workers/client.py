@@ -42,8 +42,11 @@ class WorkerClient(Protocol):
     on_ready: Callable[[WorkerClient], None] | None
     # What the model said at the last status read (its is_ready()); True until then.
     model_ready: bool
-    # Counts the processes that have served the instance: a sequence's state lives in one of them.
-    incarnation: int
+
+    @property
+    def incarnation(self) -> int:
+        """Counts the processes that have served the instance: a sequence's state lives in one of them."""
+        ...
 
     @property
     def alive(self) -> bool:

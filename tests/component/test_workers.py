@@ -90,7 +90,7 @@ async def test_workers_stopping_together_are_each_reaped_once_and_never_killed(
     for _ in range(3):
         workers = [ProcessWorker(spec(tmp_path)) for _ in range(3)]
         await asyncio.gather(*(worker.start() for worker in workers))
-        processes = [worker._process for worker in workers]
+        processes = [worker._supervisor.process for worker in workers]
         await asyncio.gather(*(worker.stop(timeout_s=30) for worker in workers))
         assert not [record.message for record in caplog.records if "did not stop" in record.message]
         assert all(process is not None and process._closed for process in processes)  # type: ignore[attr-defined]

@@ -1,0 +1,224 @@
+"""WorkerChannel: the front-end's end of one worker's pipe: batches in flight, response streams, status, BLS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import select
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from multiprocessing.connection import Connection
+
+from geserve.errors import GeserveError
+from geserve.types import InstanceStatus
+from geserve.workers.messages import (
+    BatchPlaced,
+    BlsCall,
+    BlsReply,
+    Cancel,
+    Loaded,
+    LoadFailed,
+    Partial,
+    ReadStatus,
+    Retiring,
+    RunBatch,
+    Shutdown,
+    StatusReport,
+)
+from geserve.workers.shm import take_tensors, unlink_quietly
+from geserve.workers.streams import ResponseStream
+
+logger = logging.getLogger(__name__)
+
+# What the worker says about its own life (loaded, could not load, exiting on purpose): its supervisor's business.
+Lifecycle = Loaded | LoadFailed | Retiring
+# Serves one BLS call of the model, answering through the callback (as often as the call is answered).
+BlsHandler = Callable[[BlsCall, Callable[[BlsReply], None]], None]
+
+# How long a status read waits for the worker, which answers between batches.
+STATUS_TIMEOUT_S = 10.0
+# Recent BLS reply segments remembered for unlinking, should the worker die before reading them.
+_KEPT_REPLY_SEGMENTS = 256
+
+
+class WorkerChannel:
+    """One live connection to a worker process, read on the event loop. Batches and streams are matched to
+    the worker's answers by ids of this channel, so any number of callers may use it at once. When the
+    connection ends the channel closes itself and calls `on_lost`; whoever watches the process then calls
+    `fail` with the reason, which ends everything still waiting on it. It knows nothing of how the process
+    was started or whether another one follows."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        name: str,
+        serve_bls: BlsHandler,
+        on_lifecycle: Callable[[Lifecycle], None] | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        self._connection = connection
+        self._name = name
+        self._serve_bls = serve_bls
+        self._on_lifecycle = on_lifecycle
+        self._on_lost = on_lost
+        self._ids = itertools.count()
+        self._in_flight: dict[int, asyncio.Future[BatchPlaced]] = {}
+        self._streams: dict[int, ResponseStream] = {}  # open streamed requests, by stream id
+        self._status: asyncio.Future[InstanceStatus | None] | None = None
+        # BLS replies the worker may not have read yet: a worker that dies cannot unlink them, so we do.
+        self._reply_segments: deque[str] = deque(maxlen=_KEPT_REPLY_SEGMENTS)
+        self._open = True
+        self._loop = asyncio.get_running_loop()
+        # Answers are small control messages: read them on the loop when the pipe is readable. Whether more
+        # are waiting: one poll object per pipe, as Connection.poll builds a selector per call.
+        self._waiting = select.poll()
+        self._waiting.register(connection.fileno(), select.POLLIN)
+        self._loop.add_reader(connection.fileno(), self._on_readable)
+
+    @property
+    def open(self) -> bool:
+        """The connection has neither ended nor been closed."""
+        return self._open
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent and not answered yet."""
+        return len(self._in_flight)
+
+    # -- batches and streams -----------------------------------------------------------------------
+
+    def new_id(self) -> int:
+        """A batch id no other batch of this channel has."""
+        return next(self._ids)
+
+    def open_streams(self, streams: Mapping[int, ResponseStream]) -> dict[int, int]:
+        """Give each stream (by its request's index in the batch) an id its responses come back under; a
+        stream the client cancels tells the worker. Returns index -> stream id."""
+        stream_ids: dict[int, int] = {}
+        for index, stream in streams.items():
+            stream_id = next(self._ids)
+            self._streams[stream_id] = stream
+            stream.on_cancel(functools.partial(self.cancel, stream_id))
+            stream_ids[index] = stream_id
+        return stream_ids
+
+    def forget_streams(self, stream_ids: Iterable[int]) -> None:
+        """Drop streams someone else ends (their batch failed): whatever the worker still sends for them is dropped."""
+        for stream_id in stream_ids:
+            self._streams.pop(stream_id, None)
+
+    async def run(self, message: RunBatch) -> BatchPlaced:
+        """Send a batch (its id from `new_id`) and wait for its answer. Raises what `fail` is given when the
+        worker dies meanwhile, and OSError or ValueError when the connection is already broken or closed."""
+        answer: asyncio.Future[BatchPlaced] = self._loop.create_future()
+        self._in_flight[message.batch_id] = answer
+        try:
+            # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
+            self._connection.send(message)
+            return await answer
+        finally:
+            self._in_flight.pop(message.batch_id, None)
+
+    def cancel(self, stream_id: int) -> None:
+        """The client of a streamed request went away: tell the model, drop what it still sends."""
+        self._streams.pop(stream_id, None)
+        self._send_quietly(Cancel(stream_id))
+
+    async def read_status(self) -> InstanceStatus | None:
+        """Device usage, the model's readiness and metrics, read by the worker between batches; callers
+        that ask while a read is on its way share its answer. None when the worker cannot say."""
+        if not self._open:
+            return None
+        if self._status is None or self._status.done():
+            self._status = self._loop.create_future()
+            if not self._send_quietly(ReadStatus()):
+                return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._status), timeout=STATUS_TIMEOUT_S)
+        except TimeoutError:
+            return None
+
+    def shutdown(self) -> None:
+        """Ask the worker to unload and exit (it may be gone already)."""
+        self._send_quietly(Shutdown())
+
+    # -- the end of the connection ------------------------------------------------------------------
+
+    def fail(self, error: GeserveError) -> None:
+        """The worker is gone: every batch in flight and every open stream ends with `error` at once, a status
+        read in progress with None."""
+        if self._status is not None and not self._status.done():
+            self._status.set_result(None)
+        for answer in self._in_flight.values():
+            if not answer.done():
+                answer.set_exception(error)
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.fail(error)
+
+    def close(self) -> None:
+        """Stop reading and close the connection; BLS replies sent on it and perhaps never read are unlinked."""
+        self._open = False
+        with contextlib.suppress(ValueError, OSError):  # already closed
+            self._loop.remove_reader(self._connection.fileno())
+        self._connection.close()
+        while self._reply_segments:
+            unlink_quietly(self._reply_segments.popleft())
+
+    def reply(self, answer: BlsReply) -> None:
+        """Answer a BLS call of the worker; outputs nobody will read (the connection is gone) are unlinked."""
+        names = {ref.segment for ref in answer.outputs}
+        if self._open and self._send_quietly(answer):
+            self._reply_segments.extend(names)
+            return
+        for name in names:
+            unlink_quietly(name)
+
+    def _send_quietly(self, message: object) -> bool:
+        if not self._open:
+            return False
+        try:
+            self._connection.send(message)
+        except (OSError, ValueError):  # the worker is gone; its exit is reported on its own
+            return False
+        return True
+
+    # -- what the worker sends ----------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        try:
+            while self._waiting.poll(0):
+                self._on_message(self._connection.recv())
+        except (EOFError, OSError):
+            self.close()
+            if self._on_lost is not None:
+                self._on_lost()
+
+    def _on_message(self, message: object) -> None:
+        if isinstance(message, BatchPlaced):
+            answer = self._in_flight.get(message.batch_id)
+            if answer is not None and not answer.done():
+                answer.set_result(message)
+        elif isinstance(message, Partial):
+            self._on_partial(message)
+        elif isinstance(message, BlsCall):
+            self._serve_bls(message, self.reply)
+        elif isinstance(message, StatusReport):
+            if self._status is not None and not self._status.done():
+                self._status.set_result(message.status)
+        elif isinstance(message, Loaded | LoadFailed | Retiring):
+            if self._on_lifecycle is not None:
+                self._on_lifecycle(message)
+        else:
+            logger.error("instance %s sent an unknown message %r", self._name, type(message).__name__)
+
+    def _on_partial(self, message: Partial) -> None:
+        outputs = message.outputs
+        if message.refs:
+            outputs = take_tensors(message.refs)  # also unlinks the response's own segment
+        stream = self._streams.pop(message.stream_id, None) if message.final else self._streams.get(message.stream_id)
+        if stream is not None:
+            stream.put(outputs, message.error, message.final)

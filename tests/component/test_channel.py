@@ -1,0 +1,185 @@
+"""WorkerChannel on its own: a pipe whose worker end the test drives, answering, streaming, dying."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geserve.errors import InternalError, UnavailableError
+from geserve.types import InstanceStatus
+from geserve.workers import messages
+from geserve.workers.channel import Lifecycle, WorkerChannel
+from geserve.workers.runs import RunId
+from geserve.workers.shm import SHM_DIRECTORY, write_tensors
+from geserve.workers.streams import ResponseStream, StreamState
+
+RUN = RunId.current()
+
+
+class Ends:
+    """A channel over a pipe, the worker's end of that pipe, and what the channel handed on."""
+
+    def __init__(self) -> None:
+        front, self.worker = multiprocessing.Pipe(duplex=True)
+        self.lifecycle: list[Lifecycle] = []
+        self.bls_calls: list[tuple[messages.BlsCall, Callable[[messages.BlsReply], None]]] = []
+        self.lost = asyncio.Event()
+        self.channel = WorkerChannel(
+            front, "echo_0", self._serve_bls, on_lifecycle=self.lifecycle.append, on_lost=self.lost.set
+        )
+
+    def _serve_bls(self, call: messages.BlsCall, reply: Callable[[messages.BlsReply], None]) -> None:
+        self.bls_calls.append((call, reply))
+
+    def received(self) -> object:
+        """The next message the channel sent to the worker."""
+        assert self.worker.poll(5), "the channel sent nothing"
+        return self.worker.recv()
+
+
+@pytest.fixture
+async def ends() -> AsyncIterator[Ends]:
+    ends = Ends()
+    yield ends
+    ends.channel.close()
+    ends.worker.close()
+
+
+def batch(ends: Ends) -> messages.RunBatch:
+    return messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", ())
+
+
+def placed(batch_id: int, start_ns: int = 0) -> messages.BatchPlaced:
+    return messages.BatchPlaced(batch_id, (), (), start_ns, start_ns + 1)
+
+
+def segment_exists(name: str) -> bool:
+    return Path(SHM_DIRECTORY / name).exists()
+
+
+async def test_answers_resolve_their_own_batches_whatever_their_order(ends: Ends) -> None:
+    # Two callers at once: each batch has its own id, and the answers come back the other way round.
+    first, second = batch(ends), batch(ends)
+    running = [asyncio.ensure_future(ends.channel.run(message)) for message in (first, second)]
+    await asyncio.sleep(0)
+    assert [ends.received(), ends.received()] == [first, second]
+    assert ends.channel.in_flight == 2
+    ends.worker.send(placed(second.batch_id, 20))
+    ends.worker.send(placed(first.batch_id, 10))
+    answers = await asyncio.wait_for(asyncio.gather(*running), 5)
+    assert [answer.infer_start_ns for answer in answers] == [10, 20]
+    assert ends.channel.in_flight == 0
+
+
+async def test_a_lost_connection_closes_the_channel_and_fail_ends_everything_in_flight(ends: Ends) -> None:
+    running = asyncio.ensure_future(ends.channel.run(batch(ends)))
+    stream = ResponseStream()
+    ends.channel.open_streams({0: stream})
+    status = asyncio.ensure_future(ends.channel.read_status())
+    await asyncio.sleep(0)
+    ends.worker.close()
+    await asyncio.wait_for(ends.lost.wait(), 5)
+    assert not ends.channel.open
+    assert not running.done()  # the reason is the supervisor's to give, once it has reaped the exit
+    ends.channel.fail(UnavailableError("instance 'echo_0' exited unexpectedly (exit code -9)"))
+    with pytest.raises(UnavailableError, match=r"exited unexpectedly \(exit code -9\)"):
+        await asyncio.wait_for(running, 1)
+    assert await asyncio.wait_for(status, 1) is None
+    [(outputs, error, final)] = [item async for item in stream.responses()]
+    assert outputs is None and final and isinstance(error, UnavailableError)
+    assert await ends.channel.read_status() is None  # nothing is sent on a closed channel
+
+
+async def test_a_batch_on_a_closed_channel_raises_at_once(ends: Ends) -> None:
+    ends.channel.close()
+    with pytest.raises(OSError):
+        await ends.channel.run(batch(ends))
+    assert ends.channel.in_flight == 0
+
+
+async def test_partials_feed_their_stream_until_the_final_one(ends: Ends) -> None:
+    stream = ResponseStream()
+    [stream_id] = ends.channel.open_streams({3: stream}).values()
+    large = np.arange(1000, dtype=np.float32)
+    refs = write_tensors({"OUT": large}, RUN.segment_name("stream"))
+    ends.worker.send(messages.Partial(stream_id, {"OUT": np.ones(2, np.float32)}, (), None, False))
+    ends.worker.send(messages.Partial(stream_id, None, refs, None, True))
+    items = [item async for item in stream.responses()]
+    assert [final for _, _, final in items] == [False, True]
+    first, last = items[0][0], items[1][0]
+    assert first is not None and last is not None
+    np.testing.assert_array_equal(first["OUT"], np.ones(2, np.float32))
+    np.testing.assert_array_equal(last["OUT"], large)
+    assert not segment_exists(refs[0].segment)  # read once, then unlinked
+    assert stream.state is StreamState.ENDED
+
+
+async def test_a_partial_of_a_forgotten_stream_is_dropped_and_its_segment_unlinked(ends: Ends) -> None:
+    stream = ResponseStream()
+    [stream_id] = ends.channel.open_streams({0: stream}).values()
+    ends.channel.forget_streams([stream_id])
+    refs = write_tensors({"OUT": np.arange(1000, dtype=np.float32)}, RUN.segment_name("stream"))
+    ends.worker.send(messages.Partial(stream_id, None, refs, None, False))
+    for _ in range(500):
+        if not segment_exists(refs[0].segment):
+            break
+        await asyncio.sleep(0.01)
+    assert not segment_exists(refs[0].segment)
+    assert stream.state is StreamState.OPEN and stream._items.empty()
+
+
+async def test_a_cancelled_stream_tells_the_worker_and_drops_what_follows(ends: Ends) -> None:
+    stream = ResponseStream()
+    [stream_id] = ends.channel.open_streams({0: stream}).values()
+    stream.cancel()
+    assert ends.received() == messages.Cancel(stream_id)
+    ends.worker.send(messages.Partial(stream_id, {"OUT": np.ones(1, np.float32)}, (), None, True))
+    ends.worker.send(messages.Loaded(b""))  # a marker: once it is seen, the partial before it was handled
+    while not ends.lifecycle:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    assert stream._items.empty()
+
+
+async def test_status_readers_at_once_share_one_read(ends: Ends) -> None:
+    reads = [asyncio.ensure_future(ends.channel.read_status()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert ends.received() == messages.ReadStatus()
+    assert not ends.worker.poll(0.05)  # one question for the three of them
+    ends.worker.send(messages.StatusReport(InstanceStatus(ready=False)))
+    statuses = await asyncio.wait_for(asyncio.gather(*reads), 5)
+    assert statuses == [InstanceStatus(ready=False)] * 3
+
+
+async def test_lifecycle_messages_go_to_the_supervisor_and_bls_calls_to_their_handler(ends: Ends) -> None:
+    call = messages.BlsCall(7, "double", "", (), (), "r1", {}, 0, False)
+    for message in (messages.Loaded(b"config"), call, messages.Retiring("device lost")):
+        ends.worker.send(message)
+    while len(ends.lifecycle) < 2:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    assert ends.lifecycle == [messages.Loaded(b"config"), messages.Retiring("device lost")]
+    [(served, reply)] = ends.bls_calls
+    assert served == call
+    answer = messages.BlsReply(7, write_tensors({"OUT": np.ones(3, np.int32)}, RUN.segment_name("blsout")), None, True)
+    reply(answer)
+    assert ends.received() == answer
+    ends.channel.shutdown()
+    assert ends.received() == messages.Shutdown()
+    # The worker never read the reply's segment: closing the channel unlinks it.
+    ends.channel.close()
+    assert not segment_exists(answer.outputs[0].segment)
+
+
+async def test_a_reply_after_the_connection_ended_is_unlinked_not_sent(ends: Ends) -> None:
+    ends.channel.close()
+    answer = messages.BlsReply(
+        1, write_tensors({"OUT": np.ones(3, np.int32)}, RUN.segment_name("blsout")), InternalError("x"), True
+    )
+    ends.channel.reply(answer)
+    assert not segment_exists(answer.outputs[0].segment)
+    with pytest.raises(EOFError):  # nothing came before the end of the pipe
+        ends.worker.recv()
