@@ -100,7 +100,7 @@ class Server:
         self.run = RunId.current()
         pools = PoolFactory(settings.workers, run=self.run)
         metrics = settings.metrics if settings.metrics.enabled else None
-        self.service = InferenceService(settings.server, settings.repository, pools, metrics)
+        self.service = InferenceService(settings.server, settings.repository, pools, metrics=metrics)
         pools.caller = self.service  # python models' BLS requests
         self.metrics = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
         self._stop = asyncio.Event()

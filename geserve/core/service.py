@@ -71,6 +71,7 @@ class InferenceService:
         server: ServerSettings,
         repository: RepositorySettings,
         pools: PoolFactory,
+        *,
         metrics: MetricsSettings | None = None,
     ) -> None:
         self._server = server

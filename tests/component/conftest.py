@@ -35,7 +35,7 @@ async def in_process_service(repository: Path, **metrics: bool) -> InferenceServ
     """The models of `repository`, loaded and served on threads of this process (no server, no socket)."""
     settings = RepositorySettings(paths=(repository,), control_mode=ControlMode.EXPLICIT, startup_models=("*",))
     pools = PoolFactory(WorkerSettings(process_workers=False))
-    service = InferenceService(ServerSettings(), settings, pools, MetricsSettings(**metrics))
+    service = InferenceService(ServerSettings(), settings, pools, metrics=MetricsSettings(**metrics))
     pools.caller = service
     assert await service.load_models() == {}
     return service
