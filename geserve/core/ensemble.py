@@ -18,13 +18,11 @@ from geserve.core import validation
 from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_version
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InternalError, ModelLoadError
-from geserve.types import InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
+from geserve.types import SCHEDULING_PARAMETERS, InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
 
 logger = logging.getLogger(__name__)
 
 ENSEMBLE_PLATFORM = "ensemble"
-# Request parameters an ensemble passes on to its steps (Triton forwards the sequence and scheduling ones).
-_FORWARDED = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 
 
 def is_ensemble(config: mc.ModelConfig) -> bool:
@@ -383,7 +381,7 @@ class EnsembleScheduler:
 
 def _forwarded(parameters: Parameters) -> Parameters:
     """The request parameters an ensemble passes on to its steps."""
-    return {key: parameters[key] for key in _FORWARDED if key in parameters}
+    return {key: parameters[key] for key in SCHEDULING_PARAMETERS if key in parameters}
 
 
 def _request(
