@@ -7,14 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.types import (
-    CustomMetric,
-    DeviceUsage,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    StreamedResponse,
-)
+from geserve.types import CustomMetric, DeviceUsage, InferRequest, InferResponse, ModelMetadata, StreamedResponse
 
 # A load request's parameter that carries a file of the model folder (`file:1/model.onnx`), as Triton's.
 FILE_PREFIX = "file:"

@@ -33,14 +33,7 @@ from geserve.errors import (
     UnavailableError,
 )
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
-from geserve.types import (
-    CustomMetric,
-    DeviceUsage,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    StreamedResponse,
-)
+from geserve.types import CustomMetric, DeviceUsage, InferRequest, InferResponse, ModelMetadata, StreamedResponse
 
 logger = logging.getLogger(__name__)
 
