@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import shutil
 import threading
@@ -204,9 +203,6 @@ def _hammer(server: GeserveProcess, stop: threading.Event, failures: list[str], 
 
 
 def test_reload_under_concurrent_load_fails_nothing(explicit: GeserveProcess) -> None:
-    # Earlier tests' clients, left to the cycle collector, must not be collected on a hammer thread: their
-    # __del__ joins a gevent pool, which cannot get a hub there (an unraisable error that fails the test).
-    gc.collect()
     http = httpclient.InferenceServerClient(explicit.url)
     stop = threading.Event()
     failures: list[str] = []
