@@ -31,11 +31,13 @@ def acl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     RUNTIME.reset()
 
 
-async def in_process_service(repository: Path, **metrics: bool) -> InferenceService:
+async def in_process_service(
+    repository: Path, server: ServerSettings | None = None, **metrics: bool
+) -> InferenceService:
     """The models of `repository`, loaded and served on threads of this process (no server, no socket)."""
     settings = RepositorySettings(paths=(repository,), control_mode=ControlMode.EXPLICIT, startup_models=("*",))
     pools = PoolFactory(WorkerSettings(process_workers=False))
-    service = InferenceService(ServerSettings(), settings, pools, metrics=MetricsSettings(**metrics))
+    service = InferenceService(server or ServerSettings(), settings, pools, metrics=MetricsSettings(**metrics))
     pools.caller = service
     assert await service.load_models() == {}
     return service

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from geserve.core.api import InferenceAPI, VersionSnapshot
-from geserve.errors import InvalidArgumentError, NotFoundError
-from geserve.types import InferInput, InferRequest
+from geserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.settings import ServerSettings
+from geserve.types import InferInput, InferRequest, RequestedOutput
 from tests.component.conftest import in_process_service
 from tests.support import write_identity_model
 
@@ -108,3 +110,34 @@ async def test_trace_log_and_shared_memory_settings(service: InferenceAPI) -> No
     logs = await service.update_log_settings({"log_verbose_level": 1})
     assert logs["log_verbose_level"] == 1 and (await service.log_settings())["log_verbose_level"] == 1
     await service.update_log_settings({"log_verbose_level": 0})
+
+
+async def test_client_shared_memory_in_and_out(tmp_path: Path) -> None:
+    write_identity_model(tmp_path, "echo")
+    service = await in_process_service(tmp_path, ServerSettings(allow_client_shm=True))
+    values = np.arange(6, dtype=np.float32).reshape(1, 6)
+    region = shared_memory.SharedMemory(create=True, size=2 * values.nbytes)
+    try:
+        region.buf[: values.nbytes] = values.tobytes()
+        await service.register_shared_memory("both", f"/{region.name}", 0, 2 * values.nbytes)
+        assert [r["name"] for r in await service.shared_memory_status()] == ["both"]
+        where = {"shared_memory_region": "both", "shared_memory_byte_size": values.nbytes}
+        tensor = InferInput("INPUT0", "FP32", values.shape, np.empty(0, np.float32), where)
+        output = RequestedOutput("OUTPUT0", {**where, "shared_memory_offset": values.nbytes})
+        response = await service.infer(InferRequest("echo", "", (tensor,), (output,)))
+        assert response.outputs[0].parameters["shared_memory_byte_size"] == values.nbytes
+        written = np.ndarray(values.shape, np.float32, region.buf, offset=values.nbytes).copy()
+        np.testing.assert_array_equal(written, values)
+        await service.unregister_shared_memory("both")
+        with pytest.raises(InvalidArgumentError, match="both"):
+            await service.infer(InferRequest("echo", "", (tensor,)))
+        np.testing.assert_array_equal((await service.infer(_request("echo", values))).outputs[0].data, values)
+    finally:
+        await service.shutdown()
+        region.close()
+        region.unlink()
+
+
+async def test_client_shared_memory_is_refused_unless_allowed(service: InferenceAPI) -> None:
+    with pytest.raises(UnavailableError, match="--allow-client-shm=true"):
+        await service.register_shared_memory("r", "/some_region", 0, 16)
