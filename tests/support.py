@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from geserve.workers.runs import RunId, run_of
+from geserve.workers.runs import run_of
 from geserve.workers.shm import SHM_DIRECTORY, SHM_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,24 +60,14 @@ def free_port() -> int:
 
 def suite_segments(directory: Path = SHM_DIRECTORY) -> set[str]:
     """The geserve segments in `directory` the suite answers for: those of this process's run (the workers
-    it starts itself), of the servers it started, and of runs no longer alive; not those of another geserve
-    running on this machine (a developer's `make run`, another checkout's tests)."""
+    it starts itself) and of the servers it started, alive or not; not those of another geserve on this
+    machine, running or killed (a developer's `make run`, another checkout's tests midway through a crash test)."""
     try:
         names = [entry.name for entry in directory.iterdir() if entry.name.startswith(SHM_PREFIX)]
     except OSError:
         return set()
     ours = {os.getpid(), *SUITE_SERVERS}
-    alive: dict[RunId, bool] = {}
-    counted = set()
-    for name in names:
-        run = run_of(name)
-        if run is not None and run.pid not in ours:
-            if run not in alive:
-                alive[run] = run.alive()
-            if alive[run]:
-                continue  # a live server the suite did not start
-        counted.add(name)
-    return counted
+    return {name for name in names if (run := run_of(name)) is None or run.pid in ours}
 
 
 def segments_of_server(pid: int, directory: Path = SHM_DIRECTORY) -> set[str]:

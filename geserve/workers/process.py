@@ -128,8 +128,13 @@ class ProcessWorker:
             infos[index] = infos[index]._replace(stream_id=stream_id)
         failed = set(stream_ids)  # streams the scheduler ends with an error: forgotten here
         collected = False
-        # A pipeline's step: its outputs go to a segment of their own, which the next step reads in place.
-        handoff_segment = self._handoff.acquire() if batch.keep_outputs else ""
+        try:
+            # A pipeline's step: its outputs go to a segment of their own, which the next step reads in place.
+            handoff_segment = self._handoff.acquire() if batch.keep_outputs else ""
+        except BaseException:  # /dev/shm full: the batch fails, and its arena slot and streams are let go
+            self._arenas.release(placement, False)
+            channel.forget_streams(stream_ids.values())
+            raise
         try:
             arena, overflow = placement.output_arena, handoff_segment or placement.output_overflow
             message = RunBatch(

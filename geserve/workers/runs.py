@@ -11,8 +11,9 @@ from pathlib import Path
 
 from geserve.workers.shm import SHM_DIRECTORY, SHM_PREFIX
 
-# geserve_<pid>-<start>_<128 random bits>_<role>; names without "-<start>" are those of older servers.
-_OWNED_NAME = re.compile(rf"^{SHM_PREFIX}(\d+)(?:-(\d+))?_[0-9a-f]{{32}}_")
+# geserve_<pid>-<start>-<pid namespace>_<128 random bits>_<role>; names without "-<start>" or "-<namespace>" are
+# those of older servers.
+_OWNED_NAME = re.compile(rf"^{SHM_PREFIX}(\d+)(?:-(\d+))?(?:-(\d+))?_[0-9a-f]{{32}}_")
 _PROC = Path("/proc")
 
 
@@ -24,27 +25,33 @@ class RunId:
     the id is made once, by the server, and handed to each of them (the worker spec carries it).
 
     The run is alive while a process with that pid runs and started at that time: the start time tells a
-    reused pid from the server that had it, which the pid alone cannot. A zombie is gone."""
+    reused pid from the server that had it, which the pid alone cannot. A zombie is gone. The pid and its start
+    time mean something only in the pid namespace they were read in (the inode of /proc/self/ns/pid; 0 where
+    unknown): containers of one pod share /dev/shm but not their pids, and each server may be pid 1 of its own,
+    so a run of another namespace is never judged gone."""
 
     pid: int
     started: int
+    namespace: int = 0
 
     @classmethod
     def current(cls) -> RunId:
         """The run of which this process is the top: what a server (or a test standing in for one) owns."""
         pid = os.getpid()
-        return cls(pid, _start_time(pid) or 0)
+        return cls(pid, _start_time(pid) or 0, _pid_namespace())
 
     @property
     def prefix(self) -> str:
         """The start of every segment name of this run."""
-        return f"{SHM_PREFIX}{self.pid}-{self.started}_"
+        return f"{SHM_PREFIX}{self.pid}-{self.started}-{self.namespace}_"
 
     def segment_name(self, role: str) -> str:
         """A fresh name: the run's prefix, 128 random bits (unguessable), and the segment's role."""
         return f"{self.prefix}{secrets.token_hex(16)}_{role}"
 
     def alive(self) -> bool:
+        if self.namespace and self.namespace != _pid_namespace():
+            return True  # its pid is not ours to look up
         start = _start_time(self.pid)
         if start is None:
             return False
@@ -57,7 +64,7 @@ def run_of(name: str) -> RunId | None:
     match = _OWNED_NAME.match(name)
     if match is None:
         return None
-    return RunId(int(match.group(1)), int(match.group(2) or 0))
+    return RunId(int(match.group(1)), int(match.group(2) or 0), int(match.group(3) or 0))
 
 
 def _start_time(pid: int) -> int | None:
@@ -69,6 +76,14 @@ def _start_time(pid: int) -> int | None:
             return None  # /proc works here: the process is gone
         return 0 if _pid_exists(pid) else None
     return None if fields[0] == "Z" else int(fields[19])
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid); 0 where /proc does not say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _pid_exists(pid: int) -> bool:

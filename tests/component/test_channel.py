@@ -138,10 +138,14 @@ async def test_a_cancelled_stream_tells_the_worker_and_drops_what_follows(ends: 
     [stream_id] = ends.channel.open_streams({0: stream}).values()
     stream.cancel()
     assert ends.received() == messages.Cancel(stream_id)
-    ends.worker.send(messages.Partial(stream_id, {"OUT": np.ones(1, np.float32)}, (), None, True))
+    assert stream_id not in ends.channel._streams  # forgotten at once, not when the worker ends it
+    # What the worker still sends is dropped by the channel itself, its segment released unread.
+    refs = write_tensors({"OUT": np.arange(1000, dtype=np.float32)}, RUN.segment_name("stream"))
+    ends.worker.send(messages.Partial(stream_id, None, refs, None, True))
     ends.worker.send(messages.Loaded(b""))  # a marker: once it is seen, the partial before it was handled
     while not ends.lifecycle:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
+    assert not segment_exists(refs[0].segment)
     assert stream._items.empty()
 
 

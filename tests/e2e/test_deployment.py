@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import geserve_segments
-from tests.support import ROOT, EchoLoad, GeserveProcess, free_ports, http_status, write_identity_model
+from tests.support import ROOT, SUITE_SERVERS, EchoLoad, GeserveProcess, free_ports, http_status, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -133,6 +133,7 @@ def test_a_tritonserver_command_line_starts_geserve(launch: Launch, repository: 
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    SUITE_SERVERS.add(process.pid)  # its segments are the suite's to answer for
     try:
         deadline = time.monotonic() + 60
         while True:
