@@ -102,7 +102,7 @@ class Server:
         metrics = settings.metrics if settings.metrics.enabled else None
         self.service = InferenceService(settings.server, settings.repository, pools, metrics=metrics)
         pools.caller = self.service  # python models' BLS requests
-        self.metrics = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
+        self._metrics_registry = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -223,8 +223,8 @@ class Server:
             app = create_app(self.service, http)
             server = self._uvicorn("HTTPService", app, http.address, http.port, app.reads_body_in_place)
             listeners.append(_Listener("HTTPService", http.address, http.port, server, reuse_port=http.reuse_port))
-        if self.metrics is not None:
-            registry, collector = self.metrics
+        if self._metrics_registry is not None:
+            registry, collector = self._metrics_registry
             metrics_app = create_metrics_app(registry, collector.refresh)
             server = self._uvicorn("Metrics Service", metrics_app, metrics.address, metrics.port)
             listeners.append(_Listener("Metrics Service", metrics.address, metrics.port, server))

@@ -11,6 +11,10 @@ from geserve.types import CustomMetric, DeviceUsage, InferRequest, InferResponse
 
 # A load request's parameter that carries a file of the model folder (`file:1/model.onnx`), as Triton's.
 FILE_PREFIX = "file:"
+# The latency families a VersionSnapshot may carry (nv_inference_<family>_summary_us), and the histogram's
+# family, which a model's config names to set its buckets.
+SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +77,9 @@ class VersionSnapshot:
 class InferenceAPI(Protocol):
     """What HTTP, gRPC and the metrics endpoint call: health, metadata, inference and the protocol extensions.
 
-    Every method is a coroutine and every value is a snapshot: nothing returned stays connected to the
-    state it was read from, and nothing is registered to be called back, so an implementation may run in
-    this process (`InferenceService`) or answer over a channel from another one.
+    Every method is a coroutine (`infer_stream` an async iterator) and every value is a snapshot: nothing
+    returned stays connected to the state it was read from, and nothing is registered to be called back, so
+    an implementation may run in this process (`InferenceService`) or answer over a channel from another one.
     """
 
     # -- health and metadata ---------------------------------------------------------------

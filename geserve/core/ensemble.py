@@ -219,8 +219,8 @@ def _link(ensemble: str, tensor: str, node: _TensorNode, tensors: dict[str, _Ten
 
 class EnsembleSteps:
     """An ensemble's stand-in for instances: it has none of its own, so it is ready while its steps' models
-    are, reports no status, and stopping waits for the requests it is running (their steps run on the
-    composing models)."""
+    are, reports no status, and stopping waits for the unary requests it is running (their steps run on the
+    composing models; a decoupled ensemble's streams end with their composing models' streams)."""
 
     def __init__(self, steps: tuple[Step, ...], models: Mapping[str, Model]) -> None:
         self._steps = steps
@@ -344,7 +344,10 @@ class EnsembleScheduler:
                             timing[index] += ns
         finally:
             for task in running:
-                task.cancel()
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled():
+                    task.exception()  # seen: only the first failing step fails the request
         if decoupled is None:
             yield tensors  # every step has run (what is left never gets its inputs: the config check rules it out)
             return

@@ -8,14 +8,11 @@ from collections import deque
 
 import numpy as np
 
-from geserve.core.api import HistogramSnapshot, SummarySnapshot
+from geserve.core.api import SUMMARY_FAMILIES, HistogramSnapshot, SummarySnapshot
 from geserve.types import RequestTiming
 
-# Families of nv_inference_*_summary_us, and which part of a request's timing each observes.
-SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 DEFAULT_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
-# The histogram's metric family, which a model's config names to set its buckets.
-HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
+
 # Quantiles cover the last minute, as prometheus-cpp's summaries do by default.
 WINDOW_NS = 60 * 1_000_000_000
 WINDOW_MAX_SAMPLES = 8192

@@ -14,9 +14,9 @@ import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
 from geserve.core import validation
-from geserve.core.api import InferenceAPI, ServerMetadata, VersionSnapshot
+from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI, ServerMetadata, VersionSnapshot
 from geserve.core.instance_monitor import InstanceMonitor
-from geserve.core.latency import DEFAULT_BUCKETS_MS, HISTOGRAM_FAMILY, LatencyTracker
+from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
 from geserve.core.log_control import LogSettings
 from geserve.core.models import ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
@@ -206,7 +206,10 @@ class InferenceService:
         return found.metadata(versions)
 
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self.model_version(name, version).config
+        """A copy of the version's config: what a caller does with it changes nothing served."""
+        config = mc.ModelConfig()
+        config.CopyFrom(self.model_version(name, version).config)
+        return config
 
     def loaded_versions(self) -> list[ModelVersion]:
         """Every loaded version of every model, by name then version."""
@@ -247,6 +250,12 @@ class InferenceService:
         model answers only streams: the request fails with DecoupledModelError."""
         started_ns = time.monotonic_ns()
         model, scheduled = self._admit(request)
+        return await self._answer(model, scheduled, request, started_ns)
+
+    async def _answer(
+        self, model: ModelVersion, scheduled: ScheduledRequest, request: InferRequest, started_ns: int
+    ) -> InferResponse:
+        """One admitted request's response, traced when tracing is on."""
         trace = self._traces.start(model.name, model.version_str, request.id) if self._traces.active else None
         try:
             if model.decoupled:
@@ -266,9 +275,10 @@ class InferenceService:
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
         """Every response to one request, as the model sends them (one, final, for a model that is not
         decoupled). Errors before the model runs are raised; the model's own come as items."""
+        started_ns = time.monotonic_ns()
         model, scheduled = self._admit(request)
-        if not model.decoupled:
-            yield StreamedResponse(await self.infer(request), None, True)
+        if not model.decoupled:  # admitted once: validation and shared-memory reads are not done twice
+            yield StreamedResponse(await self._answer(model, scheduled, request, started_ns), None, True)
             return
         output_names = scheduled.output_names
         try:

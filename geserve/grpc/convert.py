@@ -142,7 +142,7 @@ def infer_request_from_proto(
     )
 
 
-def infer_response_to_proto(response: InferResponse) -> InferReply:
+def infer_reply(response: InferResponse) -> InferReply:
     """Outputs always travel in raw_output_contents, one entry per output in order (what clients decode);
     they stay views of the outputs until the reply is serialized."""
     message = pb.ModelInferResponse(

@@ -77,9 +77,7 @@ def _stream_messages(
     if item.error is not None:
         messages.append(_stream_error(request, item.error.message))
     if item.response is not None:
-        message = pb.ModelStreamInferResponse(
-            infer_response=convert.infer_response_to_proto(item.response).to_message()
-        )
+        message = pb.ModelStreamInferResponse(infer_response=convert.infer_reply(item.response).to_message())
         if final_flag:
             message.infer_response.parameters[convert.FINAL_RESPONSE].bool_param = item.final
         messages.append(message)
@@ -135,7 +133,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             response = await self._service.infer(infer_request)
         except DecoupledModelError:
             raise UnsupportedError(DECOUPLED_UNARY_RPC_REFUSAL).with_request_id(infer_request.id) from None
-        return convert.infer_response_to_proto(response)
+        return convert.infer_reply(response)
 
     # The reply leaves through `serialize_infer_reply` (decoding.add_service), not protobuf's serializer.
     @_unary

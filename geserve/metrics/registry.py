@@ -8,12 +8,11 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from geserve.core.api import DurationSnapshot, InferenceAPI, VersionSnapshot
+from geserve.core.api import HISTOGRAM_FAMILY, SUMMARY_FAMILIES, DurationSnapshot, InferenceAPI, VersionSnapshot
 from geserve.metrics.system import CpuUtilization, memory_bytes
 from geserve.settings import MetricsSettings
 from geserve.types import CustomMetric, DeviceUsage
 
-HISTOGRAM = "nv_inference_first_response_histogram_ms"
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),
     ("nv_inference_count", "Number of inferences performed (does not include cached requests)", "inference_count"),
@@ -118,7 +117,8 @@ class TritonCollector(Collector):
 
     def _latency_metrics(self, versions: list[tuple[VersionSnapshot, dict[str, str]]]) -> Iterator[Metric]:
         if self._config.summary_latencies:
-            for family, documentation in _SUMMARY_HELP.items():
+            for family in SUMMARY_FAMILIES:
+                documentation = _SUMMARY_HELP[family]
                 name = f"nv_inference_{family}_summary_us"
                 metric = Metric(name, documentation, "summary")
                 for version, labels in versions:
@@ -131,7 +131,7 @@ class TritonCollector(Collector):
                         metric.add_sample(f"{name}_count", labels, summary.count)
                 yield metric
         if self._config.histogram_latencies:
-            metric = Metric(HISTOGRAM, "Duration from request to first response in milliseconds", "histogram")
+            metric = Metric(HISTOGRAM_FAMILY, "Duration from request to first response in milliseconds", "histogram")
             for version, labels in versions:
                 histogram = version.histogram
                 if histogram is not None:
