@@ -1,4 +1,4 @@
-"""The core data types every layer shares: requests, responses and their tensors."""
+"""The core data types every layer shares: requests, responses and their tensors, metadata and statistics snapshots."""
 
 from __future__ import annotations
 
@@ -179,3 +179,60 @@ class TensorSpec:
     def wire_shape(self) -> tuple[int, ...]:
         """The shape clients see: -1 for the batch dimension first when the model batches."""
         return ((-1,) if self.batched else ()) + self.dims
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """The server metadata endpoint's answer."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DurationSnapshot:
+    """A count and a cumulative duration, as Triton's StatisticDuration."""
+
+    count: int
+    ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SummarySnapshot:
+    """One latency summary of a version: quantile values over the last minute, cumulative sum and count (µs)."""
+
+    family: str
+    quantiles: tuple[tuple[float, float], ...]  # (quantile, value)
+    sum_us: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """The first-response histogram of a version: bounds (ms), cumulative counts per bound then +Inf, sum (ms)."""
+
+    bounds_ms: tuple[float, ...]
+    cumulative: tuple[int, ...]
+    sum_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSnapshot:
+    """A loaded version's counters at one moment: what the metrics publish for it."""
+
+    name: str
+    version: int
+    metric_tags: tuple[tuple[str, str], ...]
+    inference_count: int
+    execution_count: int
+    success: DurationSnapshot
+    queue: DurationSnapshot
+    compute_input: DurationSnapshot
+    compute_infer: DurationSnapshot
+    compute_output: DurationSnapshot
+    failures: tuple[tuple[str, int], ...]  # (reason, count), every reason even at zero
+    pending: int
+    load_duration_s: float
+    summaries: tuple[SummarySnapshot, ...] = ()  # when latency summaries are on
+    histogram: HistogramSnapshot | None = None  # when latency histograms are on

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.types import CustomMetric, DeviceUsage, InferRequest, InferResponse, ModelMetadata, StreamedResponse
+from geserve.types import (
+    CustomMetric,
+    DeviceUsage,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ServerMetadata,
+    StreamedResponse,
+    VersionSnapshot,
+)
 
 # A load request's parameter that carries a file of the model folder (`file:1/model.onnx`), as Triton's.
 FILE_PREFIX = "file:"
@@ -15,63 +23,6 @@ FILE_PREFIX = "file:"
 # family, which a model's config names to set its buckets.
 SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMetadata:
-    """The server metadata endpoint's answer."""
-
-    name: str
-    version: str
-    extensions: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DurationSnapshot:
-    """A count and a cumulative duration, as Triton's StatisticDuration."""
-
-    count: int
-    ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class SummarySnapshot:
-    """One latency summary of a version: quantile values over the last minute, cumulative sum and count (µs)."""
-
-    family: str
-    quantiles: tuple[tuple[float, float], ...]  # (quantile, value)
-    sum_us: float
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramSnapshot:
-    """The first-response histogram of a version: bounds (ms), cumulative counts per bound then +Inf, sum (ms)."""
-
-    bounds_ms: tuple[float, ...]
-    cumulative: tuple[int, ...]
-    sum_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class VersionSnapshot:
-    """A loaded version's counters at one moment: what the metrics publish for it."""
-
-    name: str
-    version: int
-    metric_tags: tuple[tuple[str, str], ...]
-    inference_count: int
-    execution_count: int
-    success: DurationSnapshot
-    queue: DurationSnapshot
-    compute_input: DurationSnapshot
-    compute_infer: DurationSnapshot
-    compute_output: DurationSnapshot
-    failures: tuple[tuple[str, int], ...]  # (reason, count), every reason even at zero
-    pending: int
-    load_duration_s: float
-    summaries: tuple[SummarySnapshot, ...] = ()  # when latency summaries are on
-    histogram: HistogramSnapshot | None = None  # when latency histograms are on
 
 
 class InferenceAPI(Protocol):

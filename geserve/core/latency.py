@@ -8,8 +8,8 @@ from collections import deque
 
 import numpy as np
 
-from geserve.core.api import SUMMARY_FAMILIES, HistogramSnapshot, SummarySnapshot
-from geserve.types import RequestTiming
+from geserve.core.api import SUMMARY_FAMILIES
+from geserve.types import HistogramSnapshot, RequestTiming, SummarySnapshot
 
 DEFAULT_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 

@@ -14,7 +14,7 @@ import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
 from geserve.core import validation
-from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI, ServerMetadata, VersionSnapshot
+from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
 from geserve.core.log_control import LogSettings
@@ -33,7 +33,16 @@ from geserve.errors import (
     UnavailableError,
 )
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
-from geserve.types import CustomMetric, DeviceUsage, InferRequest, InferResponse, ModelMetadata, StreamedResponse
+from geserve.types import (
+    CustomMetric,
+    DeviceUsage,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ServerMetadata,
+    StreamedResponse,
+    VersionSnapshot,
+)
 
 logger = logging.getLogger(__name__)
 

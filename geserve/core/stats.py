@@ -6,9 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from geserve.core.api import DurationSnapshot, VersionSnapshot
 from geserve.core.latency import LatencyTracker
-from geserve.types import RequestTiming
+from geserve.types import DurationSnapshot, RequestTiming, VersionSnapshot
 
 # nv_inference_request_failure reasons; every one is reported, even at zero.
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")

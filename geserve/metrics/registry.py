@@ -8,10 +8,10 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from geserve.core.api import HISTOGRAM_FAMILY, SUMMARY_FAMILIES, DurationSnapshot, InferenceAPI, VersionSnapshot
+from geserve.core.api import HISTOGRAM_FAMILY, SUMMARY_FAMILIES, InferenceAPI
 from geserve.metrics.system import CpuUtilization, memory_bytes
 from geserve.settings import MetricsSettings
-from geserve.types import CustomMetric, DeviceUsage
+from geserve.types import CustomMetric, DeviceUsage, DurationSnapshot, VersionSnapshot
 
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geserve.core.api import InferenceAPI, VersionSnapshot
+from geserve.core.api import InferenceAPI
 from geserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.settings import ServerSettings
-from geserve.types import InferInput, InferRequest, RequestedOutput
+from geserve.types import InferInput, InferRequest, RequestedOutput, VersionSnapshot
 from tests.component.conftest import in_process_service
 from tests.support import write_identity_model
 
