@@ -33,6 +33,7 @@ class Launch:
     index: int = 0  # a protocol process's number
     http_fd: int = -1  # protocol processes: the HTTP socket the supervisor bound
     metrics_fd: int = -1  # the engine: the metrics socket the supervisor bound
+    connection_counts: str = ""  # protocol processes: the segment of their open HTTP connections
 
 
 def send_launch(control: socket.socket, launch: Launch) -> None:

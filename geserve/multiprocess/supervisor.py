@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geserve.http.connections import raise_descriptor_limit
-from geserve.listeners import HTTP_SERVICE, METRICS_SERVICE, bind_socket
+from geserve.multiprocess.connection_count import create_counts, remove_counts
 from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, Launch, send_launch, send_word
 from geserve.settings import Settings
+from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
 from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class Supervisor:
         self._engine: _Child | None = None
         self._protocols: dict[int, _Child] = {}
         self._state = _State()
+        self._connection_counts = ""
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -116,6 +117,8 @@ class Supervisor:
             logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
         if not self._bind():
             return 1
+        if self.settings.http.enabled:
+            self._connection_counts = create_counts(self.run, self.processes)
         wakeup_read, wakeup_write = socket.socketpair()
         wakeup_read.setblocking(False)
         wakeup_write.setblocking(False)
@@ -125,6 +128,8 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         self._selector.register(wakeup_read, selectors.EVENT_READ, None)
         self._engine = self._start("engine", 0)
+        self._close_socket(self._metrics)  # the engine alone serves it, and never restarts
+        self._metrics = None
         for index in range(self.processes):
             self._protocols[index] = self._start("protocol", index)
         while True:
@@ -177,6 +182,10 @@ class Supervisor:
         """Not ready everywhere at once (the engine answers readiness), the drain window, then stop accepting."""
         self._state.stopping = True
         self._state.pending.clear()
+        # No protocol process starts again: the listening socket must close when the last of them closes
+        # theirs, so that connections are refused, not queued where no one will accept them.
+        self._close_socket(self._http)
+        self._http = None
         timeouts = self.settings.server
         self._state.deadline = time.monotonic() + timeouts.drain_delay_secs + timeouts.exit_timeout_secs + 5.0
         logger.info("shutting down: draining for %ds", timeouts.drain_delay_secs)
@@ -201,7 +210,9 @@ class Supervisor:
         metrics_fd = self._metrics.fileno() if role == "engine" and self._metrics is not None else -1
         http_fd = self._http.fileno() if role == "protocol" and self._http is not None else -1
         inherited += [fd for fd in (metrics_fd, http_fd) if fd >= 0]
-        launch = Launch(role, self.settings, self.run, self._channel_path, index, http_fd, metrics_fd)
+        launch = Launch(
+            role, self.settings, self.run, self._channel_path, index, http_fd, metrics_fd, self._connection_counts
+        )
         command = [sys.executable, "-m", "geserve.multiprocess", role, str(theirs.fileno())]
         process = subprocess.Popen(command, pass_fds=inherited, preexec_fn=_ignore_shutdown_signals)  # noqa: PLW1509
         theirs.close()
@@ -300,7 +311,7 @@ class Supervisor:
             wanted.append((METRICS_SERVICE, metrics.address, metrics.port, False))
         if grpc.enabled:
             # Held (never listening) so no other server takes the port; the protocol processes bind it too.
-            wanted.append(("GRPCInferenceService", grpc.address, grpc.port, True))
+            wanted.append((GRPC_SERVICE, grpc.address, grpc.port, True))
         for name, address, port, reuse_port in wanted:
             try:
                 sock = bind_socket(address, port, reuse_port)
@@ -313,6 +324,11 @@ class Supervisor:
             elif name == METRICS_SERVICE:
                 self._metrics = sock
         return True
+
+    def _close_socket(self, sock: socket.socket | None) -> None:
+        if sock is not None:
+            sock.close()
+            self._sockets.remove(sock)
 
     def _cleanup(self) -> None:
         """Wait for every process of the run (workers reparented here too), then remove what they left."""
@@ -330,6 +346,8 @@ class Supervisor:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, 0)[0]:
                 pass
+        if self._connection_counts:
+            remove_counts(self._connection_counts)
         removed = remove_run_segments(self.run)
         if removed:
             logger.warning("removed %d shared-memory segment(s) the engine's processes left", len(removed))
