@@ -3,23 +3,31 @@ process: one int64 per process in a small shared segment, each written only by i
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
 
 import numpy as np
 
 from geserve.workers.runs import RunId
-from geserve.workers.shm import SHM_DIRECTORY, create_segment, unlink_quietly
+from geserve.workers.shm import SHM_DIRECTORY
 
 
 def create_counts(run: RunId, processes: int) -> str:
-    """The supervisor's segment of `processes` zeroed counts; returns its name."""
+    """The supervisor's segment of `processes` zeroed counts; returns its name. Made with plain file calls:
+    multiprocessing's SharedMemory would start a resource tracker here, a child every forked process shares."""
     name = run.segment_name("connections")
-    create_segment(name, 8 * processes).close()
+    descriptor = os.open(SHM_DIRECTORY / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(descriptor, 8 * processes)
+    finally:
+        os.close(descriptor)
     return name
 
 
 def remove_counts(name: str) -> None:
-    unlink_quietly(name)
+    with contextlib.suppress(FileNotFoundError):
+        (SHM_DIRECTORY / name).unlink()
 
 
 class SharedConnectionCount:
