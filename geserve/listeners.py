@@ -49,7 +49,7 @@ class Listener:
     def bind(self) -> None:
         self.socket = bind_socket(self.address, self.port, self.reuse_port)
 
-    async def start(self, announce: bool = True) -> bool:
+    async def start(self) -> bool:
         sockets = [self.socket] if self.socket is not None else None
         self.task = asyncio.create_task(self.server.serve(sockets=sockets))
         # uvicorn exposes startup only as a flag.
@@ -58,8 +58,7 @@ class Listener:
         if self.task.done():
             logger.error("the %s failed to start on %s:%d", self.name, self.address, self.port)
             return False
-        if announce:
-            logger.info("Started %s at %s:%d", self.name, self.address, self.port)
+        logger.info("Started %s at %s:%d", self.name, self.address, self.port)
         return True
 
     async def stop(self) -> None:

@@ -91,14 +91,12 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
         grpc = grpc_server(api, dataclasses.replace(settings.grpc, reuse_port=True))
         if grpc is None:
             return 1
-    first = launch.index == 0  # one process announces the listeners, as the single process does
     try:
         if grpc is not None:
             await grpc.start()
-            if first:
-                logger.info("Started GRPCInferenceService at %s:%d", settings.grpc.address, settings.grpc.port)
+            logger.info("Started GRPCInferenceService at %s:%d", settings.grpc.address, settings.grpc.port)
         for listener in listeners:
-            if not await listener.start(announce=first):
+            if not await listener.start():
                 return 1
         control.tell(READY)
         lost = asyncio.ensure_future(api.lost.wait())
