@@ -12,6 +12,7 @@ from geserve.workers.runs import RunId
 
 # Supervisor -> process.
 DRAIN = b"drain"  # report not ready (engine); serve the drain window, then stop accepting and finish (protocol)
+REFUSE = b"refuse"  # the drain window is over: admit no new request, finish those admitted (engine)
 STOP = b"stop"  # every protocol process has exited: stop the workers and exit (engine)
 KILL = b"kill"  # a second signal: exit now
 # Process -> supervisor.

@@ -10,7 +10,7 @@ import socket
 from geserve.listeners import Listener, metrics_listener
 from geserve.metrics.registry import create_registry
 from geserve.multiprocess.arena import ArenaViews
-from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, ControlLine, Launch
+from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, ControlLine, Launch
 from geserve.multiprocess.endpoint import EngineEndpoint
 from geserve.server import create_service, start_service
 from geserve.workers.pool import PoolFactory
@@ -46,6 +46,8 @@ async def serve_engine(launch: Launch, control: ControlLine) -> int:
                 # Readiness is the engine's: every protocol process answers not ready from now on.
                 service.start_draining()
                 logger.info("draining: not ready, still serving")
+            elif word == REFUSE:
+                service.stop_accepting()
             elif word == KILL:
                 service.kill()
                 os._exit(1)

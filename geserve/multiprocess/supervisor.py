@@ -20,7 +20,7 @@ from pathlib import Path
 
 from geserve.multiprocess.child import run_child
 from geserve.multiprocess.connection_count import create_counts, remove_counts
-from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, Launch, send_word
+from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, Launch, send_word
 from geserve.settings import Settings
 from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
 from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
@@ -78,6 +78,7 @@ class _State:
     stopping: bool = False
     engine_stopped: bool = False
     deadline: float = float("inf")  # for the protocol processes to finish after a signal
+    drain_ends: float = float("inf")  # then the engine admits no new request (the protocol processes stop accepting)
     restarts: dict[int, int] = field(default_factory=dict)  # index -> consecutive quick deaths
     pending: list[_Restart] = field(default_factory=list)
 
@@ -155,6 +156,11 @@ class Supervisor:
         if status is not None:
             return status
         self._restart_due()
+        if time.monotonic() >= self._state.drain_ends:
+            # As in one process: what is admitted finishes, what arrives now is refused (streams included).
+            self._state.drain_ends = float("inf")
+            if self._engine is not None:
+                send_word(self._engine.control, REFUSE)
         if self._state.stopping and time.monotonic() > self._state.deadline:
             for child in self._protocols.values():
                 if child.exited is None:
@@ -186,7 +192,9 @@ class Supervisor:
         self._close_socket(self._http)
         self._http = None
         timeouts = self.settings.server
-        self._state.deadline = time.monotonic() + timeouts.drain_delay_secs + timeouts.exit_timeout_secs + 5.0
+        now = time.monotonic()
+        self._state.drain_ends = now + timeouts.drain_delay_secs
+        self._state.deadline = now + timeouts.drain_delay_secs + timeouts.exit_timeout_secs + 5.0
         logger.info("shutting down: draining for %ds", timeouts.drain_delay_secs)
         if self._engine is not None:
             send_word(self._engine.control, DRAIN)
