@@ -49,6 +49,9 @@ class RequestedOutput:
     name: str
     parameters: Parameters = field(default_factory=dict)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RequestedOutput, (self.name, self.parameters))  # the dataclass's own state handling is slow
+
 
 @dataclass(frozen=True, slots=True)
 class InferRequest:
@@ -80,6 +83,9 @@ class OutputTensor:
     # Set when the output went to client shared memory: the front-ends then send no data for it.
     parameters: Parameters = field(default_factory=dict)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (OutputTensor, (self.name, self.datatype, self.data, self.parameters))
+
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
@@ -98,6 +104,9 @@ class InferResponse:
     outputs: tuple[OutputTensor, ...]
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InferResponse, (self.model_name, self.model_version, self.outputs, self.id, self.parameters))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +158,9 @@ class StreamedResponse:
     response: InferResponse | None
     error: GeserveError | None
     final: bool
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StreamedResponse, (self.response, self.error, self.final))
 
 
 @dataclass(frozen=True, slots=True)
