@@ -18,7 +18,6 @@ from geserve.codecs import dtypes
 from geserve.errors import GeserveError
 from geserve.types import InferRequest
 from geserve.workers.handoff import MappedOutputs
-from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_DIRECTORY, create_segment, unlink_quietly
 
 logger = logging.getLogger(__name__)
@@ -40,8 +39,8 @@ class RequestArena:
     """A segment of `size` bytes with a first-fit allocator. A block is free again once no view of it is left
     (the request is answered and dropped); a full arena is not an error: the caller sends the bytes instead."""
 
-    def __init__(self, run: RunId, size: int = DEFAULT_ARENA_BYTES) -> None:
-        self.name = run.segment_name("requests")
+    def __init__(self, name: str, size: int = DEFAULT_ARENA_BYTES) -> None:
+        self.name = name  # the supervisor's choice: it removes the segment when this process is gone
         create_segment(self.name, size).close()
         descriptor = open(SHM_DIRECTORY / self.name, "r+b")  # noqa: SIM115 - the mapping outlives the file
         with descriptor:

@@ -31,6 +31,7 @@ class Launch:
     http_fd: int = -1  # protocol processes: the HTTP socket the supervisor bound
     metrics_fd: int = -1  # the engine: the metrics socket the supervisor bound
     connection_counts: str = ""  # protocol processes: the segment of their open HTTP connections
+    arena: str = ""  # a protocol process: the name of its request arena's segment
 
 
 def send_word(control: socket.socket, word: bytes) -> None:

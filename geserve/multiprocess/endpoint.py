@@ -13,6 +13,7 @@ from geserve.multiprocess.arena import ArenaViews
 from geserve.multiprocess.calls import CALL_METHODS, LOG_SETTINGS_EVENT, STREAM_METHODS, Kind
 from geserve.multiprocess.framing import FrameProtocol
 from geserve.types import StreamedResponse
+from geserve.workers.handoff import MappedOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -20,9 +21,9 @@ logger = logging.getLogger(__name__)
 class EngineEndpoint:
     """Serves `api` on a unix socket to every protocol process; one connection per process."""
 
-    def __init__(self, api: InferenceAPI, arenas: ArenaViews) -> None:
+    def __init__(self, api: InferenceAPI, mapped: MappedOutputs) -> None:
         self._api = api
-        self._arenas = arenas
+        self._mapped = mapped  # where each connection's arena views are tracked, for workers to read in place
         self._connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -38,14 +39,13 @@ class EngineEndpoint:
             connection.close()
         if self._server is not None:
             await self._server.wait_closed()
-        self._arenas.close()
 
     def broadcast(self, name: str, value: Any) -> None:
         for connection in self._connections:
             connection.channel.send((Kind.EVENT, name, value))
 
     def _accept(self) -> FrameProtocol:
-        connection = _Connection(self)
+        connection = _Connection(self, ArenaViews(self._mapped))
         self._connections.add(connection)
         return connection.channel
 
@@ -54,10 +54,10 @@ class EngineEndpoint:
     def closed(self, connection: _Connection) -> None:
         self._connections.discard(connection)
 
-    async def call(self, method: str, args: tuple[Any, ...]) -> Any:
+    async def call(self, method: str, args: tuple[Any, ...], arenas: ArenaViews) -> Any:
         if method == "infer":
             request, refs = args
-            return await self._api.infer(self._arenas.restore(request, refs))
+            return await self._api.infer(arenas.restore(request, refs))
         value = await getattr(self._api, method)(*args)
         if method == "update_log_settings":
             self.broadcast(LOG_SETTINGS_EVENT, value)
@@ -65,16 +65,17 @@ class EngineEndpoint:
             return value.SerializeToString()  # generated protobuf classes do not pickle by reference
         return value
 
-    def stream(self, args: tuple[Any, ...]) -> AsyncIterator[StreamedResponse]:
+    def stream(self, args: tuple[Any, ...], arenas: ArenaViews) -> AsyncIterator[StreamedResponse]:
         request, refs = args
-        return self._api.infer_stream(self._arenas.restore(request, refs))
+        return self._api.infer_stream(arenas.restore(request, refs))
 
 
 class _Connection:
-    """One protocol process: its calls in flight, each a task answered by id."""
+    """One protocol process: its calls in flight, each a task answered by id, and the mapping of its arena."""
 
-    def __init__(self, endpoint: EngineEndpoint) -> None:
+    def __init__(self, endpoint: EngineEndpoint, arenas: ArenaViews) -> None:
         self._endpoint = endpoint
+        self._arenas = arenas
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.channel = FrameProtocol(self._received, self._lost)
 
@@ -103,7 +104,7 @@ class _Connection:
 
     async def _answer(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         try:
-            value = await self._endpoint.call(method, args)
+            value = await self._endpoint.call(method, args, self._arenas)
         except BaseException as error:  # every failure is the caller's answer
             self._fail(call_id, method, error)
             return
@@ -111,7 +112,7 @@ class _Connection:
 
     async def _stream(self, call_id: int, args: tuple[Any, ...]) -> None:
         try:
-            async for item in self._endpoint.stream(args):
+            async for item in self._endpoint.stream(args, self._arenas):
                 self._send(Kind.ITEM, call_id, item)
                 await self.channel.drained()
         except BaseException as error:  # every failure is the caller's answer
@@ -141,3 +142,4 @@ class _Connection:
         self._endpoint.closed(self)
         for task in list(self._tasks.values()):
             task.cancel()
+        self._arenas.close()  # the mapping goes with the last view of it

@@ -9,7 +9,6 @@ import socket
 
 from geserve.listeners import Listener, metrics_listener
 from geserve.metrics.registry import create_registry
-from geserve.multiprocess.arena import ArenaViews
 from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, ControlLine, Launch
 from geserve.multiprocess.endpoint import EngineEndpoint
 from geserve.server import create_service, start_service
@@ -24,7 +23,7 @@ async def serve_engine(launch: Launch, control: ControlLine) -> int:
     service = create_service(settings, launch.run, pools)
     # Request tensors in the protocol processes' arenas are tracked with the pipeline outputs: a worker is
     # given them in place.
-    endpoint = EngineEndpoint(service, ArenaViews(pools.mapped))
+    endpoint = EngineEndpoint(service, pools.mapped)
     metrics: Listener | None = None
     if settings.metrics.enabled:
         registry, collector = create_registry(service, settings.metrics)

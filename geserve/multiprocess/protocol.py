@@ -56,7 +56,7 @@ async def serve_protocol(launch: Launch, control: ControlLine) -> int:
 
 def _request_arena(launch: Launch) -> RequestArena | None:
     try:
-        return RequestArena(launch.run)
+        return RequestArena(launch.arena)
     except (GeserveError, OSError) as error:
         message = error.message if isinstance(error, GeserveError) else str(error)
         logger.warning("no request arena (%s): request tensors go to the engine in its channel's messages", message)

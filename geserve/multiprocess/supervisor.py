@@ -24,6 +24,7 @@ from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, Launc
 from geserve.settings import Settings
 from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
 from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
+from geserve.workers.shm import SHM_DIRECTORY
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class _Child:
     pid: int
     control: socket.socket
     started_at: float
+    arena: str = ""  # a protocol process's request arena, removed once it is gone
     ready: bool = False
     exited: int | None = None
     _buffer: bytes = b""
@@ -215,8 +217,17 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         metrics_fd = self._metrics.fileno() if role == "engine" and self._metrics is not None else -1
         http_fd = self._http.fileno() if role == "protocol" and self._http is not None else -1
+        arena = self.run.segment_name(f"requests{index}") if role == "protocol" else ""
         launch = Launch(
-            role, self.settings, self.run, self._channel_path, index, http_fd, metrics_fd, self._connection_counts
+            role,
+            self.settings,
+            self.run,
+            self._channel_path,
+            index,
+            http_fd,
+            metrics_fd,
+            self._connection_counts,
+            arena,
         )
         # Forked, not executed: everything is imported already, so a process starts (or restarts) in
         # milliseconds. The supervisor has no thread and no event loop to carry over.
@@ -233,7 +244,7 @@ class Supervisor:
             os._exit(run_child(launch, theirs))
         theirs.close()
         ours.setblocking(False)
-        child = _Child(role, index, pid, ours, time.monotonic())
+        child = _Child(role, index, pid, ours, time.monotonic(), arena)
         self._selector.register(ours, selectors.EVENT_READ, child)
         if role == "engine":
             logger.info("started the engine (pid %d)", pid)
@@ -269,6 +280,11 @@ class Supervisor:
                 return status_of_server
 
     def _protocol_exited(self, child: _Child, code: int) -> int | None:
+        # Its arena goes with it (a process killed outright cannot remove it); the engine unmaps it when it
+        # sees the connection close.
+        if child.arena:
+            with contextlib.suppress(FileNotFoundError):
+                (SHM_DIRECTORY / child.arena).unlink()
         if self._state.stopping:
             self._stop_engine_when_alone()
             return None
