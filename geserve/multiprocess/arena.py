@@ -4,6 +4,7 @@ read into it from the socket; other inputs are copied there once), so that only 
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import math
 import mmap
@@ -48,8 +49,9 @@ class RequestArena:
         self._whole = np.frombuffer(self._mapping, dtype=np.uint8)
         self._start = int(self._whole.__array_interface__["data"][0])
         self._size = size
-        self._lock = threading.Lock()  # blocks are freed wherever the garbage collector runs
+        self._lock = threading.Lock()  # grpc's threads may allocate too
         self._free: list[tuple[int, int]] = [(0, size)]  # (offset, length), sorted by offset
+        self._returned: collections.deque[tuple[int, int]] = collections.deque()
 
     def close(self) -> None:
         unlink_quietly(self.name)
@@ -58,6 +60,7 @@ class RequestArena:
         """A block of `nbytes` (uint8), or None when none is free."""
         length = max(-(-nbytes // _ALIGNMENT) * _ALIGNMENT, _ALIGNMENT)
         with self._lock:
+            self._take_back()
             for index, (offset, free) in enumerate(self._free):
                 if free >= length:
                     if free == length:
@@ -68,13 +71,15 @@ class RequestArena:
             else:
                 return None
         block = self._whole[offset : offset + nbytes]
-        weakref.finalize(block, self._release, offset, length)
+        weakref.finalize(block, self._returned.append, (offset, length))
         return block
 
-    def _release(self, offset: int, length: int) -> None:
-        with self._lock:
+    def _take_back(self) -> None:
+        """Merge the blocks whose last view died into the free list. Blocks come back through a deque, never
+        under the lock: the garbage collector may free one while this very thread holds it."""
+        while self._returned:
+            offset, length = self._returned.popleft()
             index = bisect.bisect(self._free, (offset, length))
-            # Merge with the neighbours it touches.
             if index < len(self._free) and self._free[index][0] == offset + length:
                 length += self._free.pop(index)[1]
             if index > 0 and sum(self._free[index - 1]) == offset:
