@@ -21,7 +21,8 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def children(pid: int) -> list[int]:
-    """Child processes of every thread of `pid` (workers are started from helper threads)."""
+    """Child processes of every thread of `pid` (workers are started from helper threads); process_roles walks
+    them down the whole tree (in N>=2 the workers are the engine's children, the supervisor's grandchildren)."""
     found: list[int] = []
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -32,14 +33,6 @@ def children(pid: int) -> list[int]:
             found += [int(child) for child in (task / "children").read_text().split()]
         except OSError:
             continue
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, depth first (in N>=2 the workers are the engine's children)."""
-    found: list[int] = []
-    for child in children(pid):
-        found += [child, *descendants(child)]
     return found
 
 
@@ -59,14 +52,38 @@ def multiprocess_role(pid: int) -> str | None:
     return None
 
 
+def _is_resource_tracker(pid: int) -> bool:
+    return any("multiprocessing.resource_tracker" in argument for argument in _command_line(pid))
+
+
 def process_roles(top: int) -> dict[int, str]:
-    """The role of `top` and of each process below it now."""
-    below = descendants(top)
-    named = {pid: multiprocess_role(pid) for pid in below}
+    """The role of `top` and of each process below it now. multiprocessing's resource tracker, started beside
+    the workers, is counted with the process that started it: it is no instance."""
+    parents: dict[int, int] = {}
+    pending = [top]
+    while pending:
+        parent = pending.pop()
+        for child in children(parent):
+            parents[child] = parent
+            pending.append(child)
+    named = {pid: multiprocess_role(pid) for pid in parents}
     split = any(named.values())  # the top process is a supervisor only where it runs an engine and protocols
     roles = {top: "supervisor" if split else "server"}
-    roles.update({pid: named[pid] or "worker" for pid in below})
+    for pid in sorted(parents, key=lambda pid: _depth(pid, parents)):
+        if named[pid]:
+            roles[pid] = str(named[pid])
+        elif _is_resource_tracker(pid):
+            roles[pid] = roles[parents[pid]]
+        else:
+            roles[pid] = "worker"
     return roles
+
+
+def _depth(pid: int, parents: dict[int, int]) -> int:
+    depth = 0
+    while pid in parents:
+        pid, depth = parents[pid], depth + 1
+    return depth
 
 
 class RoleCpu:
@@ -99,8 +116,8 @@ class RoleCpu:
         return readings
 
     def counts(self) -> dict[str, int]:
-        """How many processes hold each role now."""
+        """How many processes hold each role now (resource trackers left out)."""
         tally = dict.fromkeys(ROLES, 0)
-        for role in process_roles(self._top).values():
-            tally[role] += 1
+        for pid, role in process_roles(self._top).items():
+            tally[role] += 0 if _is_resource_tracker(pid) else 1
         return tally
