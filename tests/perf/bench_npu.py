@@ -25,7 +25,7 @@ from tests.fakes.om_writer import write_om
 from tests.perf.bench_server import RESULTS, find_perf_analyzer, run_perf_analyzer
 from tests.perf.process_roles import ROLES, RoleCpu
 from tests.perf.projection import project_host
-from tests.support import ROOT, GeserveProcess
+from tests.support import ROOT, GeserveProcess, http_status
 
 FAKES = ROOT / "tests" / "fakes"
 GEARS = [1, 2, 4, 8, 16]
@@ -147,7 +147,7 @@ def start_server(work: Path, devices: int, frontend_processes: int) -> GeservePr
     folder = work / f"n{frontend_processes}"
     folder.mkdir(parents=True)
     write_model(folder / "models", devices)
-    return GeserveProcess(
+    server = GeserveProcess(
         folder / "geserve.log",
         f"--model-repository={folder / 'models'}",
         f"--device-ids={','.join(str(device) for device in range(devices))}",
@@ -156,6 +156,13 @@ def start_server(work: Path, devices: int, frontend_processes: int) -> GeservePr
         *frontend_arguments(frontend_processes),
         env=simulator_environment(devices),
     ).wait_live()
+    deadline = time.monotonic() + 90
+    while http_status(f"http://{server.url}/v2/models/resnet50/ready") != 200:
+        if time.monotonic() > deadline:
+            server.stop()
+            raise TimeoutError(f"resnet50 did not become ready:\n{server.log()}")
+        time.sleep(0.1)
+    return server
 
 
 def measure(
