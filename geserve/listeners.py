@@ -18,7 +18,7 @@ from geserve.core.api import InferenceAPI
 from geserve.grpc.server import create_server
 from geserve.http.app import create_app
 from geserve.http.connections import protocol_for
-from geserve.http.direct import InPlaceBodies
+from geserve.http.direct import BodyAllocator, InPlaceBodies, heap_body
 from geserve.metrics.server import create_metrics_app
 from geserve.settings import GrpcSettings, Settings
 
@@ -91,12 +91,14 @@ class Listener:
             self.socket.close()
 
 
-def http_listener(api: InferenceAPI, settings: Settings) -> Listener:
-    """The HTTP/REST listener over `api` (not bound)."""
+def http_listener(api: InferenceAPI, settings: Settings, allocate_body: BodyAllocator = heap_body) -> Listener:
+    """The HTTP/REST listener over `api` (not bound); infer bodies read in place go where `allocate_body` says."""
     http = settings.http
     app = create_app(api, http)
     in_place = app.reads_body_in_place
-    server = embedded_uvicorn(settings, HTTP_SERVICE, app, http.address, http.port, reads_in_place=in_place)
+    server = embedded_uvicorn(
+        settings, HTTP_SERVICE, app, http.address, http.port, reads_in_place=in_place, allocate_body=allocate_body
+    )
     return Listener(HTTP_SERVICE, http.address, http.port, server, reuse_port=http.reuse_port)
 
 
@@ -122,14 +124,23 @@ def grpc_server(api: InferenceAPI, settings: GrpcSettings) -> grpc.aio.Server | 
 
 
 def embedded_uvicorn(
-    settings: Settings, name: str, app: Any, host: str, port: int, *, reads_in_place: InPlaceBodies | None = None
+    settings: Settings,
+    name: str,
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    reads_in_place: InPlaceBodies | None = None,
+    allocate_body: BodyAllocator = heap_body,
 ) -> EmbeddedUvicorn:
     http = settings.http
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=cast(Any, protocol_for(name, http, reads_in_place)),  # a factory: uvicorn calls it for each connection
+        http=cast(
+            Any, protocol_for(name, http, reads_in_place, allocate_body)
+        ),  # a factory: uvicorn calls it for each connection
         timeout_keep_alive=http.keep_alive_s,
         lifespan="off",
         log_config=None,

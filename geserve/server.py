@@ -22,9 +22,9 @@ from geserve.workers.runs import RunId, sweep_orphaned_segments
 logger = logging.getLogger(__name__)
 
 
-def create_service(settings: Settings, run: RunId) -> InferenceService:
+def create_service(settings: Settings, run: RunId, pools: PoolFactory | None = None) -> InferenceService:
     """The InferenceService of a run, its instance pools' factory wired in (workers call it back for BLS)."""
-    pools = PoolFactory(settings.workers, run=run)
+    pools = pools or PoolFactory(settings.workers, run=run)
     metrics = settings.metrics if settings.metrics.enabled else None
     service = InferenceService(settings.server, settings.repository, pools, metrics=metrics)
     pools.caller = service  # python models' BLS requests

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from geserve.core.api import InferenceAPI
 from geserve.errors import CancelledError, GeserveError, InternalError
+from geserve.multiprocess.arena import ArenaViews
 from geserve.multiprocess.calls import CALL_METHODS, LOG_SETTINGS_EVENT, STREAM_METHODS, Kind
 from geserve.multiprocess.framing import FrameProtocol
+from geserve.types import StreamedResponse
 
 logger = logging.getLogger(__name__)
 
@@ -17,8 +20,9 @@ logger = logging.getLogger(__name__)
 class EngineEndpoint:
     """Serves `api` on a unix socket to every protocol process; one connection per process."""
 
-    def __init__(self, api: InferenceAPI) -> None:
+    def __init__(self, api: InferenceAPI, arenas: ArenaViews) -> None:
         self._api = api
+        self._arenas = arenas
         self._connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -34,6 +38,7 @@ class EngineEndpoint:
             connection.close()
         if self._server is not None:
             await self._server.wait_closed()
+        self._arenas.close()
 
     def broadcast(self, name: str, value: Any) -> None:
         for connection in self._connections:
@@ -50,13 +55,19 @@ class EngineEndpoint:
         self._connections.discard(connection)
 
     async def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if method == "infer":
+            request, refs = args
+            return await self._api.infer(self._arenas.restore(request, refs))
         value = await getattr(self._api, method)(*args)
         if method == "update_log_settings":
             self.broadcast(LOG_SETTINGS_EVENT, value)
+        elif method == "model_config":
+            return value.SerializeToString()  # generated protobuf classes do not pickle by reference
         return value
 
-    def stream(self, args: tuple[Any, ...]) -> Any:
-        return self._api.infer_stream(*args)
+    def stream(self, args: tuple[Any, ...]) -> AsyncIterator[StreamedResponse]:
+        request, refs = args
+        return self._api.infer_stream(self._arenas.restore(request, refs))
 
 
 class _Connection:

@@ -9,17 +9,22 @@ import socket
 
 from geserve.listeners import Listener, metrics_listener
 from geserve.metrics.registry import create_registry
+from geserve.multiprocess.arena import ArenaViews
 from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, ControlLine, Launch
 from geserve.multiprocess.endpoint import EngineEndpoint
 from geserve.server import create_service, start_service
+from geserve.workers.pool import PoolFactory
 
 logger = logging.getLogger(__name__)
 
 
 async def serve_engine(launch: Launch, control: ControlLine) -> int:
     settings = launch.settings
-    service = create_service(settings, launch.run)
-    endpoint = EngineEndpoint(service)
+    pools = PoolFactory(settings.workers, run=launch.run)
+    service = create_service(settings, launch.run, pools)
+    # Request tensors in the protocol processes' arenas are tracked with the pipeline outputs: a worker is
+    # given them in place.
+    endpoint = EngineEndpoint(service, ArenaViews(pools.mapped))
     metrics: Listener | None = None
     if settings.metrics.enabled:
         registry, collector = create_registry(service, settings.metrics)

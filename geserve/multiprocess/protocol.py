@@ -10,7 +10,10 @@ import socket
 from typing import Any
 
 from geserve.core.log_control import LogSettings
+from geserve.errors import GeserveError
+from geserve.http.direct import BodyAllocator, heap_body
 from geserve.listeners import Listener, grpc_server, http_listener, stop_front_ends
+from geserve.multiprocess.arena import RequestArena
 from geserve.multiprocess.calls import LOG_SETTINGS_EVENT
 from geserve.multiprocess.control import DRAIN, KILL, READY, ControlLine, Launch
 from geserve.multiprocess.remote import RemoteInferenceAPI
@@ -40,14 +43,40 @@ async def _connect(api: RemoteInferenceAPI, path: str, control: asyncio.Task[byt
 
 
 async def serve_protocol(launch: Launch, control: ControlLine) -> int:
+    arena = _request_arena(launch)
+    api = RemoteInferenceAPI(on_event=_apply_log_settings, arena=arena)
+    try:
+        return await _serve(launch, control, api, arena)
+    finally:
+        if arena is not None:
+            arena.close()
+
+
+def _request_arena(launch: Launch) -> RequestArena | None:
+    try:
+        return RequestArena(launch.run)
+    except (GeserveError, OSError) as error:
+        message = error.message if isinstance(error, GeserveError) else str(error)
+        logger.warning("no request arena (%s): request tensors go to the engine in its channel's messages", message)
+        return None
+
+
+def _body_allocator(arena: RequestArena) -> BodyAllocator:
+    def allocate(size: int) -> memoryview:
+        block = arena.allocate(size)
+        return heap_body(size) if block is None else block.data
+
+    return allocate
+
+
+async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, arena: RequestArena | None) -> int:
     settings = launch.settings
-    api = RemoteInferenceAPI(on_event=_apply_log_settings)
     word = asyncio.ensure_future(control.next_word())
     if not await _connect(api, launch.channel_path, word):
         return 0
     listeners: list[Listener] = []
     if settings.http.enabled:
-        http = http_listener(api, settings)
+        http = http_listener(api, settings, heap_body if arena is None else _body_allocator(arena))
         http.socket = socket.socket(fileno=launch.http_fd)
         listeners.append(http)
     grpc = None

@@ -11,6 +11,7 @@ from typing import Any
 from geserve._generated import model_config_pb2 as mc
 from geserve.core.api import InferenceAPI
 from geserve.errors import UnavailableError
+from geserve.multiprocess.arena import RequestArena, to_engine
 from geserve.multiprocess.calls import Kind
 from geserve.multiprocess.framing import FrameProtocol
 from geserve.types import (
@@ -35,9 +36,12 @@ class RemoteInferenceAPI:
     calls by id, so any number are in flight at once. A call whose caller is cancelled (a client that went
     away) is cancelled in the engine too."""
 
-    def __init__(self, on_event: EventHandler | None = None) -> None:
+    def __init__(self, on_event: EventHandler | None = None, arena: RequestArena | None = None) -> None:
         self._ids = itertools.count(1)
+        self._arena = arena
         self._calls: dict[int, asyncio.Future[Any]] = {}
+        # What a call's arena blocks need kept alive until the engine answers it, even once its caller gave up.
+        self._kept: dict[int, list[Any]] = {}
         self._streams: dict[int, asyncio.Queue[tuple[Kind, Any]]] = {}
         self._on_event = on_event
         self._channel = FrameProtocol(self._received, self._lost)
@@ -60,6 +64,8 @@ class RemoteInferenceAPI:
                 self._on_event(message[1], message[2])
             return
         call_id = message[1]
+        if kind in (Kind.RESULT, Kind.ERROR, Kind.END):
+            self._kept.pop(call_id, None)
         if kind in (Kind.RESULT, Kind.ERROR):
             future = self._calls.pop(call_id, None)
             if future is not None and not future.done():
@@ -79,15 +85,18 @@ class RemoteInferenceAPI:
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
+        self._kept.clear()
         for queue in self._streams.values():
             queue.put_nowait((Kind.ERROR, error))
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: str, *args: Any, keep: list[Any] | None = None) -> Any:
         if self.lost.is_set():
             raise UnavailableError(ENGINE_GONE)
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
+        if keep:
+            self._kept[call_id] = keep
         self._channel.send((Kind.CALL, call_id, method, args))
         try:
             return await future
@@ -116,13 +125,18 @@ class RemoteInferenceAPI:
         return metadata
 
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        config: mc.ModelConfig = await self._call("model_config", name, version)
+        config = mc.ModelConfig()
+        config.ParseFromString(await self._call("model_config", name, version))
         return config
 
     # -- inference -------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        response: InferResponse = await self._call("infer", request)
+        if self._arena is None:
+            response: InferResponse = await self._call("infer", request, ())
+            return response
+        outgoing, refs, keep = to_engine(request, self._arena)
+        response = await self._call("infer", outgoing, refs, keep=keep)
         return response
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
@@ -131,7 +145,12 @@ class RemoteInferenceAPI:
         call_id = next(self._ids)
         queue: asyncio.Queue[tuple[Kind, Any]] = asyncio.Queue()
         self._streams[call_id] = queue
-        self._channel.send((Kind.STREAM, call_id, "infer_stream", (request,)))
+        if self._arena is None:
+            self._channel.send((Kind.STREAM, call_id, "infer_stream", (request, ())))
+        else:
+            outgoing, refs, keep = to_engine(request, self._arena)
+            self._kept[call_id] = keep
+            self._channel.send((Kind.STREAM, call_id, "infer_stream", (outgoing, refs)))
         finished = False
         try:
             while True:
