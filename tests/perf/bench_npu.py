@@ -7,6 +7,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -346,10 +347,16 @@ def _line(record: dict[str, Any]) -> str:
     )
 
 
+def stop_servers_on_sigterm() -> None:
+    """SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the `finally` blocks stop the servers."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_point_arguments(parser)
     arguments = parser.parse_args()
+    stop_servers_on_sigterm()
     tool = find_perf_analyzer()
     modes = list(dict.fromkeys(arguments.frontend_processes))
     print(

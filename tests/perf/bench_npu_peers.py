@@ -24,6 +24,7 @@ from tests.perf.bench_npu import (
     median_of_rounds,
     report,
     start_server,
+    stop_servers_on_sigterm,
 )
 from tests.perf.bench_peers import (
     CACHE,
@@ -283,6 +284,7 @@ def main() -> None:
     add_point_arguments(parser)
     parser.add_argument("--servers", nargs="*", default=list(SERVERS[1:]), choices=SERVERS[1:], help="peers")
     arguments = parser.parse_args()
+    stop_servers_on_sigterm()
     tool = find_perf_analyzer()
     mlserver = ensure_mlserver() if "mlserver" in arguments.servers else Path()
     triton = ensure_triton() if "triton" in arguments.servers else Path()
