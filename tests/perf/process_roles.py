@@ -9,6 +9,7 @@ from pathlib import Path
 # started, one `engine`, N `protocol` processes, and the engine's workers.
 ROLES = ("server", "supervisor", "protocol", "engine", "worker")
 MULTIPROCESS_MODULE = "geserve.multiprocess"
+ENGINE_NAME, PROTOCOL_NAME_PREFIX = "geserve-engine", "geserve-proto"
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -44,7 +45,17 @@ def _command_line(pid: int) -> list[str]:
 
 
 def multiprocess_role(pid: int) -> str | None:
-    """`protocol` or `engine` for `python -m geserve.multiprocess <role> ...`, else None."""
+    """`protocol` or `engine` for a process the supervisor started, else None. A forked one is told by the name
+    it gives itself (/proc/<pid>/comm `geserve-engine`, `geserve-proto<i>`; its command line stays the
+    supervisor's), one started afresh by its command line `python -m geserve.multiprocess <role> ...`."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    if name == ENGINE_NAME:
+        return "engine"
+    if name.startswith(PROTOCOL_NAME_PREFIX):
+        return "protocol"
     arguments = _command_line(pid)
     for index, argument in enumerate(arguments[:-1]):
         if argument == MULTIPROCESS_MODULE and arguments[index + 1] in ("protocol", "engine"):
