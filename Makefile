@@ -60,15 +60,18 @@ bench-ab: $(STAMP_TEST)
 	$(BIN)/python -m tests.perf.bench_ab --base $(BASE) $(if $(CANDIDATE),--candidate $(CANDIDATE))
 
 # A ResNet-50-shaped .om on 1 and 2 simulated NPUs (t(b) = 2 ms + 0.5 ms x b), device-bound, over HTTP, gRPC and
-# system shared memory; prints a table and writes bench-results/npu-<timestamp>.json.
+# system shared memory, with --frontend-processes 1 and 2 A/B per point (medians of two rounds); prints the modes
+# side by side, CPU per image by process role and a 16-core, 8-NPU host projected from it, and writes
+# bench-results/npu-<timestamp>.json. BENCH_ARGS narrows it, e.g. BENCH_ARGS="--devices 2 --concurrency 64".
+BENCH_ARGS ?=
 bench-npu: $(STAMP_TEST)
-	$(BIN)/python -m tests.perf.bench_npu
+	$(BIN)/python -m tests.perf.bench_npu $(BENCH_ARGS)
 
 # The same NPU-bound workload on Triton (PyTriton's tritonserver, python backend) and MLServer, each model
-# sleeping t(b) for a batch of b; A/B per point, alternating servers, medians of two rounds. The peers are
-# installed in their own venvs under ~/.cache/geserve-bench on first use.
+# sleeping t(b) for a batch of b; A/B per point, alternating servers (geserve once per --frontend-processes mode),
+# medians of two rounds. The peers are installed in their own venvs under ~/.cache/geserve-bench on first use.
 bench-npu-peers: $(STAMP_TEST)
-	$(BIN)/python -m tests.perf.bench_npu_peers
+	$(BIN)/python -m tests.perf.bench_npu_peers $(BENCH_ARGS)
 
 # The same perf_analyzer runs against MLServer 1.7.1 (installed in its own venv under ~/.cache).
 bench-peers: $(STAMP_TEST)

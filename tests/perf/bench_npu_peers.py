@@ -1,4 +1,5 @@
-"""`make bench-npu-peers`: the NPU-bound workload on geserve, Triton (python backend) and MLServer, A/B per point."""
+"""`make bench-npu-peers`: the NPU-bound workload on geserve (each `--frontend-processes` mode), Triton (python
+backend) and MLServer, A/B per point."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.perf import bench_npu
-from tests.perf.bench_npu import K_US, T0_US, add_point_arguments, device_bound, image_data, write_model
+from tests.perf.bench_npu import (
+    K_US,
+    T0_US,
+    add_point_arguments,
+    device_bound,
+    image_data,
+    median_of_rounds,
+    report,
+    start_server,
+    stop_servers_on_sigterm,
+)
 from tests.perf.bench_peers import (
     CACHE,
     PEERS,
@@ -25,7 +35,8 @@ from tests.perf.bench_peers import (
     stop_process,
     wait_ready,
 )
-from tests.perf.bench_server import RESULTS, _children, _process_usage, find_perf_analyzer, run_perf_analyzer
+from tests.perf.bench_server import RESULTS, find_perf_analyzer, run_perf_analyzer
+from tests.perf.process_roles import ROLES, RoleCpu
 from tests.support import ROOT, GeserveProcess, free_ports
 
 TRITON_VENV = CACHE / "triton-venv"
@@ -158,9 +169,9 @@ def measure_peer(tool: str, peer: Peer, devices: int, protocol: str, concurrency
     extra = ["--shared-memory", "system", "--output-shared-memory-size", "4000"] if protocol == "shm" else []
     if peer.name == "mlserver" and protocol == "http":
         extra += ["--input-tensor-format", "json", "--output-tensor-format", "json"]  # no binary tensor extension
-    pids = [peer.pid, *_children(peer.pid)]
-    cpu_before = sum(_process_usage(pid)[1] for pid in pids)
+    cpu = RoleCpu(peer.pid)  # the top process is the `server`, everything below it a `worker`
     seen = len(peer.batches())
+    cpu.start()
     started = time.monotonic()
     figures = run_perf_analyzer(
         tool,
@@ -173,12 +184,13 @@ def measure_peer(tool: str, peer: Peer, devices: int, protocol: str, concurrency
         extra,
     )
     elapsed = time.monotonic() - started
-    cpu = sum(_process_usage(pid)[1] for pid in pids if Path(f"/proc/{pid}").exists()) - cpu_before
+    seconds = cpu.stop()
     batches = peer.batches()[seen:]
     images = sum(batches)
     device_s = sum(T0_US + K_US * batch for batch in batches) / 1e6 / devices  # the sleeps stand for the device
     return {
         "server": peer.name,
+        "frontend_processes": None,
         "devices": devices,
         "protocol": protocol,
         "concurrency": concurrency,
@@ -188,37 +200,24 @@ def measure_peer(tool: str, peer: Peer, devices: int, protocol: str, concurrency
         "p50_ms": round(figures["p50_us"] / 1000, 2),
         "p99_ms": round(figures["p99_us"] / 1000, 2),
         "avg_batch": round(images / len(batches), 2) if batches else 0.0,
-        "host_cpu_ms_per_image": round(1000 * cpu / images, 3) if images else 0.0,
+        "host_cpu_ms_per_image": round(1000 * sum(seconds.values()) / images, 3) if images else 0.0,
+        "cpu_ms_per_image": {role: round(1000 * seconds[role] / images, 3) if images else 0.0 for role in ROLES},
+        "engine_cpu_us_per_request": None,
     }
-
-
-def _median(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median of a point's rounds, figure by figure; the rounds are kept beside it."""
-    merged = dict(records[0])
-    for key in ("throughput", "busy_pct", "p50_ms", "p99_ms", "avg_batch", "host_cpu_ms_per_image"):
-        merged[key] = round(statistics.median(record[key] for record in records), 2)
-    merged["rounds"] = [{key: record[key] for key in ("throughput", "p50_ms", "p99_ms")} for record in records]
-    return merged
 
 
 def run_devices(
     tool: str, devices: int, arguments: argparse.Namespace, mlserver: Path, triton: Path
 ) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="geserve-npu-peers-"))
-    write_model(work / "geserve", devices)
-    environment = {
-        "PYTHONPATH": os.pathsep.join([str(bench_npu.FAKES), os.environ.get("PYTHONPATH", "")]),
-        "ACL_SIM_DEVICE_COUNT": "2",
-        "ACL_SIM_EXECUTE_US": str(T0_US),
-        "ACL_SIM_EXECUTE_US_PER_ROW": str(K_US),
-    }
+    modes = list(dict.fromkeys(arguments.frontend_processes))
     started: list[Any] = []
     try:
-        geserve = GeserveProcess(
-            work / "geserve.log", f"--model-repository={work / 'geserve'}", "--device-ids=0,1",
-            "--allow-client-shm=true", "--metrics-interval-ms=250", env=environment,
-        ).wait_live()  # fmt: skip
-        started.append(geserve)
+        geserve: dict[str, tuple[GeserveProcess, int]] = {}
+        for mode in modes:
+            server = start_server(work / "geserve", devices, mode)
+            started.append(server)
+            geserve[f"geserve N={mode}"] = (server, mode)
         peers: dict[str, Peer] = {}
         if "triton" in arguments.servers:
             triton_repository(work / "triton", devices, work / "triton-batches.log")
@@ -237,16 +236,17 @@ def run_devices(
             for concurrency in arguments.concurrency:
                 rounds: dict[str, list[dict[str, Any]]] = {}
                 for round_index in range(arguments.rounds):
-                    order = [s for s in SERVERS if s == "geserve" or s in peers]
+                    order = [*geserve, *(s for s in SERVERS if s in peers)]
                     if round_index % 2:
                         order.reverse()  # A/B/C, then C/B/A: neither server always runs first
                     for name in order:
-                        if name != "geserve" and protocol == "shm" and not peers[name].shared_memory:
+                        if name in peers and protocol == "shm" and not peers[name].shared_memory:
                             continue
                         try:
-                            if name == "geserve":
-                                record = bench_npu.measure(tool, geserve, devices, protocol, concurrency,
-                                                           arguments.interval_ms)  # fmt: skip
+                            if name in geserve:
+                                server, mode = geserve[name]
+                                point = (devices, protocol, concurrency, arguments.interval_ms, mode)
+                                record = bench_npu.measure(tool, server, *point)
                             else:
                                 record = measure_peer(tool, peers[name], devices, protocol, concurrency,
                                                       arguments.interval_ms)  # fmt: skip
@@ -255,7 +255,7 @@ def run_devices(
                             continue
                         rounds.setdefault(name, []).append(record)
                 for measured in rounds.values():
-                    record = _median(measured)
+                    record = median_of_rounds(measured)
                     records.append(record)
                     print(_line(record))
         return records
@@ -265,8 +265,9 @@ def run_devices(
 
 
 def _line(r: dict[str, Any]) -> str:
+    server = r["server"] if r["frontend_processes"] is None else f"{r['server']} N={r['frontend_processes']}"
     return (
-        f"| {r['server']} | {r['devices']} | {r['protocol']} | {r['concurrency']} | {r['throughput']:.0f} | "
+        f"| {server} | {r['devices']} | {r['protocol']} | {r['concurrency']} | {r['throughput']:.0f} | "
         f"{r['throughput'] / r['device_bound']:.2f} | {r['busy_pct']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
         f"{r['avg_batch']:.1f} | {r['host_cpu_ms_per_image']:.2f} |"
     )
@@ -282,8 +283,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_point_arguments(parser)
     parser.add_argument("--servers", nargs="*", default=list(SERVERS[1:]), choices=SERVERS[1:], help="peers")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds per point; the table shows their median")
     arguments = parser.parse_args()
+    stop_servers_on_sigterm()
     tool = find_perf_analyzer()
     mlserver = ensure_mlserver() if "mlserver" in arguments.servers else Path()
     triton = ensure_triton() if "triton" in arguments.servers else Path()
@@ -298,6 +299,7 @@ def main() -> None:
     print(f"\nwrote {path.relative_to(ROOT)}\n\n{HEADER}")
     for record in records:
         print(_line(record))
+    print(f"\ngeserve, --frontend-processes side by side\n\n{report(records)}")
 
 
 if __name__ == "__main__":
