@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
+import errno
 import logging
 import math
 import mmap
+import os
 import threading
 import weakref
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError
+from geserve.errors import GeserveError, UnavailableError
 from geserve.types import InferRequest
 from geserve.workers.handoff import MappedOutputs
-from geserve.workers.shm import SHM_DIRECTORY, create_segment, unlink_quietly
+from geserve.workers.shm import SHM_DIRECTORY
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +46,7 @@ class RequestArena:
 
     def __init__(self, name: str, size: int = DEFAULT_ARENA_BYTES) -> None:
         self.name = name  # the supervisor's choice: it removes the segment when this process is gone
-        create_segment(self.name, size).close()
-        descriptor = open(SHM_DIRECTORY / self.name, "r+b")  # noqa: SIM115 - the mapping outlives the file
-        with descriptor:
-            self._mapping = mmap.mmap(descriptor.fileno(), size)
+        self._mapping = _create_mapping(SHM_DIRECTORY / name, size)
         self._whole = np.frombuffer(self._mapping, dtype=np.uint8)
         self._start = int(self._whole.__array_interface__["data"][0])
         self._size = size
@@ -54,7 +55,8 @@ class RequestArena:
         self._returned: collections.deque[tuple[int, int]] = collections.deque()
 
     def close(self) -> None:
-        unlink_quietly(self.name)
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIRECTORY / self.name).unlink()
 
     def allocate(self, nbytes: int) -> np.ndarray | None:
         """A block of `nbytes` (uint8), or None when none is free."""
@@ -107,6 +109,24 @@ class RequestArena:
         block[:] = np.frombuffer(view, dtype=np.uint8)
         offset = int(block.__array_interface__["data"][0]) - self._start
         return ArenaRef(self.name, offset, view.nbytes), block
+
+
+def _create_mapping(path: Path, size: int) -> mmap.mmap:
+    """A new segment with its pages reserved (a full /dev/shm is an error here, not a SIGBUS later), mapped.
+    Plain file calls: multiprocessing's SharedMemory would register it with a resource tracker that then
+    reports it leaked when the supervisor removes it."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.posix_fallocate(descriptor, 0, size)
+        except OSError as error:
+            path.unlink()
+            if error.errno in (errno.ENOSPC, errno.ENOMEM):
+                raise UnavailableError(f"not enough shared memory for a request arena of {size} bytes") from None
+            raise
+        return mmap.mmap(descriptor, size)
+    finally:
+        os.close(descriptor)
 
 
 # Inputs smaller than this travel in the message: a copy of a few KiB costs less than a block.

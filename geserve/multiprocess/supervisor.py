@@ -24,7 +24,7 @@ from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, Launc
 from geserve.settings import Settings
 from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
 from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
-from geserve.workers.shm import SHM_DIRECTORY
+from geserve.workers.shm import REQUEST_ARENA_ROLE, SHM_DIRECTORY
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         metrics_fd = self._metrics.fileno() if role == "engine" and self._metrics is not None else -1
         http_fd = self._http.fileno() if role == "protocol" and self._http is not None else -1
-        arena = self.run.segment_name(f"requests{index}") if role == "protocol" else ""
+        arena = self.run.segment_name(f"{REQUEST_ARENA_ROLE}{index}") if role == "protocol" else ""
         launch = Launch(
             role,
             self.settings,

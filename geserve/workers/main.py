@@ -33,9 +33,11 @@ from geserve.workers.output_blocks import OutputBlocks
 from geserve.workers.runner import Batch, InstanceRunner
 from geserve.workers.runs import RunId
 from geserve.workers.shm import (
+    REQUEST_ARENA_ROLE,
     OutputPlacement,
     TensorLayout,
     TensorRef,
+    attach_foreign_segment,
     attach_segment,
     buffer_of,
     create_segment,
@@ -73,11 +75,12 @@ class _Segments:
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.arenas = {name: attach_segment(name) for name in spec.arenas}
-        # Pipeline handoff segments (any worker's), attached once: they are reused batch after batch.
+        # Pipeline handoff segments (any worker's) and the protocol processes' request arenas, attached once:
+        # they are reused batch after batch.
         self._handoffs: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
 
-    def _handoff(self, name: str) -> shared_memory.SharedMemory:
-        segment = self._handoffs.pop(name, None) or attach_segment(name)
+    def _handoff(self, name: str, foreign: bool = False) -> shared_memory.SharedMemory:
+        segment = self._handoffs.pop(name, None) or (attach_foreign_segment(name) if foreign else attach_segment(name))
         self._handoffs[name] = segment
         while len(self._handoffs) > _ATTACHED_HANDOFFS:
             _, oldest = self._handoffs.popitem(last=False)
@@ -90,6 +93,8 @@ class _Segments:
             return self.arenas[name]
         if name.endswith(_HANDOFF_ROLE):
             return self._handoff(name)
+        if name.rsplit("_", 1)[-1].startswith(REQUEST_ARENA_ROLE):
+            return self._handoff(name, foreign=True)  # a protocol process's arena: reused, like a handoff
         if name not in extra:
             extra[name] = attach_segment(name)
         return extra[name]

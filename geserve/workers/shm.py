@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 # API refuses it.
 SHM_PREFIX = "geserve_"
 SHM_DIRECTORY = Path("/dev/shm")
+# The role (last part of the name) of a protocol process's request arena, numbered by the process.
+REQUEST_ARENA_ROLE = "requests"
 _ALIGNMENT = 64
 
 
@@ -45,6 +47,15 @@ def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
 
 def attach_segment(name: str) -> shared_memory.SharedMemory:
     return shared_memory.SharedMemory(name=name, create=False)
+
+
+def attach_foreign_segment(name: str) -> shared_memory.SharedMemory:
+    """Attach a segment another process creates and removes (a protocol process's request arena): this
+    process's resource tracker must not count it as leaked, or remove it, when this process ends."""
+    segment = attach_segment(name)
+    with contextlib.suppress(Exception):  # the tracker's internals vary by Python version
+        resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    return segment
 
 
 def buffer_of(segment: shared_memory.SharedMemory) -> memoryview:
