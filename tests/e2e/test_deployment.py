@@ -18,7 +18,16 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import geserve_segments
-from tests.support import ROOT, SUITE_SERVERS, EchoLoad, GeserveProcess, free_ports, http_status, write_identity_model
+from tests.support import (
+    ROOT,
+    SUITE_SERVERS,
+    EchoLoad,
+    GeserveProcess,
+    free_ports,
+    http_status,
+    with_server_mode,
+    write_identity_model,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +93,7 @@ def test_a_second_server_on_a_taken_port_exits_with_a_clear_error(launch: Launch
         before = geserve_segments()
         command = [sys.executable, "-m", "geserve", f"--model-repository={repository}", "--http-address=127.0.0.1"]
         second = subprocess.run(
-            [*command, *flags, f"--metrics-port={metrics_port}"],
+            [*command, *with_server_mode([*flags, f"--metrics-port={metrics_port}"])],
             check=False,
             capture_output=True,
             text=True,
