@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -57,6 +58,13 @@ def _trace_settings(entries: Sequence[str]) -> dict[str, str | list[str]]:
     return settings
 
 
+def auto_frontend_processes() -> int:
+    """`--frontend-processes=auto`: one protocol process per two usable cores, up to 8, and one process
+    (everything in it) where only one core is usable."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 1 if cores < 2 else min(max(cores // 2, 2), 8)
+
+
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -89,6 +97,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         drain_delay_secs=args.drain_delay_secs,
+        frontend_processes=args.frontend_processes or auto_frontend_processes(),
         warnings=tuple(warnings),
         allow_client_shm=args.allow_client_shm,
         logging=logging_settings,
@@ -147,7 +156,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     return Settings(server, http, grpc, metrics, repository, workers)
 
 
-def _loop_factory() -> asyncio.AbstractEventLoop:
+def loop_factory() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
     except ImportError:
@@ -178,7 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig()
     LogSettings(settings.server.logging).apply()
     keep_freed_memory()
-    with asyncio.Runner(loop_factory=_loop_factory) as runner:
+    if settings.server.frontend_processes > 1:
+        from geserve.multiprocess.supervisor import Supervisor
+
+        return Supervisor(settings).serve()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(Server(settings).serve())
 
 

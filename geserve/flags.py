@@ -45,6 +45,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _processes(text: str) -> int:
+    """A process count, or 0 for `auto` (chosen from the cores once the devices are known)."""
+    if text == "auto":
+        return 0
+    try:
+        return _positive(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got '{text}'") from None
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -118,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGTERM, report not ready at once but keep accepting and serving this long before stopping, "
         "while load balancers take the server out of rotation (default: 0)",
+    )
+    group.add_argument(
+        "--frontend-processes",
+        type=_processes,
+        default=1,
+        metavar="N|auto",
+        help="1: one process serves everything; N >= 2: a supervisor, N protocol processes doing the HTTP and "
+        "gRPC byte work and one engine owning the models, batching and workers; auto: from the usable cores "
+        "(default: 1)",
     )
     group.add_argument(
         "--worker-arena-size",

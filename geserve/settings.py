@@ -63,6 +63,8 @@ class ServerSettings:
     exit_on_error: bool = True
     exit_timeout_secs: int = 30
     drain_delay_secs: int = 0
+    # 1: one process does everything; N >= 2: a supervisor, N protocol processes and one engine.
+    frontend_processes: int = 1
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
     allow_client_shm: bool = False
     logging: LoggingSettings = field(default_factory=LoggingSettings)

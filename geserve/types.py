@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +37,10 @@ class InferInput:
     data: np.ndarray | memoryview
     parameters: Parameters = field(default_factory=dict)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raw bytes cross to the engine as a pickle buffer (out of band, not copied into the pickle).
+        return (_input, (self.name, self.datatype, self.shape, _picklable(self.data), self.parameters))
+
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
@@ -57,6 +63,11 @@ class InferRequest:
     # A raw binary request's body (HTTP, header length 0): the bytes of the model's one input, which
     # admission shapes per the config of the version it finds; `inputs` is then empty.
     raw_body: memoryview | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raw = None if self.raw_body is None else pickle.PickleBuffer(self.raw_body)
+        fields = (self.model_name, self.model_version, self.inputs, self.outputs, self.id, self.parameters)
+        return (_request, (*fields, raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,3 +247,28 @@ class VersionSnapshot:
     load_duration_s: float
     summaries: tuple[SummarySnapshot, ...] = ()  # when latency summaries are on
     histogram: HistogramSnapshot | None = None  # when latency histograms are on
+
+
+def _picklable(data: np.ndarray | memoryview) -> np.ndarray | pickle.PickleBuffer:
+    return pickle.PickleBuffer(data) if isinstance(data, memoryview) else data
+
+
+def _as_view(data: Any) -> memoryview:
+    """What an unpickled buffer arrives as (a view of the frame, or bytes when it was small) as a memoryview."""
+    return data if isinstance(data, memoryview) else memoryview(data)
+
+
+def _input(name: str, datatype: str, shape: tuple[int, ...], data: Any, parameters: Parameters) -> InferInput:
+    return InferInput(name, datatype, shape, data if isinstance(data, np.ndarray) else _as_view(data), parameters)
+
+
+def _request(  # noqa: PLR0917 - a pickle reconstructor: called with positional arguments
+    name: str,
+    version: str,
+    inputs: tuple[InferInput, ...],
+    outputs: tuple[RequestedOutput, ...],
+    request_id: str,
+    parameters: Parameters,
+    raw: Any,
+) -> InferRequest:
+    return InferRequest(name, version, inputs, outputs, request_id, parameters, None if raw is None else _as_view(raw))

@@ -13,7 +13,15 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from geserve.codecs.digits import is_decimal
-from geserve.http.direct import BODY_EXTENSION, DIRECT_MIN_BYTES, BufferedReader, DirectBody, InPlaceBodies
+from geserve.http.direct import (
+    BODY_EXTENSION,
+    DIRECT_MIN_BYTES,
+    BodyAllocator,
+    BufferedReader,
+    DirectBody,
+    InPlaceBodies,
+    heap_body,
+)
 from geserve.http.errors import raw_error_response
 from geserve.settings import HttpSettings
 
@@ -97,6 +105,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpSettings] = HttpSettings()
     max_connections: ClassVar[int] = 1
     reads_in_place: ClassVar[staticmethod[[str, str], bool]]  # the app's InPlaceBodies
+    allocate_body: ClassVar[staticmethod[[int], memoryview]]  # where bodies read in place go
     admitted: ClassVar[set[GuardedHttpProtocol]]
     tally: ClassVar[_Tally]
 
@@ -197,7 +206,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if not cycle.response_complete:
                 self.flow.resume_reading()
 
-        self._direct = DirectBody(int(length), on_read)
+        self._direct = DirectBody(int(length), on_read, self.allocate_body)
         extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
         extensions[BODY_EXTENSION] = self._direct
 
@@ -303,7 +312,10 @@ def _no_bodies_in_place(method: str, path: str) -> bool:
 
 
 def protocol_class(
-    listener: str, limits: HttpSettings, reads_in_place: InPlaceBodies | None = None
+    listener: str,
+    limits: HttpSettings,
+    reads_in_place: InPlaceBodies | None = None,
+    allocate_body: BodyAllocator = heap_body,
 ) -> type[GuardedHttpProtocol]:
     """The protocol class of one listener: its own limits and its own count of admitted connections;
     `reads_in_place` says which requests' bodies go straight into one buffer (none if not given)."""
@@ -314,16 +326,20 @@ def protocol_class(
         "admitted": set(),
         "tally": _Tally(listener),
         "reads_in_place": staticmethod(reads_in_place or _no_bodies_in_place),
+        "allocate_body": staticmethod(allocate_body),
     }
     name = f"GuardedHttpProtocol[{listener}]"
     return cast(type[GuardedHttpProtocol], type(name, (GuardedHttpProtocol,), attributes))
 
 
 def protocol_for(
-    listener: str, limits: HttpSettings, reads_in_place: InPlaceBodies | None = None
+    listener: str,
+    limits: HttpSettings,
+    reads_in_place: InPlaceBodies | None = None,
+    allocate_body: BodyAllocator = heap_body,
 ) -> Callable[..., BufferedReader]:
     """What uvicorn builds each connection with, for one listener: a reader over its protocol class."""
-    protocol = protocol_class(listener, limits, reads_in_place)
+    protocol = protocol_class(listener, limits, reads_in_place, allocate_body)
 
     def create(**arguments: Any) -> BufferedReader:
         return BufferedReader(protocol(**arguments))

@@ -19,6 +19,12 @@ SCRATCH_BYTES = 64 << 10
 
 # Which requests, by method and path, the app wants their bodies read directly; the app says, not the transport.
 InPlaceBodies = Callable[[str, str], bool]
+# Where a body read directly goes: a buffer of the given size (this process's memory unless the server says).
+BodyAllocator = Callable[[int], memoryview]
+
+
+def heap_body(size: int) -> memoryview:
+    return np.empty(size, dtype=np.uint8).data  # not zeroed: every byte is written by a read
 
 
 class DirectBody:
@@ -26,8 +32,8 @@ class DirectBody:
 
     __slots__ = ("_abandoned", "_done", "_filled", "_on_read", "_view")
 
-    def __init__(self, size: int, on_read: Callable[[], None]) -> None:
-        self._view = np.empty(size, dtype=np.uint8).data  # not zeroed: every byte is written by a read
+    def __init__(self, size: int, on_read: Callable[[], None], allocate: BodyAllocator = heap_body) -> None:
+        self._view = allocate(size)
         self._filled = 0
         self._done = asyncio.Event()
         self._abandoned = False

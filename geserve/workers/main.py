@@ -154,8 +154,10 @@ class _Segments:
 
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     """Serve one instance until Shutdown or until the front-end's end of the pipe closes."""
-    # Ctrl-C reaches the whole process group; the front-end decides when workers stop.
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group; the server decides when workers stop
+    # (a Shutdown message, or its end of the pipe closing).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.environ.update(dict(spec.environment))  # before the backend is imported
     logging.basicConfig(
         level=spec.log_level,

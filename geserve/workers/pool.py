@@ -155,6 +155,11 @@ class PoolFactory:
         # Where the instances' BLS requests go: the server sets it once its service exists.
         self.caller: ModelCaller | None = None
 
+    @property
+    def mapped(self) -> MappedOutputs:
+        """Shared memory mapped in this process that workers may be given views of in place."""
+        return self._mapped
+
     def complete(self, config: mc.ModelConfig, source: ModelSource, versions: list[int]) -> None:
         """Select the config's backend and fill the defaults it implies (backend, model file, instance kinds);
         raises ModelLoadError."""

@@ -118,3 +118,17 @@ def sweep_orphaned_segments(directory: Path = SHM_DIRECTORY) -> list[str]:
             (directory / name).unlink()
             removed.append(name)
     return removed
+
+
+def remove_run_segments(run: RunId, directory: Path = SHM_DIRECTORY) -> list[str]:
+    """Unlink every segment of `run` (whose processes have all exited); returns their names."""
+    removed: list[str] = []
+    try:
+        names = [entry.name for entry in directory.iterdir() if entry.name.startswith(run.prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+            removed.append(name)
+    return removed

@@ -1,0 +1,161 @@
+"""The listening side shared by every process layout: bound sockets, embedded uvicorn servers, the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import grpc
+import uvicorn
+from prometheus_client.registry import CollectorRegistry
+
+from geserve.core.api import InferenceAPI
+from geserve.grpc.server import create_server
+from geserve.http.app import create_app
+from geserve.http.connections import protocol_for
+from geserve.http.direct import BodyAllocator, InPlaceBodies, heap_body
+from geserve.metrics.server import create_metrics_app
+from geserve.settings import GrpcSettings, Settings
+
+logger = logging.getLogger(__name__)
+
+HTTP_SERVICE = "HTTPService"
+METRICS_SERVICE = "Metrics Service"
+
+
+def bind_socket(address: str, port: int, reuse_port: bool) -> socket.socket:
+    """A TCP socket bound to the address (not yet listening, so connections are refused until it serves)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside our own loop: signals belong to the process's lifecycle, not to uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+@dataclass(slots=True)
+class Listener:
+    """One uvicorn server (HTTP or metrics) running as a task on the loop."""
+
+    name: str
+    address: str
+    port: int
+    server: EmbeddedUvicorn
+    reuse_port: bool = False
+    socket: socket.socket | None = None  # bound before the models load; uvicorn listens on it
+    task: asyncio.Task[None] | None = None
+
+    def bind(self) -> None:
+        self.socket = bind_socket(self.address, self.port, self.reuse_port)
+
+    async def start(self, announce: bool = True) -> bool:
+        sockets = [self.socket] if self.socket is not None else None
+        self.task = asyncio.create_task(self.server.serve(sockets=sockets))
+        # uvicorn exposes startup only as a flag.
+        while not self.server.started and not self.task.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if self.task.done():
+            logger.error("the %s failed to start on %s:%d", self.name, self.address, self.port)
+            return False
+        if announce:
+            logger.info("Started %s at %s:%d", self.name, self.address, self.port)
+        return True
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self.task is not None:
+            with contextlib.suppress(BaseException):
+                await self.task
+        self.close()
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+
+
+def http_listener(api: InferenceAPI, settings: Settings, allocate_body: BodyAllocator = heap_body) -> Listener:
+    """The HTTP/REST listener over `api` (not bound); infer bodies read in place go where `allocate_body` says."""
+    http = settings.http
+    app = create_app(api, http)
+    in_place = app.reads_body_in_place
+    server = embedded_uvicorn(
+        settings, HTTP_SERVICE, app, http.address, http.port, reads_in_place=in_place, allocate_body=allocate_body
+    )
+    return Listener(HTTP_SERVICE, http.address, http.port, server, reuse_port=http.reuse_port)
+
+
+def metrics_listener(
+    registry: CollectorRegistry, refresh: Callable[[], Awaitable[None]], settings: Settings
+) -> Listener:
+    """The Prometheus listener over `registry`, refreshed before each scrape (not bound)."""
+    metrics = settings.metrics
+    app = create_metrics_app(registry, refresh)
+    server = embedded_uvicorn(settings, METRICS_SERVICE, app, metrics.address, metrics.port)
+    return Listener(METRICS_SERVICE, metrics.address, metrics.port, server)
+
+
+def grpc_server(api: InferenceAPI, settings: GrpcSettings) -> grpc.aio.Server | None:
+    """The gRPC server over `api`, bound (not started); None, with the error logged, when the port is taken."""
+    try:
+        server, _ = create_server(api, settings)
+    except RuntimeError:
+        reason = "address already in use" if not settings.reuse_port else "cannot bind"
+        logger.error("the GRPCInferenceService cannot listen on %s:%d: %s", settings.address, settings.port, reason)
+        return None
+    return server
+
+
+def embedded_uvicorn(
+    settings: Settings,
+    name: str,
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    reads_in_place: InPlaceBodies | None = None,
+    allocate_body: BodyAllocator = heap_body,
+) -> EmbeddedUvicorn:
+    http = settings.http
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=cast(
+            Any, protocol_for(name, http, reads_in_place, allocate_body)
+        ),  # a factory: uvicorn calls it for each connection
+        timeout_keep_alive=http.keep_alive_s,
+        lifespan="off",
+        log_config=None,
+        access_log=settings.server.logging.log_verbose_level > 0,
+        timeout_graceful_shutdown=settings.server.exit_timeout_secs,
+        server_header=False,
+        proxy_headers=False,  # one middleware layer less per request; deployments terminate proxies upstream
+    )
+    return EmbeddedUvicorn(config)
+
+
+async def stop_front_ends(listeners: list[Listener], grpc: grpc.aio.Server | None, grace_s: float) -> None:
+    """Stop accepting everywhere at once, then let what is in flight finish (gRPC within `grace_s`)."""
+    for listener in listeners:
+        listener.server.should_exit = True
+    if grpc is not None:
+        await grpc.stop(grace=grace_s)
+    await asyncio.gather(*(listener.stop() for listener in listeners))

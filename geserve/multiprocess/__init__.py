@@ -1,0 +1,1 @@
+"""The engine/protocol process layout (`--frontend-processes N`, N >= 2): supervisor, engine, protocol processes."""

@@ -1,0 +1,198 @@
+"""The request arena: a protocol process's shared segment that request tensors are placed in (HTTP bodies are
+read into it from the socket; other inputs are copied there once), so that only their offsets go to the engine."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import mmap
+import threading
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from geserve.codecs import dtypes
+from geserve.errors import GeserveError
+from geserve.types import InferRequest
+from geserve.workers.handoff import MappedOutputs
+from geserve.workers.runs import RunId
+from geserve.workers.shm import SHM_DIRECTORY, create_segment, unlink_quietly
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ARENA_BYTES = 32 << 20
+_ALIGNMENT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaRef:
+    """Where one tensor's bytes lie in a protocol process's arena (`segment`)."""
+
+    segment: str
+    offset: int
+    nbytes: int
+
+
+class RequestArena:
+    """A segment of `size` bytes with a first-fit allocator. A block is free again once no view of it is left
+    (the request is answered and dropped); a full arena is not an error: the caller sends the bytes instead."""
+
+    def __init__(self, run: RunId, size: int = DEFAULT_ARENA_BYTES) -> None:
+        self.name = run.segment_name("requests")
+        create_segment(self.name, size).close()
+        descriptor = open(SHM_DIRECTORY / self.name, "r+b")  # noqa: SIM115 - the mapping outlives the file
+        with descriptor:
+            self._mapping = mmap.mmap(descriptor.fileno(), size)
+        self._whole = np.frombuffer(self._mapping, dtype=np.uint8)
+        self._start = int(self._whole.__array_interface__["data"][0])
+        self._size = size
+        self._lock = threading.Lock()  # blocks are freed wherever the garbage collector runs
+        self._free: list[tuple[int, int]] = [(0, size)]  # (offset, length), sorted by offset
+
+    def close(self) -> None:
+        unlink_quietly(self.name)
+
+    def allocate(self, nbytes: int) -> np.ndarray | None:
+        """A block of `nbytes` (uint8), or None when none is free."""
+        length = max(-(-nbytes // _ALIGNMENT) * _ALIGNMENT, _ALIGNMENT)
+        with self._lock:
+            for index, (offset, free) in enumerate(self._free):
+                if free >= length:
+                    if free == length:
+                        del self._free[index]
+                    else:
+                        self._free[index] = (offset + length, free - length)
+                    break
+            else:
+                return None
+        block = self._whole[offset : offset + nbytes]
+        weakref.finalize(block, self._release, offset, length)
+        return block
+
+    def _release(self, offset: int, length: int) -> None:
+        with self._lock:
+            index = bisect.bisect(self._free, (offset, length))
+            # Merge with the neighbours it touches.
+            if index < len(self._free) and self._free[index][0] == offset + length:
+                length += self._free.pop(index)[1]
+            if index > 0 and sum(self._free[index - 1]) == offset:
+                offset, previous = self._free.pop(index - 1)
+                length += previous
+                index -= 1
+            self._free.insert(index, (offset, length))
+
+    def ref_of(self, view: memoryview) -> ArenaRef | None:
+        """Where `view` lies in this arena; None when it is memory of its own."""
+        if not view.contiguous or view.nbytes == 0:
+            return None
+        address = int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+        offset = address - self._start
+        if offset < 0 or offset + view.nbytes > self._size:
+            return None
+        return ArenaRef(self.name, offset, view.nbytes)
+
+    def place(self, view: memoryview) -> tuple[ArenaRef, np.ndarray] | None:
+        """`view`'s bytes copied into a block (which the caller keeps until the engine answered); None when
+        the arena is full."""
+        block = self.allocate(view.nbytes)
+        if block is None:
+            return None
+        block[:] = np.frombuffer(view, dtype=np.uint8)
+        offset = int(block.__array_interface__["data"][0]) - self._start
+        return ArenaRef(self.name, offset, view.nbytes), block
+
+
+# Inputs smaller than this travel in the message: a copy of a few KiB costs less than a block.
+PLACE_MIN_BYTES = 16 << 10
+RAW_BODY = -1  # the index of a raw binary body among an arena request's refs
+ArenaRefs = tuple[tuple[int, ArenaRef], ...]  # (input index or RAW_BODY, where its bytes are)
+
+
+def to_engine(request: InferRequest, arena: RequestArena) -> tuple[InferRequest, ArenaRefs, list[Any]]:
+    """The request as it crosses to the engine: each large byte input replaced by where it lies in the arena
+    (placed there now unless it was read into it); returns what must stay alive until the engine answers."""
+    refs: list[tuple[int, ArenaRef]] = []
+    keep: list[Any] = [request]
+    inputs = list(request.inputs)
+    for index, tensor in enumerate(request.inputs):
+        if isinstance(tensor.data, memoryview) and tensor.data.nbytes >= PLACE_MIN_BYTES:
+            ref = _in_arena(tensor.data, arena, keep)
+            if ref is not None:
+                refs.append((index, ref))
+                inputs[index] = replace(tensor, data=_EMPTY)
+    raw = request.raw_body
+    if raw is not None and raw.nbytes >= PLACE_MIN_BYTES:
+        ref = _in_arena(raw, arena, keep)
+        if ref is not None:
+            refs.append((RAW_BODY, ref))
+            raw = _EMPTY
+    if not refs:
+        return request, (), keep
+    return replace(request, inputs=tuple(inputs), raw_body=raw), tuple(refs), keep
+
+
+def _in_arena(view: memoryview, arena: RequestArena, keep: list[Any]) -> ArenaRef | None:
+    ref = arena.ref_of(view)
+    if ref is not None:
+        return ref
+    placed = arena.place(view)
+    if placed is None:
+        return None
+    keep.append(placed[1])
+    return placed[0]
+
+
+_EMPTY = memoryview(b"")
+
+
+class ArenaViews:
+    """The engine's mappings of the protocol processes' arenas. A tensor of a fixed-size datatype whose bytes
+    match its shape is given as an array viewing the mapping, tracked in `mapped`, so that a worker reads it in
+    place; anything else as the bytes (validation then says what is wrong with them)."""
+
+    def __init__(self, mapped: MappedOutputs) -> None:
+        self._mapped = mapped
+        self._wholes: dict[str, np.ndarray] = {}
+
+    def close(self) -> None:
+        self._wholes.clear()  # each mapping goes with its last view
+
+    def restore(self, request: InferRequest, refs: ArenaRefs) -> InferRequest:
+        if not refs:
+            return request
+        inputs = list(request.inputs)
+        raw = request.raw_body
+        for index, ref in refs:
+            block = self._whole(ref.segment)[ref.offset : ref.offset + ref.nbytes]
+            if index == RAW_BODY:
+                raw = block.data
+                continue
+            tensor = inputs[index]
+            inputs[index] = replace(tensor, data=_typed(block, tensor.datatype, tensor.shape))
+        return replace(request, inputs=tuple(inputs), raw_body=raw)
+
+    def _whole(self, name: str) -> np.ndarray:
+        whole = self._wholes.get(name)
+        if whole is None:
+            with open(SHM_DIRECTORY / name, "r+b") as file:
+                mapping = mmap.mmap(file.fileno(), 0)
+            whole = self._mapped.track(np.frombuffer(mapping, dtype=np.uint8), name, _forget)
+            self._wholes[name] = whole
+        return whole
+
+
+def _forget(name: str) -> None:
+    """The protocol process owns its arena's segment: the engine only unmaps it."""
+
+
+def _typed(block: np.ndarray, datatype: str, shape: tuple[int, ...]) -> np.ndarray | memoryview:
+    try:
+        dtype = dtypes.from_wire(datatype)
+    except GeserveError:
+        return block.data
+    if dtype.numpy.kind == "O" or math.prod(shape) * dtype.numpy.itemsize != block.nbytes:
+        return block.data
+    return block.view(dtype.numpy).reshape(shape)

@@ -1,0 +1,88 @@
+"""The control line between the supervisor and each process it starts: the launch, then one word at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import socket
+import struct
+from dataclasses import dataclass
+
+from geserve.settings import Settings
+from geserve.workers.runs import RunId
+
+_LENGTH = struct.Struct("<I")
+
+# Supervisor -> process.
+DRAIN = b"drain"  # report not ready (engine); serve the drain window, then stop accepting and finish (protocol)
+STOP = b"stop"  # every protocol process has exited: stop the workers and exit (engine)
+KILL = b"kill"  # a second signal: exit now
+# Process -> supervisor.
+READY = b"ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What a process of the layout is started with; sockets arrive as inherited descriptors."""
+
+    role: str  # "engine" or "protocol"
+    settings: Settings
+    run: RunId
+    channel_path: str  # the engine's unix socket
+    index: int = 0  # a protocol process's number
+    http_fd: int = -1  # protocol processes: the HTTP socket the supervisor bound
+    metrics_fd: int = -1  # the engine: the metrics socket the supervisor bound
+
+
+def send_launch(control: socket.socket, launch: Launch) -> None:
+    data = pickle.dumps(launch)
+    control.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def receive_launch(control: socket.socket) -> Launch:
+    """Blocking: the first thing on the line, before the process's loop runs."""
+    (length,) = _LENGTH.unpack(_receive_exactly(control, _LENGTH.size))
+    launch: Launch = pickle.loads(_receive_exactly(control, length))
+    return launch
+
+
+def _receive_exactly(control: socket.socket, count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = control.recv(count - len(data))
+        if not chunk:
+            raise EOFError("the supervisor closed the control line before the launch arrived")
+        data += chunk
+    return bytes(data)
+
+
+def send_word(control: socket.socket, word: bytes) -> None:
+    """Supervisor side (blocking socket); a process that is gone is not an error."""
+    with contextlib.suppress(OSError):
+        control.sendall(word + b"\n")
+
+
+class ControlLine:
+    """A process's end of its control line, on its event loop."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open(cls, control: socket.socket) -> ControlLine:
+        reader, writer = await asyncio.open_unix_connection(sock=control)
+        return cls(reader, writer)
+
+    async def next_word(self) -> bytes:
+        """The next word from the supervisor; b"" when it is gone (its end closed)."""
+        try:
+            line = await self._reader.readline()
+        except (ConnectionError, OSError):
+            return b""
+        return line.strip()
+
+    def tell(self, word: bytes) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(word + b"\n")

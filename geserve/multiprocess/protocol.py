@@ -1,0 +1,113 @@
+"""A protocol process: HTTP and gRPC bytes (parsing, codecs, encoding) over the engine's InferenceAPI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import socket
+from typing import Any
+
+from geserve.core.log_control import LogSettings
+from geserve.errors import GeserveError
+from geserve.http.direct import BodyAllocator, heap_body
+from geserve.listeners import Listener, grpc_server, http_listener, stop_front_ends
+from geserve.multiprocess.arena import RequestArena
+from geserve.multiprocess.calls import LOG_SETTINGS_EVENT
+from geserve.multiprocess.control import DRAIN, KILL, READY, ControlLine, Launch
+from geserve.multiprocess.remote import RemoteInferenceAPI
+from geserve.settings import LoggingSettings
+
+logger = logging.getLogger(__name__)
+
+_CONNECT_RETRY_S = 0.02
+
+
+def _apply_log_settings(name: str, value: Any) -> None:
+    """The logging extension changed the engine's settings: this process logs the same way."""
+    if name == LOG_SETTINGS_EVENT:
+        LogSettings(LoggingSettings(**value)).apply()
+
+
+async def _connect(api: RemoteInferenceAPI, path: str, control: asyncio.Task[bytes]) -> bool:
+    """Connect once the engine listens (it does after the startup models load); False if told to stop first."""
+    while not control.done():
+        try:
+            await api.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            await asyncio.sleep(_CONNECT_RETRY_S)
+            continue
+        return True
+    return False
+
+
+async def serve_protocol(launch: Launch, control: ControlLine) -> int:
+    arena = _request_arena(launch)
+    api = RemoteInferenceAPI(on_event=_apply_log_settings, arena=arena)
+    try:
+        return await _serve(launch, control, api, arena)
+    finally:
+        if arena is not None:
+            arena.close()
+
+
+def _request_arena(launch: Launch) -> RequestArena | None:
+    try:
+        return RequestArena(launch.run)
+    except (GeserveError, OSError) as error:
+        message = error.message if isinstance(error, GeserveError) else str(error)
+        logger.warning("no request arena (%s): request tensors go to the engine in its channel's messages", message)
+        return None
+
+
+def _body_allocator(arena: RequestArena) -> BodyAllocator:
+    def allocate(size: int) -> memoryview:
+        block = arena.allocate(size)
+        return heap_body(size) if block is None else block.data
+
+    return allocate
+
+
+async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, arena: RequestArena | None) -> int:
+    settings = launch.settings
+    word = asyncio.ensure_future(control.next_word())
+    if not await _connect(api, launch.channel_path, word):
+        return 0
+    listeners: list[Listener] = []
+    if settings.http.enabled:
+        http = http_listener(api, settings, heap_body if arena is None else _body_allocator(arena))
+        http.socket = socket.socket(fileno=launch.http_fd)
+        listeners.append(http)
+    grpc = None
+    if settings.grpc.enabled:
+        # Each protocol process binds the gRPC port itself; the kernel spreads connections over them.
+        grpc = grpc_server(api, dataclasses.replace(settings.grpc, reuse_port=True))
+        if grpc is None:
+            return 1
+    first = launch.index == 0  # one process announces the listeners, as the single process does
+    try:
+        if grpc is not None:
+            await grpc.start()
+            if first:
+                logger.info("Started GRPCInferenceService at %s:%d", settings.grpc.address, settings.grpc.port)
+        for listener in listeners:
+            if not await listener.start(announce=first):
+                return 1
+        control.tell(READY)
+        lost = asyncio.ensure_future(api.lost.wait())
+        await asyncio.wait([word, lost], return_when=asyncio.FIRST_COMPLETED)
+        if lost.done():
+            logger.error("the engine closed its channel: exiting")
+            return 1
+        lost.cancel()
+        if word.result() == KILL:
+            return 1
+        if word.result() == DRAIN and settings.server.drain_delay_secs > 0:
+            # Still accepting and serving: load balancers see the engine's not-ready and stop sending.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(api.lost.wait(), settings.server.drain_delay_secs)
+        return 0
+    finally:
+        await stop_front_ends(listeners, grpc, float(settings.server.exit_timeout_secs))
+        api.close()

@@ -1,0 +1,361 @@
+"""The supervisor: the process the user started when --frontend-processes is 2 or more. It binds the ports,
+starts the engine and the protocol processes, forwards shutdown to them, restarts a protocol process that
+dies, and stops the server (exit 1) if the engine dies; the segments of the run never outlive it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from geserve.http.connections import raise_descriptor_limit
+from geserve.listeners import HTTP_SERVICE, METRICS_SERVICE, bind_socket
+from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, Launch, send_launch, send_word
+from geserve.settings import Settings
+from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_CHILD_SUBREAPER = 36
+_TICK_S = 0.05
+_RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+_STABLE_S = 30.0  # a protocol process that ran this long restarts without delay
+_DESCENDANTS_GRACE_S = 5.0  # for workers to notice their engine is gone before they are killed
+
+
+@dataclass(slots=True)
+class _Child:
+    """One process the supervisor started, with its end of the control line."""
+
+    role: str
+    index: int
+    process: subprocess.Popen[bytes]
+    control: socket.socket
+    started_at: float
+    ready: bool = False
+    exited: int | None = None
+    _buffer: bytes = b""
+
+    @property
+    def name(self) -> str:
+        return "the engine" if self.role == "engine" else f"protocol process {self.index}"
+
+    def words(self) -> list[bytes]:
+        """The words the child sent since the last call (non-blocking)."""
+        try:
+            data = self.control.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            return [b""]
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [line.strip() for line in lines]
+
+
+@dataclass(slots=True)
+class _Restart:
+    index: int
+    at: float
+
+
+@dataclass(slots=True)
+class _State:
+    signals: list[int] = field(default_factory=list)
+    stopping: bool = False
+    engine_stopped: bool = False
+    deadline: float = float("inf")  # for the protocol processes to finish after a signal
+    restarts: dict[int, int] = field(default_factory=dict)  # index -> consecutive quick deaths
+    pending: list[_Restart] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.run = RunId.current()
+        self.processes = settings.server.frontend_processes
+        self._sockets: list[socket.socket] = []
+        self._http: socket.socket | None = None
+        self._metrics: socket.socket | None = None
+        self._channel_dir = Path(tempfile.mkdtemp(prefix="geserve-engine-"))
+        self._channel_path = str(self._channel_dir / "engine.sock")
+        self._selector = selectors.DefaultSelector()
+        self._engine: _Child | None = None
+        self._protocols: dict[int, _Child] = {}
+        self._state = _State()
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        try:
+            return self._serve()
+        finally:
+            self._cleanup()
+
+    def _serve(self) -> int:
+        _become_subreaper()
+        raise_descriptor_limit()
+        for warning in self.settings.server.warnings:
+            logger.warning("%s", warning)
+        orphans = sweep_orphaned_segments()
+        if orphans:
+            logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
+        if not self._bind():
+            return 1
+        wakeup_read, wakeup_write = socket.socketpair()
+        wakeup_read.setblocking(False)
+        wakeup_write.setblocking(False)
+        self._sockets += [wakeup_read, wakeup_write]
+        signal.set_wakeup_fd(wakeup_write.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+        self._selector.register(wakeup_read, selectors.EVENT_READ, None)
+        self._engine = self._start("engine", 0)
+        for index in range(self.processes):
+            self._protocols[index] = self._start("protocol", index)
+        while True:
+            status = self._step(wakeup_read)
+            if status is not None:
+                return status
+
+    def _step(self, wakeup: socket.socket) -> int | None:
+        """One turn: read what children said, handle signals, reap, restart; an exit status when done."""
+        for key, _ in self._selector.select(_TICK_S):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    wakeup.recv(4096)
+            else:
+                self._heard(key.data)
+        if self._state.signals:
+            if self._state.stopping:
+                logger.warning("second signal: exiting without draining")
+                self._kill_all()
+                return 1
+            self._state.signals.clear()
+            self._begin_shutdown()
+        status = self._reap()
+        if status is not None:
+            return status
+        self._restart_due()
+        if self._state.stopping and time.monotonic() > self._state.deadline:
+            for child in self._protocols.values():
+                if child.exited is None:
+                    logger.warning("%s did not finish in time: killing it", child.name)
+                    with contextlib.suppress(ProcessLookupError):
+                        child.process.kill()
+            self._state.deadline = float("inf")
+        return None
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._state.signals.append(signum)
+
+    def _heard(self, child: _Child) -> None:
+        for word in child.words():
+            if word == READY and not child.ready:
+                child.ready = True
+                if child.role == "engine":
+                    logger.info("the engine (pid %d) is serving", child.process.pid)
+            elif word == b"":
+                self._selector.unregister(child.control)
+                break
+
+    def _begin_shutdown(self) -> None:
+        """Not ready everywhere at once (the engine answers readiness), the drain window, then stop accepting."""
+        self._state.stopping = True
+        self._state.pending.clear()
+        timeouts = self.settings.server
+        self._state.deadline = time.monotonic() + timeouts.drain_delay_secs + timeouts.exit_timeout_secs + 5.0
+        logger.info("shutting down: draining for %ds", timeouts.drain_delay_secs)
+        if self._engine is not None:
+            send_word(self._engine.control, DRAIN)
+        for child in self._protocols.values():
+            send_word(child.control, DRAIN)
+        self._stop_engine_when_alone()
+
+    def _stop_engine_when_alone(self) -> None:
+        if self._engine is None or self._state.engine_stopped:
+            return
+        if all(child.exited is not None for child in self._protocols.values()):
+            self._state.engine_stopped = True
+            send_word(self._engine.control, STOP)
+
+    # -- children --------------------------------------------------------------------------
+
+    def _start(self, role: str, index: int) -> _Child:
+        ours, theirs = socket.socketpair()
+        inherited = [theirs.fileno()]
+        metrics_fd = self._metrics.fileno() if role == "engine" and self._metrics is not None else -1
+        http_fd = self._http.fileno() if role == "protocol" and self._http is not None else -1
+        inherited += [fd for fd in (metrics_fd, http_fd) if fd >= 0]
+        launch = Launch(role, self.settings, self.run, self._channel_path, index, http_fd, metrics_fd)
+        command = [sys.executable, "-m", "geserve.multiprocess", role, str(theirs.fileno())]
+        process = subprocess.Popen(command, pass_fds=inherited, preexec_fn=_ignore_shutdown_signals)  # noqa: PLW1509
+        theirs.close()
+        send_launch(ours, launch)
+        ours.setblocking(False)
+        child = _Child(role, index, process, ours, time.monotonic())
+        self._selector.register(ours, selectors.EVENT_READ, child)
+        if role == "engine":
+            logger.info("started the engine (pid %d)", process.pid)
+        else:
+            logger.info("started protocol process %d (pid %d)", index, process.pid)
+        return child
+
+    def _reap(self) -> int | None:
+        """Collect every child that exited (reparented workers included); an exit status when the server ends."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid == 0:
+                return None
+            code = os.waitstatus_to_exitcode(status)
+            child = self._child(pid)
+            if child is None:
+                continue  # a worker of the engine, reparented here when the engine went
+            child.exited = code
+            child.process.returncode = code
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(child.control)
+            child.control.close()
+            if child.role == "engine":
+                if self._state.engine_stopped:
+                    return code
+                logger.error("the engine (pid %d) exited with status %d; stopping the server", pid, code)
+                self._kill_all()
+                return 1
+            status_of_server = self._protocol_exited(child, code)
+            if status_of_server is not None:
+                return status_of_server
+
+    def _protocol_exited(self, child: _Child, code: int) -> int | None:
+        if self._state.stopping:
+            self._stop_engine_when_alone()
+            return None
+        if not child.ready:
+            logger.error(
+                "%s (pid %d) exited with status %d during startup; stopping the server",
+                child.name,
+                child.process.pid,
+                code,
+            )
+            self._kill_all()
+            return 1
+        logger.warning("%s (pid %d) exited with status %d; restarting", child.name, child.process.pid, code)
+        quick = time.monotonic() - child.started_at < _STABLE_S
+        deaths = self._state.restarts.get(child.index, 0) + 1 if quick else 0
+        self._state.restarts[child.index] = deaths
+        delay = _RESTART_BACKOFF_S[min(deaths, len(_RESTART_BACKOFF_S)) - 1] if deaths else 0.0
+        self._state.pending.append(_Restart(child.index, time.monotonic() + delay))
+        return None
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        due = [restart for restart in self._state.pending if restart.at <= now]
+        for restart in due:
+            self._state.pending.remove(restart)
+            self._protocols[restart.index] = self._start("protocol", restart.index)
+
+    def _child(self, pid: int) -> _Child | None:
+        if self._engine is not None and self._engine.process.pid == pid:
+            return self._engine
+        for child in self._protocols.values():
+            if child.process.pid == pid and child.exited is None:
+                return child
+        return None
+
+    def _kill_all(self) -> None:
+        """Kill the protocol processes and tell the engine to kill its workers and exit at once."""
+        for child in self._protocols.values():
+            if child.exited is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+        if self._engine is not None and self._engine.exited is None:
+            send_word(self._engine.control, KILL)
+
+    # -- ports and cleanup -----------------------------------------------------------------
+
+    def _bind(self) -> bool:
+        """Every port bound before anything starts: a taken one is a clear error at once."""
+        http, metrics, grpc = self.settings.http, self.settings.metrics, self.settings.grpc
+        wanted = []
+        if http.enabled:
+            wanted.append((HTTP_SERVICE, http.address, http.port, http.reuse_port))
+        if metrics.enabled:
+            wanted.append((METRICS_SERVICE, metrics.address, metrics.port, False))
+        if grpc.enabled:
+            # Held (never listening) so no other server takes the port; the protocol processes bind it too.
+            wanted.append(("GRPCInferenceService", grpc.address, grpc.port, True))
+        for name, address, port, reuse_port in wanted:
+            try:
+                sock = bind_socket(address, port, reuse_port)
+            except OSError as error:
+                logger.error("the %s cannot listen on %s:%d: %s", name, address, port, error.strerror)
+                return False
+            self._sockets.append(sock)
+            if name == HTTP_SERVICE:
+                self._http = sock
+            elif name == METRICS_SERVICE:
+                self._metrics = sock
+        return True
+
+    def _cleanup(self) -> None:
+        """Wait for every process of the run (workers reparented here too), then remove what they left."""
+        deadline = time.monotonic() + _DESCENDANTS_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(_TICK_S)
+        for pid in _children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, 0)[0]:
+                pass
+        removed = remove_run_segments(self.run)
+        if removed:
+            logger.warning("removed %d shared-memory segment(s) the engine's processes left", len(removed))
+        for sock in self._sockets:
+            sock.close()
+        shutil.rmtree(self._channel_dir, ignore_errors=True)
+
+
+def _ignore_shutdown_signals() -> None:
+    # In the child before exec: an ignored signal stays ignored across exec, so the process is never stopped
+    # by a signal to the process group (Ctrl-C, systemd) before it has heard from the supervisor.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (the workers of an engine that died) become this process's children, to be reaped."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            logger.debug("cannot become a child subreaper: %s", errno.errorcode.get(ctypes.get_errno(), "?"))
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids += [int(pid) for pid in task.read_text().split()]
+    return pids
