@@ -120,13 +120,6 @@ def http_status(url: str) -> int:
             return int(error.code)
 
 
-def _mode_flags(args: tuple[str, ...]) -> list[str]:
-    processes = os.environ.get("GESERVE_TEST_FRONTEND_PROCESSES", "")
-    if processes in ("", "1") or any(arg.startswith("--frontend-processes") for arg in args):
-        return []
-    return [f"--frontend-processes={processes}"]
-
-
 class GeserveProcess:
     """`python -m geserve` on free loopback ports, its output kept in a log file."""
 
@@ -159,7 +152,6 @@ class GeserveProcess:
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
-            *_mode_flags(args),
             *args,
         ]
         self._log = log_path.open("wb")
