@@ -16,7 +16,6 @@ from geserve.flags import build_parser
 from geserve.memory import keep_freed_memory
 from geserve.metrics import config as metrics_config
 from geserve.restrictions import parse_restrictions
-from geserve.server import Server
 from geserve.settings import (
     ControlMode,
     GrpcSettings,
@@ -191,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geserve.multiprocess.supervisor import Supervisor
 
         return Supervisor(settings).serve()
+    from geserve.server import Server  # here: the supervisor of several processes never loads the server
+
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(Server(settings).serve())
 

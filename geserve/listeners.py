@@ -17,30 +17,13 @@ from prometheus_client.registry import CollectorRegistry
 from geserve.core.api import InferenceAPI
 from geserve.grpc.server import create_server
 from geserve.http.app import create_app
-from geserve.http.connections import protocol_for
-from geserve.http.direct import BodyAllocator, InPlaceBodies, heap_body
+from geserve.http.connections import TransportHooks, protocol_for
+from geserve.http.direct import InPlaceBodies
 from geserve.metrics.server import create_metrics_app
 from geserve.settings import GrpcSettings, Settings
+from geserve.sockets import HTTP_SERVICE, METRICS_SERVICE, bind_socket
 
 logger = logging.getLogger(__name__)
-
-HTTP_SERVICE = "HTTPService"
-METRICS_SERVICE = "Metrics Service"
-
-
-def bind_socket(address: str, port: int, reuse_port: bool) -> socket.socket:
-    """A TCP socket bound to the address (not yet listening, so connections are refused until it serves)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((address, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class EmbeddedUvicorn(uvicorn.Server):
@@ -91,13 +74,13 @@ class Listener:
             self.socket.close()
 
 
-def http_listener(api: InferenceAPI, settings: Settings, allocate_body: BodyAllocator = heap_body) -> Listener:
-    """The HTTP/REST listener over `api` (not bound); infer bodies read in place go where `allocate_body` says."""
+def http_listener(api: InferenceAPI, settings: Settings, hooks: TransportHooks | None = None) -> Listener:
+    """The HTTP/REST listener over `api` (not bound); `hooks` for a protocol process among several."""
     http = settings.http
     app = create_app(api, http)
     in_place = app.reads_body_in_place
     server = embedded_uvicorn(
-        settings, HTTP_SERVICE, app, http.address, http.port, reads_in_place=in_place, allocate_body=allocate_body
+        settings, HTTP_SERVICE, app, http.address, http.port, reads_in_place=in_place, hooks=hooks
     )
     return Listener(HTTP_SERVICE, http.address, http.port, server, reuse_port=http.reuse_port)
 
@@ -131,7 +114,7 @@ def embedded_uvicorn(
     port: int,
     *,
     reads_in_place: InPlaceBodies | None = None,
-    allocate_body: BodyAllocator = heap_body,
+    hooks: TransportHooks | None = None,
 ) -> EmbeddedUvicorn:
     http = settings.http
     config = uvicorn.Config(
@@ -139,7 +122,7 @@ def embedded_uvicorn(
         host=host,
         port=port,
         http=cast(
-            Any, protocol_for(name, http, reads_in_place, allocate_body)
+            Any, protocol_for(name, http, reads_in_place, hooks)
         ),  # a factory: uvicorn calls it for each connection
         timeout_keep_alive=http.keep_alive_s,
         lifespan="off",

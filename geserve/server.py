@@ -11,11 +11,11 @@ from typing import Any
 import grpc
 
 from geserve.core.service import InferenceService
-from geserve.http.connections import raise_descriptor_limit
 from geserve.listeners import Listener, grpc_server, http_listener, metrics_listener, stop_front_ends
 from geserve.memory import freeze_startup_objects
 from geserve.metrics.registry import create_registry
 from geserve.settings import Settings
+from geserve.sockets import raise_descriptor_limit
 from geserve.workers.pool import PoolFactory
 from geserve.workers.runs import RunId, sweep_orphaned_segments
 

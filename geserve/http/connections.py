@@ -7,7 +7,8 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, cast
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -41,18 +42,6 @@ def default_max_connections() -> int:
     """Half the process's file-descriptor limit: the other half stays for models, workers and gRPC."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(soft // 2, 1) if soft != resource.RLIM_INFINITY else 1 << 16
-
-
-def raise_descriptor_limit() -> int:
-    """Raise the soft file-descriptor limit to the hard one, as servers with many sockets do; returns it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            return soft
-        return hard
-    return soft
 
 
 class _Tally:
@@ -94,6 +83,37 @@ class _GentleTransport:
         return getattr(self._raw, name)
 
 
+class OpenConnections(Protocol):
+    """How many HTTP connections the server holds open, where several processes accept them."""
+
+    def total(self, own: int) -> int:
+        """The server's count, this process holding `own`."""
+        ...
+
+    def update(self, own: int) -> None:
+        """This process now holds `own`."""
+        ...
+
+
+class ThisProcessOnly:
+    """One process accepts every connection: its own count is the server's."""
+
+    def total(self, own: int) -> int:
+        return own
+
+    def update(self, own: int) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class TransportHooks:
+    """What the transport of one of several protocol processes shares with the others: where bodies read in
+    place go (their request arena) and the count of open connections the cap applies to."""
+
+    allocate_body: BodyAllocator = heap_body
+    connections: OpenConnections = field(default_factory=ThisProcessOnly)
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with deadlines, a connection cap and lingering closes; an infer request's
     body of known length is read straight into one buffer (`BufferedReader` feeds this protocol).
@@ -105,7 +125,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpSettings] = HttpSettings()
     max_connections: ClassVar[int] = 1
     reads_in_place: ClassVar[staticmethod[[str, str], bool]]  # the app's InPlaceBodies
-    allocate_body: ClassVar[staticmethod[[int], memoryview]]  # where bodies read in place go
+    hooks: ClassVar[TransportHooks]
     admitted: ClassVar[set[GuardedHttpProtocol]]
     tally: ClassVar[_Tally]
 
@@ -126,19 +146,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._raw = transport
         self.transport = cast(asyncio.Transport, _GentleTransport(transport, self))
-        if len(self.admitted) >= self.max_connections:
+        if self.hooks.connections.total(len(self.admitted)) >= self.max_connections:
             self.tally.add("over the connection cap")
             message = f"the server has reached its limit of {self.max_connections} HTTP connections; retry later"
             transport.write(raw_error_response(503, message, (b"retry-after", b"1")))
             self.close_gently()
             return
         self.admitted.add(self)
+        self.hooks.connections.update(len(self.admitted))
         # uvicorn arms its keep-alive timer only after a response; a connection that never sends is idle too.
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._abandon_direct()
         self.admitted.discard(self)
+        self.hooks.connections.update(len(self.admitted))
         self._cancel_deadline()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
@@ -206,7 +228,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if not cycle.response_complete:
                 self.flow.resume_reading()
 
-        self._direct = DirectBody(int(length), on_read, self.allocate_body)
+        self._direct = DirectBody(int(length), on_read, self.hooks.allocate_body)
         extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
         extensions[BODY_EXTENSION] = self._direct
 
@@ -315,7 +337,7 @@ def protocol_class(
     listener: str,
     limits: HttpSettings,
     reads_in_place: InPlaceBodies | None = None,
-    allocate_body: BodyAllocator = heap_body,
+    hooks: TransportHooks | None = None,
 ) -> type[GuardedHttpProtocol]:
     """The protocol class of one listener: its own limits and its own count of admitted connections;
     `reads_in_place` says which requests' bodies go straight into one buffer (none if not given)."""
@@ -326,7 +348,7 @@ def protocol_class(
         "admitted": set(),
         "tally": _Tally(listener),
         "reads_in_place": staticmethod(reads_in_place or _no_bodies_in_place),
-        "allocate_body": staticmethod(allocate_body),
+        "hooks": hooks or TransportHooks(),
     }
     name = f"GuardedHttpProtocol[{listener}]"
     return cast(type[GuardedHttpProtocol], type(name, (GuardedHttpProtocol,), attributes))
@@ -336,10 +358,10 @@ def protocol_for(
     listener: str,
     limits: HttpSettings,
     reads_in_place: InPlaceBodies | None = None,
-    allocate_body: BodyAllocator = heap_body,
+    hooks: TransportHooks | None = None,
 ) -> Callable[..., BufferedReader]:
     """What uvicorn builds each connection with, for one listener: a reader over its protocol class."""
-    protocol = protocol_class(listener, limits, reads_in_place, allocate_body)
+    protocol = protocol_class(listener, limits, reads_in_place, hooks)
 
     def create(**arguments: Any) -> BufferedReader:
         return BufferedReader(protocol(**arguments))

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import pickle
 import socket
-import struct
 from dataclasses import dataclass
 
 from geserve.settings import Settings
 from geserve.workers.runs import RunId
-
-_LENGTH = struct.Struct("<I")
 
 # Supervisor -> process.
 DRAIN = b"drain"  # report not ready (engine); serve the drain window, then stop accepting and finish (protocol)
@@ -24,7 +20,7 @@ READY = b"ready"
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """What a process of the layout is started with; sockets arrive as inherited descriptors."""
+    """What a process of the layout is started with; sockets are descriptors it inherited."""
 
     role: str  # "engine" or "protocol"
     settings: Settings
@@ -33,28 +29,7 @@ class Launch:
     index: int = 0  # a protocol process's number
     http_fd: int = -1  # protocol processes: the HTTP socket the supervisor bound
     metrics_fd: int = -1  # the engine: the metrics socket the supervisor bound
-
-
-def send_launch(control: socket.socket, launch: Launch) -> None:
-    data = pickle.dumps(launch)
-    control.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def receive_launch(control: socket.socket) -> Launch:
-    """Blocking: the first thing on the line, before the process's loop runs."""
-    (length,) = _LENGTH.unpack(_receive_exactly(control, _LENGTH.size))
-    launch: Launch = pickle.loads(_receive_exactly(control, length))
-    return launch
-
-
-def _receive_exactly(control: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = control.recv(count - len(data))
-        if not chunk:
-            raise EOFError("the supervisor closed the control line before the launch arrived")
-        data += chunk
-    return bytes(data)
+    connection_counts: str = ""  # protocol processes: the segment of their open HTTP connections
 
 
 def send_word(control: socket.socket, word: bytes) -> None:

@@ -13,17 +13,16 @@ import selectors
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geserve.http.connections import raise_descriptor_limit
-from geserve.listeners import HTTP_SERVICE, METRICS_SERVICE, bind_socket
-from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, Launch, send_launch, send_word
+from geserve.multiprocess.child import run_child
+from geserve.multiprocess.connection_count import create_counts, remove_counts
+from geserve.multiprocess.control import DRAIN, KILL, READY, STOP, Launch, send_word
 from geserve.settings import Settings
+from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
 from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
 
 logger = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ class _Child:
 
     role: str
     index: int
-    process: subprocess.Popen[bytes]
+    pid: int
     control: socket.socket
     started_at: float
     ready: bool = False
@@ -97,6 +96,7 @@ class Supervisor:
         self._engine: _Child | None = None
         self._protocols: dict[int, _Child] = {}
         self._state = _State()
+        self._connection_counts = ""
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -116,6 +116,8 @@ class Supervisor:
             logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
         if not self._bind():
             return 1
+        if self.settings.http.enabled:
+            self._connection_counts = create_counts(self.run, self.processes)
         wakeup_read, wakeup_write = socket.socketpair()
         wakeup_read.setblocking(False)
         wakeup_write.setblocking(False)
@@ -125,6 +127,8 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         self._selector.register(wakeup_read, selectors.EVENT_READ, None)
         self._engine = self._start("engine", 0)
+        self._close_socket(self._metrics)  # the engine alone serves it, and never restarts
+        self._metrics = None
         for index in range(self.processes):
             self._protocols[index] = self._start("protocol", index)
         while True:
@@ -156,7 +160,7 @@ class Supervisor:
                 if child.exited is None:
                     logger.warning("%s did not finish in time: killing it", child.name)
                     with contextlib.suppress(ProcessLookupError):
-                        child.process.kill()
+                        os.kill(child.pid, signal.SIGKILL)
             self._state.deadline = float("inf")
         return None
 
@@ -168,7 +172,7 @@ class Supervisor:
             if word == READY and not child.ready:
                 child.ready = True
                 if child.role == "engine":
-                    logger.info("the engine (pid %d) is serving", child.process.pid)
+                    logger.info("the engine (pid %d) is serving", child.pid)
             elif word == b"":
                 self._selector.unregister(child.control)
                 break
@@ -177,6 +181,10 @@ class Supervisor:
         """Not ready everywhere at once (the engine answers readiness), the drain window, then stop accepting."""
         self._state.stopping = True
         self._state.pending.clear()
+        # No protocol process starts again: the listening socket must close when the last of them closes
+        # theirs, so that connections are refused, not queued where no one will accept them.
+        self._close_socket(self._http)
+        self._http = None
         timeouts = self.settings.server
         self._state.deadline = time.monotonic() + timeouts.drain_delay_secs + timeouts.exit_timeout_secs + 5.0
         logger.info("shutting down: draining for %ds", timeouts.drain_delay_secs)
@@ -197,22 +205,32 @@ class Supervisor:
 
     def _start(self, role: str, index: int) -> _Child:
         ours, theirs = socket.socketpair()
-        inherited = [theirs.fileno()]
         metrics_fd = self._metrics.fileno() if role == "engine" and self._metrics is not None else -1
         http_fd = self._http.fileno() if role == "protocol" and self._http is not None else -1
-        inherited += [fd for fd in (metrics_fd, http_fd) if fd >= 0]
-        launch = Launch(role, self.settings, self.run, self._channel_path, index, http_fd, metrics_fd)
-        command = [sys.executable, "-m", "geserve.multiprocess", role, str(theirs.fileno())]
-        process = subprocess.Popen(command, pass_fds=inherited, preexec_fn=_ignore_shutdown_signals)  # noqa: PLW1509
+        launch = Launch(
+            role, self.settings, self.run, self._channel_path, index, http_fd, metrics_fd, self._connection_counts
+        )
+        # Forked, not executed: everything is imported already, so a process starts (or restarts) in
+        # milliseconds. The supervisor has no thread and no event loop to carry over.
+        pid = os.fork()
+        if pid == 0:
+            keep = {theirs.fileno(), http_fd, metrics_fd}
+            self._selector.close()
+            for sock in [ours, *self._sockets]:
+                if sock.fileno() not in keep:
+                    sock.close()
+            for child in [self._engine, *self._protocols.values()]:
+                if child is not None:
+                    child.control.close()
+            os._exit(run_child(launch, theirs))
         theirs.close()
-        send_launch(ours, launch)
         ours.setblocking(False)
-        child = _Child(role, index, process, ours, time.monotonic())
+        child = _Child(role, index, pid, ours, time.monotonic())
         self._selector.register(ours, selectors.EVENT_READ, child)
         if role == "engine":
-            logger.info("started the engine (pid %d)", process.pid)
+            logger.info("started the engine (pid %d)", pid)
         else:
-            logger.info("started protocol process %d (pid %d)", index, process.pid)
+            logger.info("started protocol process %d (pid %d)", index, pid)
         return child
 
     def _reap(self) -> int | None:
@@ -229,7 +247,6 @@ class Supervisor:
             if child is None:
                 continue  # a worker of the engine, reparented here when the engine went
             child.exited = code
-            child.process.returncode = code
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(child.control)
             child.control.close()
@@ -251,12 +268,12 @@ class Supervisor:
             logger.error(
                 "%s (pid %d) exited with status %d during startup; stopping the server",
                 child.name,
-                child.process.pid,
+                child.pid,
                 code,
             )
             self._kill_all()
             return 1
-        logger.warning("%s (pid %d) exited with status %d; restarting", child.name, child.process.pid, code)
+        logger.warning("%s (pid %d) exited with status %d; restarting", child.name, child.pid, code)
         quick = time.monotonic() - child.started_at < _STABLE_S
         deaths = self._state.restarts.get(child.index, 0) + 1 if quick else 0
         self._state.restarts[child.index] = deaths
@@ -272,10 +289,10 @@ class Supervisor:
             self._protocols[restart.index] = self._start("protocol", restart.index)
 
     def _child(self, pid: int) -> _Child | None:
-        if self._engine is not None and self._engine.process.pid == pid:
+        if self._engine is not None and self._engine.pid == pid:
             return self._engine
         for child in self._protocols.values():
-            if child.process.pid == pid and child.exited is None:
+            if child.pid == pid and child.exited is None:
                 return child
         return None
 
@@ -284,7 +301,7 @@ class Supervisor:
         for child in self._protocols.values():
             if child.exited is None:
                 with contextlib.suppress(ProcessLookupError):
-                    child.process.kill()
+                    os.kill(child.pid, signal.SIGKILL)
         if self._engine is not None and self._engine.exited is None:
             send_word(self._engine.control, KILL)
 
@@ -300,7 +317,7 @@ class Supervisor:
             wanted.append((METRICS_SERVICE, metrics.address, metrics.port, False))
         if grpc.enabled:
             # Held (never listening) so no other server takes the port; the protocol processes bind it too.
-            wanted.append(("GRPCInferenceService", grpc.address, grpc.port, True))
+            wanted.append((GRPC_SERVICE, grpc.address, grpc.port, True))
         for name, address, port, reuse_port in wanted:
             try:
                 sock = bind_socket(address, port, reuse_port)
@@ -313,6 +330,11 @@ class Supervisor:
             elif name == METRICS_SERVICE:
                 self._metrics = sock
         return True
+
+    def _close_socket(self, sock: socket.socket | None) -> None:
+        if sock is not None:
+            sock.close()
+            self._sockets.remove(sock)
 
     def _cleanup(self) -> None:
         """Wait for every process of the run (workers reparented here too), then remove what they left."""
@@ -330,19 +352,14 @@ class Supervisor:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, 0)[0]:
                 pass
+        if self._connection_counts:
+            remove_counts(self._connection_counts)
         removed = remove_run_segments(self.run)
         if removed:
             logger.warning("removed %d shared-memory segment(s) the engine's processes left", len(removed))
         for sock in self._sockets:
             sock.close()
         shutil.rmtree(self._channel_dir, ignore_errors=True)
-
-
-def _ignore_shutdown_signals() -> None:
-    # In the child before exec: an ignored signal stays ignored across exec, so the process is never stopped
-    # by a signal to the process group (Ctrl-C, systemd) before it has heard from the supervisor.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _become_subreaper() -> None:
