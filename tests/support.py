@@ -255,7 +255,16 @@ def command_line(pid: int) -> list[str]:
 
 
 def _multiprocess_role(pid: int) -> str | None:
-    """The role of a process started as `python -m geserve.multiprocess <role> ...` (engine or protocol), else None."""
+    """The role of a process of a multi-process server (engine or protocol), else None: forked children are named
+    geserve-engine and geserve-proto<i> (/proc/<pid>/comm); started ones run `python -m geserve.multiprocess <role>`."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    if name == "geserve-engine":
+        return "engine"
+    if name.startswith("geserve-proto"):
+        return "protocol"
     arguments = command_line(pid)
     if "geserve.multiprocess" not in arguments:
         return None
@@ -401,7 +410,10 @@ class EchoLoad:
                 outcome, connection = "refused", None
                 time.sleep(0.01)
             except (OSError, http.client.HTTPException) as error:  # resets, broken pipes, closed unanswered
-                outcome, connection = type(error).__name__, None
+                outcome = type(error).__name__
+                if connection is not None:
+                    connection.close()  # not left to the collector: an unclosed socket is a warning in a later test
+                connection = None
             with self._lock:
                 self.outcomes[outcome] += 1
             if self.pause_s:

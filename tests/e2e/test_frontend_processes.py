@@ -409,16 +409,19 @@ def test_the_process_tree_is_a_supervisor_an_engine_and_two_protocol_processes(
 ) -> None:
     server = launch(f"--model-repository={simple_repository}", TWO).wait_live()
     listing = subprocess.run(
-        ["ps", "-e", "-ww", "-o", "pid=,ppid=,args="], capture_output=True, text=True, check=True
+        ["ps", "-e", "-ww", "-o", "pid=,ppid=,comm=,args="], capture_output=True, text=True, check=True
     ).stdout
     tree: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
+    names: dict[int, str] = {}
     for line in listing.splitlines():
-        pid, ppid, args = line.split(None, 2)
+        pid, ppid, name, args = line.split(None, 3)
         tree[int(ppid)].append((int(pid), args))
+        names[int(pid)] = name
     below = tree[server.process.pid]
-    engines = [pid for pid, args in below if "-m geserve.multiprocess engine" in args]
-    protocols = [pid for pid, args in below if "-m geserve.multiprocess protocol" in args]
-    assert len(engines) == 1 and len(protocols) == 2 and len(below) == 3, below
+    engines = [pid for pid, _ in below if names[pid] == "geserve-engine"]
+    protocols = [pid for pid, _ in below if names[pid] in ("geserve-proto0", "geserve-proto1")]
+    assert len(engines) == 1 and len(protocols) == 2 and len(below) == 3, {pid: names[pid] for pid, _ in below}
+    assert {names[pid] for pid in protocols} == {"geserve-proto0", "geserve-proto1"}
     assert engines == [engine_pid(server)] and sorted(protocols) == protocol_pids(server)
     # The workers are the engine's; a protocol process starts none (at most multiprocessing's resource tracker,
     # which its shared arena may start).
