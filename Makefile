@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest check-uvicorn npu-check clean
+.PHONY: run test test-multiprocess lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest check-uvicorn npu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,14 @@ lint: $(STAMP_TEST)
 typecheck: $(STAMP_TEST)
 	$(BIN)/mypy
 
+# The whole suite with every server one process, then the e2e suite again with each a supervisor, an engine and
+# two protocol processes (--frontend-processes=2).
 test: lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(MAKE) test-multiprocess
+
+test-multiprocess: $(STAMP_TEST)
+	GESERVE_TEST_FRONTEND_PROCESSES=2 $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e
 
 protos: $(STAMP_TEST)
 	$(BIN)/python scripts/gen_protos.py

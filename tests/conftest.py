@@ -55,8 +55,8 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., GeserveProcess]]:
     """Start `python -m geserve` with the given flags; every process is stopped at teardown."""
     started: list[GeserveProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> GeserveProcess:
-        process = GeserveProcess(tmp_path / f"geserve-{len(started)}.log", *args, env=env)
+    def start(*args: str, env: dict[str, str] | None = None, new_session: bool = False) -> GeserveProcess:
+        process = GeserveProcess(tmp_path / f"geserve-{len(started)}.log", *args, env=env, new_session=new_session)
         started.append(process)
         return process
 

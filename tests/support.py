@@ -1,4 +1,5 @@
-"""Test helpers: free ports, a real `python -m geserve` process, small model repositories, keep-alive load."""
+"""Test helpers: free ports, a real `python -m geserve` process and its process tree, small model repositories,
+keep-alive load."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
 # The pids of the geserve servers this test process started (GeserveProcess, unless told it is a stranger's).
 SUITE_SERVERS: set[int] = set()
+# How many protocol processes the suite's servers run (`--frontend-processes`); unset or empty: 1, one process.
+FRONTEND_PROCESSES_VARIABLE = "GESERVE_TEST_FRONTEND_PROCESSES"
+FRONTEND_PROCESSES_FLAG = "--frontend-processes"
 
 
 _HANDED_OUT: set[int] = set()
@@ -77,6 +81,36 @@ def segments_of_server(pid: int, directory: Path = SHM_DIRECTORY) -> set[str]:
     return set()
 
 
+def server_mode() -> int:
+    """The `--frontend-processes` the suite's servers get unless a test chooses (GESERVE_TEST_FRONTEND_PROCESSES)."""
+    value = os.environ.get(FRONTEND_PROCESSES_VARIABLE, "").strip()
+    return int(value) if value else 1
+
+
+MULTIPROCESS = server_mode() > 1
+
+
+def with_server_mode(args: tuple[str, ...] | list[str]) -> list[str]:
+    """A geserve command line's flags in the suite's mode: `--frontend-processes=N` added when N > 1 and the flags
+    do not choose already."""
+    chosen = any(arg == FRONTEND_PROCESSES_FLAG or arg.startswith(f"{FRONTEND_PROCESSES_FLAG}=") for arg in args)
+    if chosen or server_mode() == 1:
+        return list(args)
+    return [*args, f"{FRONTEND_PROCESSES_FLAG}={server_mode()}"]
+
+
+def frontend_processes_of(args: tuple[str, ...] | list[str]) -> int:
+    """The protocol processes a geserve command line asks for: 1 unless `--frontend-processes` says otherwise
+    (`auto`: 0, as many as the server decides, always more than one process)."""
+    value = "1"
+    for index, arg in enumerate(args):
+        if arg.startswith(f"{FRONTEND_PROCESSES_FLAG}="):
+            value = arg.split("=", 1)[1]
+        elif arg == FRONTEND_PROCESSES_FLAG and index + 1 < len(args):
+            value = args[index + 1]
+    return 0 if value == "auto" else int(value)
+
+
 def http_status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -84,13 +118,6 @@ def http_status(url: str) -> int:
     except urllib.error.HTTPError as error:
         with error:  # an unclosed error response is a ResourceWarning later, in another test
             return int(error.code)
-
-
-def _mode_flags(args: tuple[str, ...]) -> list[str]:
-    processes = os.environ.get("GESERVE_TEST_FRONTEND_PROCESSES", "")
-    if processes in ("", "1") or any(arg.startswith("--frontend-processes") for arg in args):
-        return []
-    return [f"--frontend-processes={processes}"]
 
 
 class GeserveProcess:
@@ -104,13 +131,18 @@ class GeserveProcess:
         prefix: tuple[str, ...] = (),
         cwd: Path = ROOT,
         suite_owned: bool = True,
+        new_session: bool = False,
     ) -> None:
         """`prefix` runs the server under another command that execs it (e.g. `unshare ...`), so the pid is geserve's;
         `cwd` is the checkout whose geserve runs (`python -m` imports from it first); a server not `suite_owned`
-        stands for another one on the machine, whose segments the suite's checks leave out."""
+        stands for another one on the machine, whose segments the suite's checks leave out; a `new_session` server
+        leads its own process group, which a test can signal as a whole (as a container runtime or a terminal does).
+        The suite's mode (`server_mode`) adds `--frontend-processes` unless `args` carry it."""
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = log_path
-        self._args = args
+        self._args = args = tuple(with_server_mode(args))
+        # 1: one process; otherwise a supervisor, an engine and this many protocol processes (0: the server decides).
+        self.frontend_processes = frontend_processes_of(args)
         command = [
             *prefix,
             sys.executable,
@@ -120,14 +152,25 @@ class GeserveProcess:
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
-            *_mode_flags(args),
             *args,
         ]
         self._log = log_path.open("wb")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env=environment)
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=environment,
+            start_new_session=new_session,
+        )
         if suite_owned:
             SUITE_SERVERS.add(self.process.pid)
+
+    @property
+    def multiprocess(self) -> bool:
+        """A supervisor with an engine and protocol processes, not one process doing everything."""
+        return self.frontend_processes != 1
 
     @property
     def url(self) -> str:
@@ -165,17 +208,99 @@ class GeserveProcess:
         return self.process.wait(timeout_s)
 
     def stop(self) -> int:
-        """SIGTERM, as an orchestrator would; returns the exit status."""
+        """SIGTERM, as an orchestrator would; returns the exit status. A server that does not stop is killed with
+        every process of its tree, so that none outlives the test."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(60)
             except subprocess.TimeoutExpired:
+                tree = descendants(self.process.pid)
                 self.process.kill()
+                for pid in tree:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
                 self.process.wait(10)
         if not self._log.closed:
             self._log.close()
         return self.process.returncode
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, started by any of its threads; none once it is gone."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in task.read_text().split()]
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: its children, theirs, and so on (read now: a process that exits is left out)."""
+    found: list[int] = []
+    pending = children(pid)
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending += children(child)
+    return found
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments process `pid` was started with; empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _multiprocess_role(pid: int) -> str | None:
+    """The role of a process of a multi-process server (engine or protocol), else None: forked children are named
+    geserve-engine and geserve-proto<i> (/proc/<pid>/comm); started ones run `python -m geserve.multiprocess <role>`."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    if name == "geserve-engine":
+        return "engine"
+    if name.startswith("geserve-proto"):
+        return "protocol"
+    arguments = command_line(pid)
+    if "geserve.multiprocess" not in arguments:
+        return None
+    return next((role for role in ("engine", "protocol") if role in arguments), None)
+
+
+def engine_pid(server: GeserveProcess) -> int:
+    """The process that holds the models, their workers and all server state: the engine under a supervisor, the
+    server's own process when it runs alone."""
+    if not server.multiprocess:
+        return server.process.pid
+    engines = [pid for pid in children(server.process.pid) if _multiprocess_role(pid) == "engine"]
+    assert len(engines) == 1, f"engines under the supervisor {server.process.pid}: {engines}"
+    return engines[0]
+
+
+def protocol_pids(server: GeserveProcess) -> list[int]:
+    """The processes serving HTTP and gRPC: the supervisor's protocol processes, or the server's own process when it
+    runs alone."""
+    if not server.multiprocess:
+        return [server.process.pid]
+    return sorted(pid for pid in children(server.process.pid) if _multiprocess_role(pid) == "protocol")
+
+
+def worker_pids(server: GeserveProcess) -> list[int]:
+    """The children of the process that holds the models (see `engine_pid`): the model workers and multiprocessing's
+    resource tracker."""
+    return sorted(children(engine_pid(server)))
+
+
+def server_pids(server: GeserveProcess) -> list[int]:
+    """The server's own processes, not its workers: the one process, or the supervisor, the engine and the protocol
+    processes."""
+    if not server.multiprocess:
+        return [server.process.pid]
+    return [server.process.pid, engine_pid(server), *protocol_pids(server)]
 
 
 def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path:
@@ -285,7 +410,10 @@ class EchoLoad:
                 outcome, connection = "refused", None
                 time.sleep(0.01)
             except (OSError, http.client.HTTPException) as error:  # resets, broken pipes, closed unanswered
-                outcome, connection = type(error).__name__, None
+                outcome = type(error).__name__
+                if connection is not None:
+                    connection.close()  # not left to the collector: an unclosed socket is a warning in a later test
+                connection = None
             with self._lock:
                 self.outcomes[outcome] += 1
             if self.pause_s:

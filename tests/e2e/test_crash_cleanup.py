@@ -1,4 +1,5 @@
-"""A front-end killed outright: its workers exit, and no shared-memory segment of it survives."""
+"""A front-end killed outright: its workers (and, under a supervisor, its engine and protocol processes) exit, and
+no shared-memory segment of it survives."""
 
 from __future__ import annotations
 
@@ -11,26 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import GeserveProcess, copy_model, segments_of_server
+from tests.support import GeserveProcess, copy_model, descendants, segments_of_server, worker_pids
 
 pytestmark = pytest.mark.e2e
 
 Launch = Callable[..., GeserveProcess]
-
-
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is `pid`: the workers and multiprocessing's resource tracker."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
 def _segments_of(pid: int) -> list[str]:
@@ -65,9 +51,9 @@ def _server(launch: Launch, tmp_path: Path) -> tuple[GeserveProcess, list[int]]:
     server = launch(f"--model-repository={repository}").wait_live()
     pid = server.process.pid
     assert _segments_of(pid), "segments carry the server's pid"
-    children = _children(pid)
-    assert len(children) >= 2
-    return server, children
+    assert len(worker_pids(server)) >= 2  # the workers and multiprocessing's resource tracker
+    # Every process below the server: workers, resource tracker, and an engine and protocol processes if any.
+    return server, descendants(pid)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGBUS])

@@ -18,7 +18,16 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import geserve_segments
-from tests.support import ROOT, SUITE_SERVERS, EchoLoad, GeserveProcess, free_ports, http_status, write_identity_model
+from tests.support import (
+    ROOT,
+    SUITE_SERVERS,
+    EchoLoad,
+    GeserveProcess,
+    free_ports,
+    http_status,
+    with_server_mode,
+    write_identity_model,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +93,7 @@ def test_a_second_server_on_a_taken_port_exits_with_a_clear_error(launch: Launch
         before = geserve_segments()
         command = [sys.executable, "-m", "geserve", f"--model-repository={repository}", "--http-address=127.0.0.1"]
         second = subprocess.run(
-            [*command, *flags, f"--metrics-port={metrics_port}"],
+            [*command, *with_server_mode([*flags, f"--metrics-port={metrics_port}"])],
             check=False,
             capture_output=True,
             text=True,
@@ -107,8 +116,12 @@ def test_reuse_flags_let_two_servers_share_their_ports(launch: Launch, repositor
     # The later port flags win: the second server takes the first one's HTTP and gRPC ports, its own metrics port.
     second = launch(*flags, f"--http-port={first.http_port}", f"--grpc-port={first.grpc_port}")
     second.http_port, second.grpc_port = first.http_port, first.grpc_port
-    second.wait_live()  # its metrics listener starts after its HTTP one, on the port only it has
-    assert "Started HTTPService" in second.log() and "Started GRPCInferenceService" in second.log()
+    second.wait_live()  # its metrics listener is on the port only it has
+    # With protocol processes its metrics listener (the engine's) may start before its HTTP and gRPC ones do.
+    deadline = time.monotonic() + 30
+    while not ("Started HTTPService" in second.log() and "Started GRPCInferenceService" in second.log()):
+        assert time.monotonic() < deadline and second.process.poll() is None, second.log()
+        time.sleep(0.1)
     assert http_status(f"http://{first.url}/v2/health/ready") == 200
     assert second.stop() == 0 and first.stop() == 0
 

@@ -26,20 +26,19 @@ from tests.reliability.load import (
     Traffic,
     WrongAnswerError,
     build_repository,
-    children,
     http_binary_simple,
 )
-from tests.support import GeserveProcess, http_status, segments_of_server, write_identity_model
+from tests.support import GeserveProcess, http_status, segments_of_server, worker_pids, write_identity_model
 
 REPORT = Path(os.environ.get("CHAOS_REPORT", "chaos-report.json"))
 Result = dict[str, Any]
 SETTLE_S = 0.5  # between two phases: requests in flight across the change count in neither
 
 
-def worker_pids(pid: int) -> list[int]:
+def model_workers(server: GeserveProcess) -> list[int]:
     """The server's worker processes (not multiprocessing's resource tracker)."""
     workers = []
-    for child in children(pid):
+    for child in worker_pids(server):
         with contextlib.suppress(OSError):
             if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
                 workers.append(child)
@@ -89,12 +88,11 @@ def _stopped_cleanly(server: GeserveProcess) -> tuple[int, list[str]]:
 def kill_workers(workdir: Path, kills: int = 6, every_s: float = 4.0) -> Result:
     """kill -9 one worker after another (each model's in turn) while mixed traffic runs."""
     server = GeserveProcess(workdir / "geserve.log", f"--model-repository={build_repository(workdir)}").wait_live()
-    pid = server.process.pid
     killed = []
     with Traffic(server) as traffic:
         time.sleep(3)
         for round_ in range(kills):
-            workers = worker_pids(pid)
+            workers = model_workers(server)
             victim = workers[round_ % len(workers)]
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import MODEL_REPOSITORY, GeserveProcess, segments_of_server
+from tests.support import MODEL_REPOSITORY, GeserveProcess, segments_of_server, server_pids, worker_pids
 
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
 
@@ -320,14 +320,6 @@ def _close(client: Any, state: Any) -> None:
 # -- process samples --------------------------------------------------------------------------
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            found += [int(child) for child in task.read_text().split()]
-    return found
-
-
 def _rss_mib(pid: int) -> float:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -343,16 +335,19 @@ def _fds(pid: int) -> int:
         return 0
 
 
-def sample(pid: int, started: float, tally: Tally) -> dict[str, Any]:
-    """One reading of the server: front-end and worker RSS, descriptors, segments, requests so far."""
-    workers = children(pid)
+def sample(server: GeserveProcess, started: float, tally: Tally) -> dict[str, Any]:
+    """One reading of the server: front-end and worker RSS, descriptors, segments, requests so far. The front-end is
+    the server's own processes together (one, or the supervisor, the engine and the protocol processes)."""
+    frontend = server_pids(server)
+    workers = worker_pids(server)
     return {
         "t_s": round(time.monotonic() - started, 1),
         "requests": tally.total("sent"),
-        "frontend_rss_mib": round(_rss_mib(pid), 1),
+        "frontend_rss_mib": round(sum(_rss_mib(pid) for pid in frontend), 1),
         "workers_rss_mib": round(sum(_rss_mib(worker) for worker in workers), 1),
         "workers": len(workers),
-        "frontend_fds": _fds(pid),
+        "frontend_fds": sum(_fds(pid) for pid in frontend),
         "workers_fds": sum(_fds(worker) for worker in workers),
-        "shm_segments": len(segments_of_server(pid)),  # its own: another server's on the machine do not count
+        # Its own: another server's on the machine do not count.
+        "shm_segments": len(segments_of_server(server.process.pid)),
     }

@@ -45,12 +45,12 @@ def run(duration_s: float, workdir: Path) -> dict[str, Any]:
     try:
         with Traffic(server) as traffic:
             time.sleep(warm_up_s)
-            samples.append(sample(pid, started, traffic.tally))
+            samples.append(sample(server, started, traffic.tally))
             print(json.dumps(samples[-1]), flush=True)
             end = started + duration_s
             while (now := time.monotonic()) < end:
                 time.sleep(min(interval_s, end - now))
-                samples.append(sample(pid, started, traffic.tally))
+                samples.append(sample(server, started, traffic.tally))
                 print(json.dumps(samples[-1]), flush=True)
                 if server.process.poll() is not None:
                     break
