@@ -1,5 +1,6 @@
-"""The request arena: a protocol process's shared segment that request tensors are placed in (HTTP bodies are
-read into it from the socket; other inputs are copied there once), so that only their offsets go to the engine."""
+"""The request arena: a protocol process's shared segment its request tensors lie in, seen by the engine by offset."""
+
+# HTTP bodies are read into it from the socket; other large inputs are copied there once.
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The start of a process the supervisor forks: signals and name set, then the engine's or a protocol
-process's loop until it is told to stop."""
+"""The start of a process the supervisor forks: signals and name set, then the engine's or a protocol loop."""
 
 from __future__ import annotations
 

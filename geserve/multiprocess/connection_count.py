@@ -1,5 +1,6 @@
-"""The HTTP connection count of all protocol processes, so that --http-max-connections caps the server, not each
-process: one int64 per process in a small shared segment, each written only by its own process."""
+"""The HTTP connection count of all protocol processes in one shared segment, one slot per process."""
+
+# So --http-max-connections caps the server, not each process; each slot is written only by its own process.
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The engine process: the one InferenceService (models, batching, workers, all server state) and /metrics,
-serving the protocol processes over its channel until the supervisor says stop."""
+"""The engine process: the one InferenceService and /metrics, serving the protocol processes over its channel."""
 
 from __future__ import annotations
 

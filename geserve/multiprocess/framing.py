@@ -1,9 +1,8 @@
-"""Frames of the engine channel: a pickled message whose large buffers travel beside it, never joined into it.
+"""Frames of the engine channel: a pickled message whose large buffers travel beside it, never joined into it."""
 
-A frame is `<Q body length>` then the body: `<I pickle length><I buffer count>`, one `<Q length>` per buffer,
-the pickle, then the buffers. Buffers of `INLINE_BYTES` or more (tensor data) are written with the frame in
-one `writelines` and read into one allocation that the unpickled arrays then view.
-"""
+# A frame is `<Q body length>` then the body: `<I pickle length><I buffer count>`, one `<Q length>` per buffer, the
+# pickle, then the buffers. Buffers of `INLINE_BYTES` or more (tensor data) are written with the frame in one
+# `writelines` and read into one allocation that the unpickled arrays then view.
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The supervisor: the process the user started when --frontend-processes is 2 or more. It binds the ports,
-starts the engine and the protocol processes, forwards shutdown to them, restarts a protocol process that
-dies, and stops the server (exit 1) if the engine dies; the segments of the run never outlive it."""
+"""The supervisor: binds the ports, forks the engine and protocol processes, forwards shutdown, restarts."""
+
+# The process the user started when --frontend-processes is 2 or more. It stops the server (exit 1) if the engine
+# dies; the segments of the run never outlive it.
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from geserve.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from geserve.multiprocess.arena import ArenaViews, RequestArena
+from geserve.multiprocess.arena import RequestArena
 from geserve.multiprocess.calls import LOG_SETTINGS_EVENT
 from geserve.multiprocess.endpoint import EngineEndpoint
 from geserve.multiprocess.remote import ENGINE_GONE, RemoteInferenceAPI
@@ -108,7 +108,7 @@ async def channel(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> A
     service = await in_process_service(tmp_path, summary_latencies=True, histogram_latencies=True)
     engine = Engine(service)
     mapped = MappedOutputs()
-    endpoint = EngineEndpoint(cast(InferenceAPI, engine), ArenaViews(mapped))
+    endpoint = EngineEndpoint(cast(InferenceAPI, engine), mapped)
     path = str(tmp_path_factory.mktemp("channel") / "engine.sock")  # short: unix socket paths are limited
     await endpoint.start(path)
     made = Channel(service, engine, endpoint, mapped, path)
@@ -122,7 +122,7 @@ async def channel(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> A
 
 @pytest.fixture
 def arena() -> Iterator[RequestArena]:
-    made = RequestArena(RUN, ARENA_BYTES)
+    made = RequestArena(RUN.segment_name("requests0"), ARENA_BYTES)
     yield made
     made.close()
 

@@ -11,7 +11,16 @@ from tests.support import ROOT
 
 PACKAGE = ROOT / "geserve"
 FRONT_END_LIBRARIES = ("fastapi", "starlette", "uvicorn", "grpc")
-FRONT_ENDS = ("geserve.http", "geserve.grpc", "geserve.metrics", "geserve.server", "geserve.cli", "geserve.__main__")
+FRONT_ENDS = (
+    "geserve.http",
+    "geserve.grpc",
+    "geserve.metrics",
+    "geserve.server",
+    "geserve.cli",
+    "geserve.__main__",
+    "geserve.listeners",
+    "geserve.multiprocess",
+)
 FRONT_END_PACKAGES = ("geserve.http", "geserve.grpc", "geserve.metrics")
 BELOW_CORE = ("geserve.batching", "geserve.workers", "geserve.backends")
 # Layer -> geserve packages it must not import. The front-ends see only core's API (InferenceAPI); core gets

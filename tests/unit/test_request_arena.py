@@ -31,7 +31,7 @@ BLOCK = 64 << 10  # four of them fill the arena
 
 @pytest.fixture
 def arena() -> Iterator[RequestArena]:
-    made = RequestArena(RUN, SIZE)
+    made = RequestArena(RUN.segment_name("requests0"), SIZE)
     yield made
     made.close()
     assert not (SHM_DIRECTORY / made.name).exists()
@@ -51,8 +51,8 @@ def _address(data: np.ndarray | memoryview) -> int:
 
 
 def test_the_segment_is_named_for_the_run_and_removed_on_close() -> None:
-    made = RequestArena(RUN, SIZE)
-    assert made.name.startswith(RUN.prefix) and made.name.endswith("_requests")
+    made = RequestArena(RUN.segment_name("requests0"), SIZE)
+    assert made.name.startswith(RUN.prefix) and made.name.endswith("_requests0")
     assert (SHM_DIRECTORY / made.name).stat().st_size == SIZE
     made.close()
     assert not (SHM_DIRECTORY / made.name).exists()
@@ -171,7 +171,7 @@ def test_ref_of_finds_views_inside_and_nothing_outside(arena: RequestArena) -> N
 
 
 def test_ref_of_another_arena_is_none(arena: RequestArena) -> None:
-    other = RequestArena(RUN, SIZE)
+    other = RequestArena(RUN.segment_name("requests0"), SIZE)
     try:
         block = other.allocate(100)
         assert block is not None
