@@ -1,44 +1,27 @@
-"""The HTTP connection count of all protocol processes in one shared segment, one slot per process."""
+"""The HTTP connection count of all protocol processes in one shared mapping, one slot per process."""
 
 # So --http-max-connections caps the server, not each process; each slot is written only by its own process.
+# The mapping is anonymous and made by the supervisor before it forks: every protocol process, a restarted one
+# too, inherits it, and nothing is left in /dev/shm whichever way the server ends.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
-import os
 
 import numpy as np
 
-from geserve.workers.runs import RunId
-from geserve.workers.shm import SHM_DIRECTORY
 
-
-def create_counts(run: RunId, processes: int) -> str:
-    """The supervisor's segment of `processes` zeroed counts; returns its name. Made with plain file calls:
-    multiprocessing's SharedMemory would start a resource tracker here, a child every forked process shares."""
-    name = run.segment_name("connections")
-    descriptor = os.open(SHM_DIRECTORY / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(descriptor, 8 * processes)
-    finally:
-        os.close(descriptor)
-    return name
-
-
-def remove_counts(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (SHM_DIRECTORY / name).unlink()
+def create_counts(processes: int) -> mmap.mmap:
+    """The supervisor's zeroed counts, shared with the processes it forks afterwards."""
+    return mmap.mmap(-1, 8 * processes, flags=mmap.MAP_SHARED)
 
 
 class SharedConnectionCount:
     """Protocol process `index`'s view of the counts (http.connections.OpenConnections). A burst that reaches
     several processes at once may admit up to one connection per process over the cap."""
 
-    def __init__(self, name: str, index: int) -> None:
-        with open(SHM_DIRECTORY / name, "r+b") as file:
-            self._mapping = mmap.mmap(file.fileno(), 0)
-        self._counts = np.frombuffer(self._mapping, dtype=np.int64)
+    def __init__(self, counts: mmap.mmap, index: int) -> None:
+        self._counts = np.frombuffer(counts, dtype=np.int64)
         self._index = index
         self._counts[index] = 0  # a restarted process's connections died with its predecessor
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import socket
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ class Launch:
     index: int = 0  # a protocol process's number
     http_fd: int = -1  # protocol processes: the HTTP socket the supervisor bound
     metrics_fd: int = -1  # the engine: the metrics socket the supervisor bound
-    connection_counts: str = ""  # protocol processes: the segment of their open HTTP connections
+    connection_counts: mmap.mmap | None = None  # protocol processes: their open HTTP connections, shared
     arena: str = ""  # a protocol process: the name of its request arena's segment
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from geserve.core.log_control import LogSettings
 from geserve.errors import GeserveError
-from geserve.http.connections import TransportHooks
+from geserve.http.connections import ThisProcessOnly, TransportHooks
 from geserve.http.direct import BodyAllocator, heap_body
 from geserve.listeners import Listener, grpc_server, http_listener, stop_front_ends
 from geserve.multiprocess.arena import RequestArena
@@ -80,7 +80,9 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
     if settings.http.enabled:
         hooks = TransportHooks(
             heap_body if arena is None else _body_allocator(arena),
-            SharedConnectionCount(launch.connection_counts, launch.index),
+            SharedConnectionCount(launch.connection_counts, launch.index)
+            if launch.connection_counts is not None
+            else ThisProcessOnly(),
         )
         http = http_listener(api, settings, hooks)
         http.socket = socket.socket(fileno=launch.http_fd)
@@ -91,6 +93,7 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
         grpc = grpc_server(api, dataclasses.replace(settings.grpc, reuse_port=True))
         if grpc is None:
             return 1
+    grace_s = float(settings.server.exit_timeout_secs)  # for what is in flight once accepting stops
     try:
         if grpc is not None:
             await grpc.start()
@@ -103,15 +106,18 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
         await asyncio.wait([word, lost], return_when=asyncio.FIRST_COMPLETED)
         if lost.done():
             logger.error("the engine closed its channel: exiting")
+            grace_s = 0.0
             return 1
         lost.cancel()
-        if word.result() == KILL:
-            return 1
-        if word.result() == DRAIN and settings.server.drain_delay_secs > 0:
+        if word.result() != DRAIN:
+            # KILL, or the supervisor is gone (killed outright): nobody drains this server any more.
+            grace_s = 0.0
+            return 1 if word.result() == KILL else 0
+        if settings.server.drain_delay_secs > 0:
             # Still accepting and serving: load balancers see the engine's not-ready and stop sending.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(api.lost.wait(), settings.server.drain_delay_secs)
         return 0
     finally:
-        await stop_front_ends(listeners, grpc, float(settings.server.exit_timeout_secs))
+        await stop_front_ends(listeners, grpc, grace_s)
         api.close()

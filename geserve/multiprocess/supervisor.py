@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import errno
 import logging
+import mmap
 import os
 import selectors
 import shutil
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geserve.multiprocess.child import run_child
-from geserve.multiprocess.connection_count import create_counts, remove_counts
+from geserve.multiprocess.connection_count import create_counts
 from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, Launch, send_word
 from geserve.settings import Settings
 from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
@@ -100,7 +101,7 @@ class Supervisor:
         self._engine: _Child | None = None
         self._protocols: dict[int, _Child] = {}
         self._state = _State()
-        self._connection_counts = ""
+        self._connection_counts: mmap.mmap | None = None
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -121,7 +122,7 @@ class Supervisor:
         if not self._bind():
             return 1
         if self.settings.http.enabled:
-            self._connection_counts = create_counts(self.run, self.processes)
+            self._connection_counts = create_counts(self.processes)
         wakeup_read, wakeup_write = socket.socketpair()
         wakeup_read.setblocking(False)
         wakeup_write.setblocking(False)
@@ -341,14 +342,18 @@ class Supervisor:
         if metrics.enabled:
             wanted.append((METRICS_SERVICE, metrics.address, metrics.port, False))
         if grpc.enabled:
-            # Held (never listening) so no other server takes the port; the protocol processes bind it too.
-            wanted.append((GRPC_SERVICE, grpc.address, grpc.port, True))
+            # Bound and closed at once: a port another server holds is an error now (the protocol processes
+            # then bind it with SO_REUSEPORT, which only processes of this server set, unless told to share).
+            wanted.append((GRPC_SERVICE, grpc.address, grpc.port, grpc.reuse_port))
         for name, address, port, reuse_port in wanted:
             try:
                 sock = bind_socket(address, port, reuse_port)
             except OSError as error:
                 logger.error("the %s cannot listen on %s:%d: %s", name, address, port, error.strerror)
                 return False
+            if name == GRPC_SERVICE:
+                sock.close()
+                continue
             self._sockets.append(sock)
             if name == HTTP_SERVICE:
                 self._http = sock
@@ -377,8 +382,6 @@ class Supervisor:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, 0)[0]:
                 pass
-        if self._connection_counts:
-            remove_counts(self._connection_counts)
         removed = remove_run_segments(self.run)
         if removed:
             logger.warning("removed %d shared-memory segment(s) the engine's processes left", len(removed))
