@@ -310,3 +310,4 @@ def test_file_descriptors_do_not_grow_across_reloads(launch: Callable[..., Geser
     time.sleep(0.5)
     after = open_descriptors()
     assert after - before <= 3, f"{before} file descriptors before 25 load/unload cycles, {after} after"
+    http.close()
