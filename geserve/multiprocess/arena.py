@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import ctypes
 import errno
 import logging
 import math
@@ -73,8 +74,12 @@ class RequestArena:
                     break
             else:
                 return None
-        block = self._whole[offset : offset + nbytes]
-        weakref.finalize(block, self._returned.append, (offset, length))
+        # The block views an object of its own that exports the region, which every view of the block (numpy or
+        # buffer) keeps alive: the region comes back once the last of them is gone. (A slice of the whole array,
+        # or of a memoryview, would not do: numpy gives views of those the mapping as their base.)
+        region = (ctypes.c_char * max(nbytes, 1)).from_buffer(self._mapping, offset)
+        weakref.finalize(region, self._returned.append, (offset, length))
+        block: np.ndarray = np.frombuffer(memoryview(region).cast("B"), dtype=np.uint8, count=nbytes)
         return block
 
     def _take_back(self) -> None:

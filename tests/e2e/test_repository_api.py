@@ -193,13 +193,16 @@ def test_failed_reload_keeps_the_old_model_serving(explicit: GeserveProcess) -> 
 def _hammer(server: GeserveProcess, stop: threading.Event, failures: list[str], counts: list[int]) -> None:
     client = httpclient.InferenceServerClient(server.url)
     value = 0
-    while not stop.is_set():
-        value = (value + 1) % 1000
-        try:
-            _infer_simple(client, value=value)
-            counts[0] += 1
-        except Exception as error:
-            failures.append(repr(error))
+    try:
+        while not stop.is_set():
+            value = (value + 1) % 1000
+            try:
+                _infer_simple(client, value=value)
+                counts[0] += 1
+            except Exception as error:
+                failures.append(repr(error))
+    finally:
+        client.close()  # on its own thread, before the server goes: no socket is left to the collector
 
 
 def test_reload_under_concurrent_load_fails_nothing(explicit: GeserveProcess) -> None:
@@ -282,6 +285,7 @@ def test_poll_mode_follows_the_repository_without_failing_requests(launch: Launc
     assert {"name": "simple_string", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in (
         http.get_model_repository_index()
     )
+    http.close()
     assert server.stop() == 0
 
 

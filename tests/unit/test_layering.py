@@ -11,6 +11,8 @@ from tests.support import ROOT
 
 PACKAGE = ROOT / "geserve"
 FRONT_END_LIBRARIES = ("fastapi", "starlette", "uvicorn", "grpc")
+# geserve.listeners is the server's listening side (uvicorn and gRPC servers), shared by every process layout;
+# geserve.multiprocess wires the same layers into several processes.
 FRONT_ENDS = (
     "geserve.http",
     "geserve.grpc",
@@ -23,6 +25,35 @@ FRONT_ENDS = (
 )
 FRONT_END_PACKAGES = ("geserve.http", "geserve.grpc", "geserve.metrics")
 BELOW_CORE = ("geserve.batching", "geserve.workers", "geserve.backends")
+# Multi-process mode: a protocol process serves HTTP and gRPC over the engine's channel, never running a model
+# itself, so these modules see the core only through its API (and the log settings every process applies).
+PROTOCOL_SIDE = (
+    "geserve.multiprocess.remote",
+    "geserve.multiprocess.protocol",
+    "geserve.multiprocess.framing",
+    "geserve.multiprocess.calls",
+    "geserve.multiprocess.connection_count",
+)
+PROTOCOL_SIDE_CORE_ALLOWED = ("geserve.core.api", "geserve.core.log_control")
+# The supervisor stays small: it binds ports, forks the engine and the protocol processes, forwards signals and
+# restarts what dies; a bug in it takes the whole server down, and none of the server's code runs in it. What the
+# forked processes run (and so what the supervisor imports before it forks) it reaches only through
+# geserve.multiprocess.child.
+SUPERVISOR_FORBIDDEN = (
+    "geserve.core",
+    "geserve.server",
+    "geserve.http",
+    "geserve.grpc",
+    "geserve.metrics",
+    "geserve.listeners",
+    "geserve.batching",
+    "geserve.backends",
+    "geserve.cli",
+    "geserve.multiprocess.engine",
+    "geserve.multiprocess.endpoint",
+    "geserve.multiprocess.protocol",
+    "geserve.multiprocess.remote",
+)
 # Layer -> geserve packages it must not import. The front-ends see only core's API (InferenceAPI); core gets
 # its instance pools from a factory the server injects, so it sees batching but no worker or backend;
 # nothing but the server and the CLI imports a front-end.
@@ -50,6 +81,8 @@ FORBIDDEN = {
     "geserve.errors": ("geserve.",),
     "geserve.offload": ("geserve.",),
     "geserve.types": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.repository", "geserve.settings"),
+    **{module: ("geserve.batching", "geserve.backends") for module in PROTOCOL_SIDE},
+    "geserve.multiprocess.supervisor": SUPERVISOR_FORBIDDEN,
 }
 
 
@@ -80,17 +113,25 @@ def _imports(source: str) -> set[str]:
 FRONT_END_CORE_ALLOWED = ("geserve.core.api",)
 
 
+def _past_core_api(imported: set[str], allowed: tuple[str, ...]) -> list[str]:
+    return sorted(
+        n
+        for n in imported
+        if (n == "geserve.core" or n.startswith("geserve.core."))
+        and not any(n == a or n.startswith(a + ".") for a in allowed)
+    )
+
+
 def _violations(module: str, imported: set[str]) -> list[str]:
     problems = []
     if module.startswith(FRONT_END_PACKAGES):
-        reaching = sorted(
-            n
-            for n in imported
-            if (n == "geserve.core" or n.startswith("geserve.core."))
-            and not any(n == a or n.startswith(a + ".") for a in FRONT_END_CORE_ALLOWED)
-        )
+        reaching = _past_core_api(imported, FRONT_END_CORE_ALLOWED)
         if reaching:
             problems.append(f"{module} reaches into core past its API: {reaching}")
+    if module in PROTOCOL_SIDE:
+        reaching = _past_core_api(imported, PROTOCOL_SIDE_CORE_ALLOWED)
+        if reaching:
+            problems.append(f"{module} is on the protocol side but reaches into core past its API: {reaching}")
     if not module.startswith(FRONT_ENDS):
         libraries = sorted(n for n in imported if n.split(".")[0] in FRONT_END_LIBRARIES)
         if libraries:
@@ -124,10 +165,39 @@ def test_dependency_direction(module: str, path: Path) -> None:
         ("geserve.http.routes", "from geserve.core.service import InferenceService"),
         ("geserve.grpc.servicer", "from geserve.core import stats"),
         ("geserve.metrics.registry", "import geserve.core.stats"),
+        ("geserve.multiprocess.remote", "from geserve.core.service import InferenceService"),
+        ("geserve.multiprocess.protocol", "from geserve.core import stats"),
+        ("geserve.multiprocess.calls", "import geserve.core"),
+        ("geserve.multiprocess.framing", "from geserve.batching import scheduler"),
+        ("geserve.multiprocess.connection_count", "import geserve.backends.base"),
+        ("geserve.multiprocess.supervisor", "from geserve.server import create_service"),
+        ("geserve.multiprocess.supervisor", "import geserve.core.service"),
+        ("geserve.multiprocess.supervisor", "from geserve.http.app import create_app"),
+        ("geserve.multiprocess.supervisor", "from geserve.grpc import server"),
+        ("geserve.multiprocess.supervisor", "from geserve.listeners import http_listener"),
+        ("geserve.multiprocess.supervisor", "from geserve.multiprocess.engine import serve_engine"),
+        ("geserve.multiprocess.supervisor", "from geserve.multiprocess import protocol"),
+        ("geserve.multiprocess.supervisor", "def start():\n    from geserve.core.service import InferenceService"),
     ],
 )
 def test_the_rules_catch_what_the_picture_forbids(module: str, source: str) -> None:
     assert _violations(module, _imports(source))
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("geserve.multiprocess.remote", "from geserve.core.api import InferenceAPI"),
+        ("geserve.multiprocess.protocol", "from geserve.core.log_control import LogSettings"),
+        ("geserve.multiprocess.protocol", "from geserve.listeners import http_listener"),
+        ("geserve.multiprocess.engine", "from geserve.server import create_service"),
+        ("geserve.multiprocess.supervisor", "from geserve.multiprocess.child import run_child"),
+        ("geserve.multiprocess.supervisor", "from geserve.workers.runs import RunId"),
+        ("geserve.listeners", "import uvicorn"),
+    ],
+)
+def test_the_rules_allow_what_the_picture_allows(module: str, source: str) -> None:
+    assert not _violations(module, _imports(source))
 
 
 @pytest.mark.parametrize(("module", "path"), _modules(), ids=[m for m, _ in _modules()])
