@@ -254,9 +254,9 @@ def command_line(pid: int) -> list[str]:
         return []
 
 
-def _multiprocess_role(pid: int) -> str | None:
-    """The role of a process of a multi-process server (engine or protocol), else None: forked children are named
-    geserve-engine and geserve-proto<i> (/proc/<pid>/comm); started ones run `python -m geserve.multiprocess <role>`."""
+def multiprocess_role(pid: int) -> str | None:
+    """`engine` or `protocol` for a process a multi-process server's supervisor forked, else None: each names
+    itself (/proc/<pid>/comm `geserve-engine`, `geserve-proto<i>`); its command line stays the supervisor's."""
     try:
         name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
@@ -265,10 +265,7 @@ def _multiprocess_role(pid: int) -> str | None:
         return "engine"
     if name.startswith("geserve-proto"):
         return "protocol"
-    arguments = command_line(pid)
-    if "geserve.multiprocess" not in arguments:
-        return None
-    return next((role for role in ("engine", "protocol") if role in arguments), None)
+    return None
 
 
 def engine_pid(server: GeserveProcess) -> int:
@@ -276,7 +273,7 @@ def engine_pid(server: GeserveProcess) -> int:
     server's own process when it runs alone."""
     if not server.multiprocess:
         return server.process.pid
-    engines = [pid for pid in children(server.process.pid) if _multiprocess_role(pid) == "engine"]
+    engines = [pid for pid in children(server.process.pid) if multiprocess_role(pid) == "engine"]
     assert len(engines) == 1, f"engines under the supervisor {server.process.pid}: {engines}"
     return engines[0]
 
@@ -286,7 +283,7 @@ def protocol_pids(server: GeserveProcess) -> list[int]:
     runs alone."""
     if not server.multiprocess:
         return [server.process.pid]
-    return sorted(pid for pid in children(server.process.pid) if _multiprocess_role(pid) == "protocol")
+    return sorted(pid for pid in children(server.process.pid) if multiprocess_role(pid) == "protocol")
 
 
 def worker_pids(server: GeserveProcess) -> list[int]:

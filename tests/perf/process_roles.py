@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tests.support import children, command_line, multiprocess_role
+
 # N=1: one `server` process (protocol and engine in one) and its workers. N>=2: the `supervisor` the user
 # started, one `engine`, N `protocol` processes, and the engine's workers.
 ROLES = ("server", "supervisor", "protocol", "engine", "worker")
-MULTIPROCESS_MODULE = "geserve.multiprocess"
-ENGINE_NAME, PROTOCOL_NAME_PREFIX = "geserve-engine", "geserve-proto"
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -21,50 +21,8 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children(pid: int) -> list[int]:
-    """Child processes of every thread of `pid` (workers are started from helper threads); process_roles walks
-    them down the whole tree (in N>=2 the workers are the engine's children, the supervisor's grandchildren)."""
-    found: list[int] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def _command_line(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def multiprocess_role(pid: int) -> str | None:
-    """`protocol` or `engine` for a process the supervisor started, else None. A forked one is told by the name
-    it gives itself (/proc/<pid>/comm `geserve-engine`, `geserve-proto<i>`; its command line stays the
-    supervisor's), one started afresh by its command line `python -m geserve.multiprocess <role> ...`."""
-    try:
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-    if name == ENGINE_NAME:
-        return "engine"
-    if name.startswith(PROTOCOL_NAME_PREFIX):
-        return "protocol"
-    arguments = _command_line(pid)
-    for index, argument in enumerate(arguments[:-1]):
-        if argument == MULTIPROCESS_MODULE and arguments[index + 1] in ("protocol", "engine"):
-            return arguments[index + 1]
-    return None
-
-
 def _is_resource_tracker(pid: int) -> bool:
-    return any("multiprocessing.resource_tracker" in argument for argument in _command_line(pid))
+    return any("multiprocessing.resource_tracker" in argument for argument in command_line(pid))
 
 
 def process_roles(top: int) -> dict[int, str]:
