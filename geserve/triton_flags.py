@@ -10,7 +10,7 @@ from dataclasses import dataclass
 # folders, thread pools): accepted so that a tritonserver command line starts geserve unchanged.
 IGNORED = {
     "--backend-directory": "geserve's backends are built in",
-    "--repoagent-directory": "geserve has no repository agents",
+    "--repoagent-directory": "geserve's repository agents are built in (checksum)",
     "--cache-directory": "geserve has no cache libraries",
     "--cache-config": "geserve has no response cache; every request runs its model",
     "--response-cache-byte-size": "geserve has no response cache; every request runs its model",

@@ -13,6 +13,7 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.base import OutputAllocator
 from geserve.backends.completion import complete_tensors
+from geserve.backends.onnxruntime_options import ort_error_text, session_setup
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import ModelLoadError
@@ -37,6 +38,7 @@ class OnnxRuntimeBackend:
 
     def __init__(self) -> None:
         self._session: Any = None
+        self._run_options: Any = None
         self._inputs: list[_GraphTensor] = []
         self._outputs: list[_GraphTensor] = []
         self._string_inputs: set[str] = set()
@@ -49,25 +51,14 @@ class OnnxRuntimeBackend:
             raise ModelLoadError(f"model '{config.name}': model file '{model_path}' does not exist")
         if model_path.is_dir():
             model_path = model_path / "model.onnx"
-        options = ort.SessionOptions()
-        threads = _int_parameter(config, "intra_op_thread_count")
-        if threads:
-            options.intra_op_num_threads = threads
-        threads = _int_parameter(config, "inter_op_thread_count")
-        if threads:
-            options.inter_op_num_threads = threads
-        # Spinning pool threads would compete for the cores the front-end needs between batches.
-        spinning = "1" if _int_parameter(config, "allow_spinning") else "0"
-        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-        options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
-        providers: list[Any] = ["CPUExecutionProvider"]
-        uses_gpu = any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)
-        if uses_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
+        setup = session_setup(config, device_id, ort.get_available_providers())
+        self._run_options = setup.run_options
         try:
-            self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+            self._session = ort.InferenceSession(str(model_path), sess_options=setup.options, providers=setup.providers)
         except Exception as error:  # ORT raises its own exception types for bad files
-            raise ModelLoadError(f"model '{config.name}': onnxruntime failed to load '{model_path}': {error}") from None
+            raise ModelLoadError(
+                f"model '{config.name}': onnxruntime failed to load '{model_path}': {ort_error_text(error)}"
+            ) from None
         self._inputs = [_graph_tensor(node) for node in self._session.get_inputs()]
         self._outputs = [_graph_tensor(node) for node in self._session.get_outputs()]
         self._string_inputs = {t.name for t in self._inputs if t.type_name == "tensor(string)"}
@@ -155,7 +146,7 @@ class OnnxRuntimeBackend:
         feeds = {
             name: (_as_str_array(array) if name in self._string_inputs else array) for name, array in inputs.items()
         }
-        results = self._session.run(list(output_names), feeds)
+        results = self._session.run(list(output_names), feeds, self._run_options)
         outputs: dict[str, np.ndarray] = {}
         for name, result in zip(output_names, results, strict=True):
             array = np.asarray(result)
@@ -200,18 +191,6 @@ def _check_tensor(model: str, kind: str, tensor: Any, found: _GraphTensor, skip:
             f"model '{model}': {kind} '{tensor.name}' has dims {batch}{expected} in the config but shape "
             f"{list(found.dims)} in the model file"
         )
-
-
-def _int_parameter(config: mc.ModelConfig, key: str) -> int:
-    parameter = config.parameters.get(key)
-    if parameter is None:
-        return 0
-    try:
-        return int(parameter.string_value)
-    except ValueError:
-        raise ModelLoadError(
-            f"model '{config.name}': parameter '{key}' must be an integer, got '{parameter.string_value}'"
-        ) from None
 
 
 def _as_str_array(array: np.ndarray) -> np.ndarray:

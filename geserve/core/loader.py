@@ -18,8 +18,8 @@ from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError
+from geserve.repository import agents, sequence
 from geserve.repository import config as config_io
-from geserve.repository import sequence
 from geserve.repository.scan import ModelSource, available_versions, select_versions
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ def prepare_model(
     else:
         config, _ = config_io.read_model_config(source.path, source.name)
     config_io.refuse_unsupported(config)
+    agents.run_agents(config, source.path)  # Triton's repository agents act before the model loads
     if ensemble.is_ensemble(config):
         ensemble.validate_scheduling(config)
         if not config.HasField("version_policy"):
