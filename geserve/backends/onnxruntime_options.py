@@ -1,5 +1,4 @@
-"""ONNX Runtime session options, run options and execution providers from a model config, read as Triton's
-onnxruntime backend reads them (model `parameters`, `optimization`, `model_operations`)."""
+"""ONNX Runtime session options, run options and providers from a model config, read as Triton's backend reads them."""
 
 from __future__ import annotations
 
