@@ -202,3 +202,16 @@ def test_backend_runs_with_the_options_and_run_options() -> None:
     np.testing.assert_array_equal(outputs["OUTPUT0"], data * 2)
     np.testing.assert_array_equal(outputs["OUTPUT1"], data * 0)
     backend.unload()
+
+
+def test_gpu_accelerators_apply_to_gpu_instances_only_as_in_triton() -> None:
+    text = 'optimization { execution_accelerators { gpu_execution_accelerator { name: "cuda" } } }'
+    assert _setup(text, ["CUDAExecutionProvider", *CPU_ONLY]).providers == ["CPUExecutionProvider"]
+
+
+def test_shared_sessions_are_not_possible_and_the_log_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    _setup(share_session_between_instances="true")
+    assert "share_session_between_instances is ignored: each instance runs in its own worker process" in caplog.text
+    caplog.clear()
+    _setup(share_session_between_instances="false")
+    assert not caplog.text
