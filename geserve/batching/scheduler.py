@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
+import numpy as np
+
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.delivery import Delivery, StatsRecorder
 from geserve.batching.policy import BatchingPolicy
@@ -179,7 +181,21 @@ class Scheduler:
         requests = [pending.request for pending in batch]
         inputs = {name: [request.inputs[name] for request in requests] for name in requests[0].inputs}
         infos = [RequestInfo(p.rows, p.request.output_names, p.request.request_id, p.request.parameters) for p in batch]
+        if len(batch) > 1 and self._policy.ragged_inputs:
+            infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
         streams = {i: p.reply.stream for i, p in enumerate(batch) if isinstance(p.reply, StreamReply)}
         keep = any(request.handoff for request in requests)
         run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep))
         self._delivery.start(run, batch, now)
+
+
+def _flatten_ragged(
+    inputs: dict[str, list[np.ndarray]], infos: list[RequestInfo], ragged: frozenset[str]
+) -> list[RequestInfo]:
+    """Ragged inputs travel flattened, one request's elements after another's (their dims differ, so they
+    cannot be stacked); each request's info carries its own shapes, which the worker restores."""
+    names = [name for name in inputs if name in ragged]
+    shapes = [tuple((name, tuple(inputs[name][index].shape)) for name in names) for index in range(len(infos))]
+    for name in names:
+        inputs[name] = [part.reshape(-1) for part in inputs[name]]
+    return [info._replace(ragged_shapes=own) for info, own in zip(infos, shapes, strict=True)]
