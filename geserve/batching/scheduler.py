@@ -31,6 +31,9 @@ class Instances(Protocol):
     # Called when a restarted instance's slots are back, so queued work can go to them.
     on_idle: Callable[[], None] | None
 
+    # Every instance is passive (instance_group.passive): loaded, but none takes requests.
+    passive_only: bool
+
     def recoverable(self) -> bool: ...
 
     def has_idle(self) -> bool: ...
@@ -97,7 +100,7 @@ class Scheduler:
 
     def _enqueue(self, request: ScheduledRequest, reply: Reply) -> PendingRequest:
         if not self._pool.recoverable():
-            raise UnavailableError(f"model '{self._model_name}' has no running instance")
+            raise self._no_instance()
         pending = pending_request(request, self._policy, self._sequence, self._clock.now_ns(), reply)
         try:
             self._queue.push(pending)
@@ -108,6 +111,13 @@ class Scheduler:
         self.stats.pending = len(self._queue)
         self._schedule()
         return pending
+
+    def _no_instance(self) -> UnavailableError:
+        if self._pool.passive_only:
+            return UnavailableError(
+                f"model '{self._model_name}' has no instance that takes requests: every instance group is passive"
+            )
+        return UnavailableError(f"model '{self._model_name}' has no running instance")
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -126,7 +136,7 @@ class Scheduler:
                 break
             self._dispatch(self._queue.pop_front(count), now)
         if self._queue and not self._pool.recoverable():
-            error = UnavailableError(f"model '{self._model_name}' has no running instance")
+            error = self._no_instance()
             self._delivery.fail(self._queue.pop_front(len(self._queue)), error)
         self.stats.pending = len(self._queue)
         deadline = self._queue.next_deadline()

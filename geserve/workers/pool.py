@@ -40,6 +40,7 @@ class InstancePool:
     def __init__(self, instances: Sequence[WorkerClient], passive: Sequence[WorkerClient] = ()) -> None:
         self._instances = list(instances)
         self._passive = list(passive)
+        self.passive_only = bool(self._passive) and not self._instances
         depth = max((instance.capacity for instance in self._instances), default=1)
         self._idle: deque[WorkerClient] = deque(
             instance for slot in range(depth) for instance in self._instances if slot < instance.capacity
@@ -202,6 +203,10 @@ class PoolFactory:
             raise
         logger.info("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
         scheduled = [worker for worker in started if not worker.spec.passive]
+        if not scheduled:
+            logger.warning(
+                "model '%s' version %d: every instance is passive, so no request can run on it", completed.name, version
+            )
         return InstancePool(scheduled, [worker for worker in started if worker.spec.passive]), completed
 
     def _worker(self, spec: InstanceSpec) -> WorkerClient:

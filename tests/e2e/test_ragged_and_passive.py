@@ -205,7 +205,10 @@ def test_a_version_whose_instances_are_all_passive_is_ready_and_refuses_requests
 ) -> None:
     assert set(_initialized(records, "all_passive")) == {"standby_0"}
     assert httpclient.InferenceServerClient(server.url).is_model_ready("all_passive")
-    with pytest.raises(InferenceServerException, match=re.escape("model 'all_passive' has no running instance")):
+    with pytest.raises(
+        InferenceServerException,
+        match=re.escape("model 'all_passive' has no instance that takes requests: every instance group is passive"),
+    ):
         _instance_infer(server, "all_passive")
     assert _instance_infer(server, "passive")[0] == "active_0"
 

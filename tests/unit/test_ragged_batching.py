@@ -14,7 +14,7 @@ from geserve.batching.policy import BatchingPolicy
 from geserve.batching.request import ScheduledRequest
 from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
-from geserve.errors import ModelLoadError
+from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text, validate_config
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec
@@ -117,10 +117,15 @@ async def test_passive_instances_never_get_a_batch() -> None:
     assert len(active.batches) == 4 and passive.batches == []
 
 
-def test_a_version_whose_instances_are_all_passive_is_ready_but_runs_nothing() -> None:
-    pool = InstancePool([], [RecordingInstance("passive", passive=True)])
-    assert pool.ready()
+async def test_a_version_whose_instances_are_all_passive_is_ready_but_refuses_requests() -> None:
+    passive = RecordingInstance("passive", passive=True)
+    pool = InstancePool([], [passive])
+    assert pool.ready() and pool.passive_only
     assert not pool.recoverable() and not pool.has_idle()
+    scheduler = Scheduler("m", pool, BatchingPolicy(max_batch_size=8), ModelStats())
+    with pytest.raises(UnavailableError, match="model 'm' has no instance that takes requests: every instance group"):
+        await scheduler.execute(request(np.zeros((1, 2)), np.zeros((1, 2))))
+    assert passive.batches == []
 
 
 def config_of(text: str) -> mc.ModelConfig:
