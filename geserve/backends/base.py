@@ -111,7 +111,7 @@ class ModelHost(Protocol):
     it is, and reports its own readiness and metrics."""
 
     def describe_instance(self, name: str, kind: str) -> None:
-        """The instance's name and kind ("CPU", "GPU"); called before `load`."""
+        """The instance's name and kind ("CPU", "GPU", "MODEL"); called before `load`."""
 
     def model_ready(self) -> bool: ...
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.repository import ragged
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ class BatchingPolicy:
     priority_levels: int = 1
     default_priority: int = 1
     queue_policies: tuple[QueuePolicy, ...] = field(default_factory=lambda: (QueuePolicy(),))
+    # Inputs whose dims may differ within a batch (allow_ragged_batch; loads only where the backend takes them).
+    ragged_inputs: frozenset[str] = frozenset()
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> BatchingPolicy:
@@ -61,6 +64,7 @@ class BatchingPolicy:
             for level in range(1, levels + 1)
         )
         return cls(
+            ragged_inputs=ragged.ragged_inputs(config),
             dynamic=config.max_batch_size > 0,
             max_batch_size=config.max_batch_size,
             preferred_sizes=tuple(sorted(set(batching.preferred_batch_size))),

@@ -62,7 +62,7 @@ class PendingRequest:
     sequence: int  # its place in arrival order
     request: ScheduledRequest
     rows: int  # its share of the batch dimension
-    shape_key: tuple[tuple[int, ...], ...]  # non-batch dims; only equal keys share a batch
+    shape_key: tuple[tuple[int, ...], ...]  # non-batch dims of non-ragged inputs; only equal keys share a batch
     level: int
     enqueued_ns: int
     deadline_ns: int | None
@@ -82,7 +82,11 @@ def pending_request(
     inputs, parameters = request.inputs, request.parameters
     first = next(iter(inputs.values()), None)
     rows = int(first.shape[0]) if batched and first is not None and first.ndim else 1
-    shape_key = tuple(tuple(array.shape[1:]) if batched else tuple(array.shape) for array in inputs.values())
+    ragged = policy.ragged_inputs
+    shape_key = tuple(
+        () if name in ragged else tuple(array.shape[1:]) if batched else tuple(array.shape)
+        for name, array in inputs.items()
+    )
     priority = parameters.get("priority")
     level = policy.level(priority if isinstance(priority, int) else None)
     timeout = parameters.get("timeout")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
+import numpy as np
+
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.delivery import Delivery, StatsRecorder
 from geserve.batching.policy import BatchingPolicy
@@ -28,6 +30,9 @@ class Instances(Protocol):
 
     # Called when a restarted instance's slots are back, so queued work can go to them.
     on_idle: Callable[[], None] | None
+
+    # Every instance is passive (instance_group.passive): loaded, but none takes requests.
+    passive_only: bool
 
     def recoverable(self) -> bool: ...
 
@@ -95,7 +100,7 @@ class Scheduler:
 
     def _enqueue(self, request: ScheduledRequest, reply: Reply) -> PendingRequest:
         if not self._pool.recoverable():
-            raise UnavailableError(f"model '{self._model_name}' has no running instance")
+            raise self._no_instance()
         pending = pending_request(request, self._policy, self._sequence, self._clock.now_ns(), reply)
         try:
             self._queue.push(pending)
@@ -106,6 +111,13 @@ class Scheduler:
         self.stats.pending = len(self._queue)
         self._schedule()
         return pending
+
+    def _no_instance(self) -> UnavailableError:
+        if self._pool.passive_only:
+            return UnavailableError(
+                f"model '{self._model_name}' has no instance that takes requests: every instance group is passive"
+            )
+        return UnavailableError(f"model '{self._model_name}' has no running instance")
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -124,7 +136,7 @@ class Scheduler:
                 break
             self._dispatch(self._queue.pop_front(count), now)
         if self._queue and not self._pool.recoverable():
-            error = UnavailableError(f"model '{self._model_name}' has no running instance")
+            error = self._no_instance()
             self._delivery.fail(self._queue.pop_front(len(self._queue)), error)
         self.stats.pending = len(self._queue)
         deadline = self._queue.next_deadline()
@@ -179,7 +191,21 @@ class Scheduler:
         requests = [pending.request for pending in batch]
         inputs = {name: [request.inputs[name] for request in requests] for name in requests[0].inputs}
         infos = [RequestInfo(p.rows, p.request.output_names, p.request.request_id, p.request.parameters) for p in batch]
+        if len(batch) > 1 and self._policy.ragged_inputs:
+            infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
         streams = {i: p.reply.stream for i, p in enumerate(batch) if isinstance(p.reply, StreamReply)}
         keep = any(request.handoff for request in requests)
         run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep))
         self._delivery.start(run, batch, now)
+
+
+def _flatten_ragged(
+    inputs: dict[str, list[np.ndarray]], infos: list[RequestInfo], ragged: frozenset[str]
+) -> list[RequestInfo]:
+    """Ragged inputs travel flattened, one request's elements after another's (their dims differ, so they
+    cannot be stacked); each request's info carries its own shapes, which the worker restores."""
+    names = [name for name in inputs if name in ragged]
+    shapes = [tuple((name, tuple(inputs[name][index].shape)) for name in names) for index in range(len(infos))]
+    for name in names:
+        inputs[name] = [part.reshape(-1) for part in inputs[name]]
+    return [info._replace(ragged_shapes=own) for info, own in zip(infos, shapes, strict=True)]

@@ -10,7 +10,7 @@ from google.protobuf import descriptor, json_format, text_format
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import ModelLoadError
-from geserve.repository import sequence
+from geserve.repository import ragged, sequence
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILENAME = "config.pbtxt"
@@ -82,9 +82,15 @@ MAX_INSTANCES_PER_GROUP = 64
 
 
 def refuse_unsupported(config: mc.ModelConfig) -> None:
-    """Instance counts no machine could start fail the load at once, before any worker starts."""
+    """Instance counts no machine could start fail the load at once, before any worker starts, as do
+    KIND_MODEL groups that name devices (Triton's check)."""
     name = config.name
     for group in config.instance_group:
+        if group.kind == mc.ModelInstanceGroup.KIND_MODEL and group.gpus:
+            raise ModelLoadError(
+                f"instance group {group.name or name} of model {name} has kind KIND_MODEL but specifies one or "
+                "more GPUs"
+            )
         if not 0 <= group.count <= MAX_INSTANCES_PER_GROUP:
             raise ModelLoadError(
                 f"instance group '{group.name or name}' of model '{name}' asks for {group.count} instances; "
@@ -117,6 +123,8 @@ def validate_config(config: mc.ModelConfig) -> None:
                     raise ModelLoadError(
                         f"model '{name}' {kind} '{tensor.name}' dimension {dim} is invalid: dims must be positive or -1"
                     )
+    if config.backend:
+        ragged.refuse_unsupported(config)
     if config.HasField("sequence_batching"):
         _validate_sequence(config)
     if config.HasField("dynamic_batching"):

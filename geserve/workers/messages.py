@@ -34,6 +34,10 @@ class InstanceSpec:
     arenas: tuple[str, ...] = ()
     # Placed on an accelerator (KIND_GPU): the instance reports that device's usage for metrics.
     on_device: bool = False
+    # The instance group's kind as Triton names it to python models ("CPU", "GPU", "MODEL").
+    kind: str = "CPU"
+    # Loaded and initialized, but never given a batch (instance_group.passive).
+    passive: bool = False
     # Polled for its status (device usage, the model's readiness and custom metrics).
     polled: bool = False
     # The model's folder (a sequence model's initial_state/ lies there).
@@ -67,6 +71,8 @@ class RequestInfo(NamedTuple):
     # SEQUENCE_* flags (a padding row of an empty slot has the slot but not SEQUENCE_READY).
     slot: int = -1
     sequence_flags: int = 0
+    # Its ragged inputs' own shapes: the batch holds those inputs flattened, one request after another.
+    ragged_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 # RequestInfo.sequence_flags: the first and last request of a sequence (Triton's TRITONSERVER_REQUEST_FLAG_*

@@ -14,6 +14,14 @@ from geserve.settings import WorkerSettings
 from geserve.workers.devices import VISIBLE_DEVICES, worker_visible_devices
 from geserve.workers.messages import InstanceSpec
 
+# How Triton names an instance group's kind to python models (args['model_instance_kind']). KIND_MODEL
+# instances get device id 0, as Triton gives them, and no device of their own: the model places itself.
+_KIND_NAMES = {
+    mc.ModelInstanceGroup.KIND_CPU: "CPU",
+    mc.ModelInstanceGroup.KIND_GPU: "GPU",
+    mc.ModelInstanceGroup.KIND_MODEL: "MODEL",
+}
+
 
 def default_kind(settings: WorkerSettings) -> int:
     """KIND_AUTO resolves to the accelerators when there are any."""
@@ -96,6 +104,8 @@ def instance_specs(
                         log_level=settings.log_level,
                         environment=environment,
                         on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
+                        kind=_KIND_NAMES.get(group.kind, "CPU"),
+                        passive=group.passive,
                         polled=group.kind == mc.ModelInstanceGroup.KIND_GPU or backend.per_request,
                     )
                 )

@@ -12,6 +12,7 @@ from typing import Any
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.repository import config as config_io
+from geserve.repository import ragged
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.types import InstanceStatus
@@ -32,10 +33,14 @@ logger = logging.getLogger(__name__)
 class InstancePool:
     """The instances of one model version and which of them can take a batch now. Each instance has
     `capacity` slots; idle slots are interleaved across instances so batches spread before they queue
-    on one. A dead instance drops out of the idle slots; once restarted, its slots come back."""
+    on one. A dead instance drops out of the idle slots; once restarted, its slots come back. Passive
+    instances (instance_group.passive) are loaded, reported and stopped with the others, but never take a
+    batch, as Triton leaves them out of its scheduler."""
 
-    def __init__(self, instances: Sequence[WorkerClient]) -> None:
+    def __init__(self, instances: Sequence[WorkerClient], passive: Sequence[WorkerClient] = ()) -> None:
         self._instances = list(instances)
+        self._passive = list(passive)
+        self.passive_only = bool(self._passive) and not self._instances
         depth = max((instance.capacity for instance in self._instances), default=1)
         self._idle: deque[WorkerClient] = deque(
             instance for slot in range(depth) for instance in self._instances if slot < instance.capacity
@@ -47,8 +52,13 @@ class InstancePool:
         self.on_idle: Callable[[], None] | None = None
 
     def ready(self) -> bool:
-        """An instance can take work, and its model says it is ready (python models' is_ready())."""
-        return any(instance.alive and instance.model_ready for instance in self._instances)
+        """An instance is loaded, and its model says it is ready (python models' is_ready()); a version whose
+        instances are all passive is ready as Triton's is, though no request can run on it."""
+        return any(instance.alive and instance.model_ready for instance in self._everyone)
+
+    @property
+    def _everyone(self) -> list[WorkerClient]:
+        return self._instances + self._passive
 
     def recoverable(self) -> bool:
         """An instance is running or on its way back."""
@@ -125,15 +135,15 @@ class InstancePool:
 
     async def read_statuses(self) -> list[InstanceStatus]:
         """The status of every instance that reports one (on a device, or a python model)."""
-        polled = [instance for instance in self._instances if instance.spec.polled and instance.alive]
+        polled = [instance for instance in self._everyone if instance.spec.polled and instance.alive]
         statuses = await asyncio.gather(*(instance.read_status() for instance in polled))
         return [status for status in statuses if status is not None]
 
     async def stop(self, timeout_s: float) -> None:
-        await asyncio.gather(*(instance.stop(timeout_s) for instance in self._instances))
+        await asyncio.gather(*(instance.stop(timeout_s) for instance in self._everyone))
 
     def kill(self) -> None:
-        for instance in self._instances:
+        for instance in self._everyone:
             instance.kill()
 
 
@@ -164,6 +174,7 @@ class PoolFactory:
         """Select the config's backend and fill the defaults it implies (backend, model file, instance kinds);
         raises ModelLoadError."""
         placement.fill_defaults(config, placement.select_backend(config, source, versions), self._settings)
+        ragged.refuse_unsupported(config)  # before any worker starts
 
     async def create(
         self, source: ModelSource, config: mc.ModelConfig, version: int
@@ -191,7 +202,12 @@ class PoolFactory:
             await asyncio.gather(*(worker.stop(settings.stop_timeout_s) for worker in started))
             raise
         logger.info("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
-        return InstancePool(started), completed
+        scheduled = [worker for worker in started if not worker.spec.passive]
+        if not scheduled:
+            logger.warning(
+                "model '%s' version %d: every instance is passive, so no request can run on it", completed.name, version
+            )
+        return InstancePool(scheduled, [worker for worker in started if worker.spec.passive]), completed
 
     def _worker(self, spec: InstanceSpec) -> WorkerClient:
         if self._settings.process_workers:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ class InstanceRunner:
         try:
             created = registry.by_name(spec.backend).create_typed()
             if created.model is not None:
-                created.model.describe_instance(spec.instance_name, "GPU" if spec.on_device else "CPU")
+                created.model.describe_instance(spec.instance_name, spec.kind)
             created.backend.load(config, Path(spec.model_path), spec.device_id)
             created.backend.complete_config(config, spec.auto_complete)
             self._states = SlotStates(read_states(config, Path(spec.model_directory)))
@@ -233,11 +234,18 @@ class InstanceRunner:
         """The batch split back into its requests (views of the rows each sent), answered one by one."""
         split = []
         row = 0
+        ragged_offsets: dict[str, int] = {}
         for info in requests:
             if len(requests) == 1:
                 own = dict(inputs)
             else:
                 own = {name: array[row : row + info.rows] for name, array in inputs.items()}
+                for name, shape in info.ragged_shapes:
+                    # A ragged input came flattened: this request's elements, back in its own shape.
+                    start = ragged_offsets.get(name, 0)
+                    end = start + math.prod(shape)
+                    own[name] = inputs[name][start:end].reshape(shape)
+                    ragged_offsets[name] = end
             row += info.rows
             cancelled = self._cancelled_flag(info.stream_id)
             split.append(BackendRequest(own, info.request_id, info.parameters, info.output_names, cancelled))

@@ -70,7 +70,7 @@ class PythonBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def describe_instance(self, name: str, kind: str) -> None:
-        """The instance's name and kind ("CPU", "GPU"), for `initialize`'s args."""
+        """The instance's name and kind ("CPU", "GPU", "MODEL"), for `initialize`'s args."""
         self._instance_name, self._instance_kind = name, kind
 
     # -- loading -------------------------------------------------------------------------------
