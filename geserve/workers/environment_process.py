@@ -21,7 +21,7 @@ class EnvironmentProcess(SpawnProcess):
         self.search_path = search_path
 
     @staticmethod
-    def _Popen(process_obj: BaseProcess) -> _EnvironmentPopen:  # type: ignore[override]  # noqa: N802
+    def _Popen(process_obj: BaseProcess) -> _EnvironmentPopen:  # noqa: N802
         return _EnvironmentPopen(process_obj)
 
 
@@ -44,7 +44,8 @@ class _EnvironmentPopen(popen_spawn_posix.Popen):
 
         assert isinstance(process_obj, EnvironmentProcess)
         fds: list[int] = self._fds  # type: ignore[attr-defined]
-        tracker_fd = resource_tracker.getfd()
+        tracker_fd = resource_tracker.getfd()  # started if it was not: never None after this call
+        assert tracker_fd is not None
         fds.append(tracker_fd)
         prepared = io.BytesIO()
         set_spawning_popen(self)
@@ -59,16 +60,15 @@ class _EnvironmentPopen(popen_spawn_posix.Popen):
             child_r, parent_w = os.pipe()
             # As multiprocessing's own executable setting, the interpreter is given as bytes.
             interpreter = os.fsencode(process_obj.interpreter)
-            command = [interpreter, *spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)[1:]]
+            arguments = [str(part) for part in spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)[1:]]
             fds.extend([child_r, child_w])
-            self.pid = util.spawnv_passfds(interpreter, command, fds)  # type: ignore[attr-defined]
+            self.pid = util.spawnv_passfds(interpreter, [interpreter, *arguments], fds)
             self.sentinel = parent_r
             with open(parent_w, "wb", closefd=False) as pipe:
                 pipe.write(prepared.getbuffer())
         finally:
-            self.finalizer = util.Finalize(
-                self, util.close_fds, [fd for fd in (parent_r, parent_w) if fd is not None]  # type: ignore[attr-defined]
-            )
+            unused = [fd for fd in (parent_r, parent_w) if fd is not None]
+            self.finalizer = util.Finalize(self, util.close_fds, unused)  # type: ignore[attr-defined]
             for fd in (child_r, child_w):
                 if fd is not None:
                     os.close(fd)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.e2e
 MARKER = "only in the execution environment"
 SERVER_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
-MODEL_PY = '''
+MODEL_PY = """
 import json
 import sys
 
@@ -39,7 +38,7 @@ class TritonPythonModel:
         info = {"marker": env_marker.VALUE, "executable": sys.executable, "prefix": sys.prefix}
         out = pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
         return [pb_utils.InferenceResponse([out]) for _ in requests]
-'''
+"""
 
 CONFIG = """
 name: "{name}"

@@ -249,7 +249,9 @@ def probe_interpreter(interpreter: Path, model: str) -> Probe:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise ModelLoadError(f"model '{model}': the environment's interpreter {interpreter} cannot run: {error}") from None
+        raise ModelLoadError(
+            f"model '{model}': the environment's interpreter {interpreter} cannot run: {error}"
+        ) from None
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1])
         return Probe(
