@@ -6,12 +6,12 @@ from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
-from geserve.backends.python import execution_env
 from geserve.codecs.digits import is_decimal
 from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
+from geserve.workers import execution_env
 from geserve.workers.devices import VISIBLE_DEVICES, worker_visible_devices
 from geserve.workers.messages import InstanceSpec
 

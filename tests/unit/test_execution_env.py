@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.backends.python import execution_env
 from geserve.errors import ModelLoadError
+from geserve.workers import execution_env
 from geserve.workers.environment_process import preparation_data
 
 SERVER = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -1,4 +1,4 @@
-"""EXECUTION_ENV_PATH: a python model's own environment (conda-pack tarball or directory), unpacked once, checked."""
+"""EXECUTION_ENV_PATH: a python model's own environment (conda-pack tarball or folder), unpacked once and checked."""
 
 from __future__ import annotations
 
