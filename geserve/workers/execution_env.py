@@ -168,6 +168,11 @@ def unpack(archive: Path, cache: Path, model: str) -> Path:
 
 
 def _extract(archive: Path, destination: Path, model: str) -> None:
+    if not hasattr(tarfile, "data_filter"):  # Python before 3.11.4, without a backport of the extraction filters
+        raise ModelLoadError(
+            f"model '{model}': this Python cannot unpack {PARAMETER} '{archive}' safely (its tarfile has no extraction "
+            "filters, added in 3.11.4): unpack the environment into a folder and name the folder"
+        )
     try:
         with tarfile.open(archive) as tar:
             # The "data" filter refuses absolute names, members and links that lead outside the destination, and

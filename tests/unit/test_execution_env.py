@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.backends import registry
 from geserve.errors import ModelLoadError
+from geserve.repository.scan import ModelSource
+from geserve.settings import WorkerSettings
 from geserve.workers import execution_env
 from geserve.workers.environment_process import preparation_data
+from geserve.workers.placement import instance_specs
 
 SERVER = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -190,3 +194,28 @@ def test_the_worker_starts_with_the_environment_path_and_not_the_server_main() -
     data = preparation_data("worker", ("/geserve-only", "/env/lib/python3.x"))
     assert data["sys_path"] == ["/geserve-only", "/env/lib/python3.x"]
     assert "init_main_from_name" not in data and "init_main_from_path" not in data
+
+
+def _python_model(tmp_path: Path, env: Path) -> tuple[ModelSource, mc.ModelConfig]:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.py").write_text("")
+    config = _config(str(env))
+    config.instance_group.add(name="m", count=2, kind=mc.ModelInstanceGroup.KIND_CPU)
+    return ModelSource("m", tmp_path / "m"), config
+
+
+def test_every_instance_of_a_python_model_runs_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)
+    source, config = _python_model(tmp_path, env)
+    specs = instance_specs(source, config, registry.by_name("python"), 1, WorkerSettings())
+    assert [spec.interpreter for spec in specs] == [str(env / "bin" / "python3")] * 2
+    assert all(spec.search_path and dict(spec.environment)["PATH"].startswith(str(env)) for spec in specs)
+
+
+def test_a_server_running_backends_on_threads_refuses_an_environment(tmp_path: Path) -> None:
+    source, config = _python_model(tmp_path, tmp_path / "env")
+    with pytest.raises(ModelLoadError, match="EXECUTION_ENV_PATH runs the model's instances with the environment's"):
+        instance_specs(source, config, registry.by_name("python"), 1, WorkerSettings(process_workers=False))
