@@ -44,6 +44,10 @@ class InstanceSpec:
     model_directory: str = ""
     # The server run whose id the names of the segments the worker creates carry (process workers only).
     run: RunId | None = None
+    # A python model's execution environment (EXECUTION_ENV_PATH): the interpreter the worker runs and the search
+    # path it starts with; empty: the server's own.
+    interpreter: str = ""
+    search_path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

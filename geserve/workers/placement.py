@@ -11,6 +11,7 @@ from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
+from geserve.workers import execution_env
 from geserve.workers.devices import VISIBLE_DEVICES, worker_visible_devices
 from geserve.workers.messages import InstanceSpec
 
@@ -80,6 +81,7 @@ def instance_specs(
 ) -> list[InstanceSpec]:
     """One spec per instance: `count` per group, times each listed device for KIND_GPU groups."""
     model_path = model_file_path(source, config, backend, version)
+    environment = _execution_environment(source, config, backend, settings)
     specs = []
     for group in config.instance_group:
         placements: list[tuple[int, tuple[tuple[str, str], ...]]] = [(0, ())]
@@ -87,9 +89,9 @@ def instance_specs(
             placements = [
                 (device, _device_environment(device)) for device in _group_devices(config.name, group, settings)
             ]
-        for device, environment in placements:
+        for device, device_environment in placements:
             for index in range(group.count):
-                suffix = f"_{index}" + (f"_device{device}" if environment else "")
+                suffix = f"_{index}" + (f"_device{device}" if device_environment else "")
                 specs.append(
                     InstanceSpec(
                         model_name=config.name,
@@ -102,14 +104,30 @@ def instance_specs(
                         device_id=device,
                         auto_complete=settings.auto_complete,
                         log_level=settings.log_level,
-                        environment=environment,
+                        environment=device_environment + (environment.variables if environment else ()),
                         on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
                         kind=_KIND_NAMES.get(group.kind, "CPU"),
                         passive=group.passive,
                         polled=group.kind == mc.ModelInstanceGroup.KIND_GPU or backend.per_request,
+                        interpreter=environment.interpreter if environment else "",
+                        search_path=environment.search_path if environment else (),
                     )
                 )
     return specs
+
+
+def _execution_environment(
+    source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, settings: WorkerSettings
+) -> execution_env.ExecutionEnvironment | None:
+    """A python model's EXECUTION_ENV_PATH, unpacked and checked (other backends do not read it, as Triton's)."""
+    if backend.name != "python" or execution_env.requested_path(config, source.path) is None:
+        return None
+    if not settings.process_workers:
+        raise ModelLoadError(
+            f"model '{config.name}': {execution_env.PARAMETER} runs the model's instances with the environment's "
+            "interpreter, in processes of their own; this server runs backends on its own threads"
+        )
+    return execution_env.prepare(config, source.path)
 
 
 def _group_devices(model: str, group: mc.ModelInstanceGroup, settings: WorkerSettings) -> list[int]:

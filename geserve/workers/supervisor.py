@@ -10,11 +10,13 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from geserve.errors import UnavailableError
 from geserve.workers import main as worker_main
 from geserve.workers.channel import BlsHandler, Lifecycle, WorkerChannel
 from geserve.workers.client import InstanceState
+from geserve.workers.environment_process import EnvironmentProcess
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
 from geserve.workers.messages import InstanceSpec, Loaded, LoadFailed, Retiring
 
@@ -166,12 +168,17 @@ class ProcessSupervisor:
         loop = asyncio.get_running_loop()
         self.incarnation += 1
         parent, child = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=worker_main.run_worker,
-            args=(child, self._spec),
-            name=f"geserve-worker-{self._spec.instance_name}",
-            daemon=True,
-        )
+        options: dict[str, Any] = {
+            "target": worker_main.run_worker,
+            "args": (child, self._spec),
+            "name": f"geserve-worker-{self._spec.instance_name}",
+            "daemon": True,
+        }
+        process: multiprocessing.process.BaseProcess
+        if self._spec.interpreter:
+            process = EnvironmentProcess(self._spec.interpreter, self._spec.search_path, **options)
+        else:
+            process = self._context.Process(**options)
         self._started = loop.create_future()
         await loop.run_in_executor(self._spawner, process.start)
         child.close()

@@ -1,0 +1,221 @@
+"""EXECUTION_ENV_PATH's parts: the path's keyword, the content-keyed cache, refused archives, the version checks."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.backends import registry
+from geserve.errors import ModelLoadError
+from geserve.repository.scan import ModelSource
+from geserve.settings import WorkerSettings
+from geserve.workers import execution_env
+from geserve.workers.environment_process import preparation_data
+from geserve.workers.placement import instance_specs
+
+SERVER = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _config(value: str | None) -> mc.ModelConfig:
+    config = mc.ModelConfig(name="m", backend="python")
+    if value is not None:
+        config.parameters[execution_env.PARAMETER].string_value = value
+    return config
+
+
+def _archive(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    return path
+
+
+def _fake_interpreter(root: Path, version: list[int], numpy: bool = True) -> Path:
+    """An environment whose bin/python3 answers the probe as an interpreter of `version` would."""
+    answer = json.dumps({"version": version, "path": [str(root / "lib")], "numpy": numpy, "protobuf": True})
+    interpreter = root / "bin" / "python3"
+    interpreter.parent.mkdir(parents=True)
+    interpreter.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    interpreter.chmod(0o755)
+    return root
+
+
+def test_the_model_directory_keyword_is_replaced_once(tmp_path: Path) -> None:
+    keyword = execution_env.MODEL_DIRECTORY_KEYWORD
+    assert execution_env.requested_path(_config(f"{keyword}/env.tar.gz"), tmp_path) == tmp_path / "env.tar.gz"
+    assert execution_env.requested_path(_config("/opt/env.tar.gz"), tmp_path) == Path("/opt/env.tar.gz")
+    # As Triton's: only the first occurrence.
+    assert execution_env.requested_path(_config(f"{keyword}/{keyword}"), tmp_path) == Path(f"{tmp_path}/{keyword}")
+    assert execution_env.requested_path(_config(None), tmp_path) is None
+    assert execution_env.requested_path(_config(""), tmp_path) is None
+
+
+def test_the_cache_lies_in_the_user_cache_folder_or_a_private_temporary_one() -> None:
+    assert execution_env.cache_directory({"XDG_CACHE_HOME": "/c"}) == Path("/c/geserve/execution-envs")
+    assert execution_env.cache_directory({}).parent.name == f"geserve-{os.getuid()}"
+
+
+def test_an_archive_is_unpacked_once_per_content(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = _archive(tmp_path / "a.tar.gz", {"lib/marker.txt": b"one"})
+    unpacked = execution_env.unpack(first, cache, "m")
+    assert (unpacked / "lib" / "marker.txt").read_bytes() == b"one"
+    (unpacked / "lib" / "marker.txt").write_bytes(b"touched")  # not unpacked again: the change stays
+    copy = tmp_path / "copy.tar.gz"
+    copy.write_bytes(first.read_bytes())
+    assert execution_env.unpack(copy, cache, "m") == unpacked
+    assert (unpacked / "lib" / "marker.txt").read_bytes() == b"touched"
+    changed = execution_env.unpack(_archive(tmp_path / "b.tar.gz", {"lib/marker.txt": b"two"}), cache, "m")
+    assert changed != unpacked and (changed / "lib" / "marker.txt").read_bytes() == b"two"
+
+
+def test_concurrent_loads_share_one_unpacking(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    archive = _archive(tmp_path / "env.tar.gz", {f"lib/file{i}": b"x" * 1000 for i in range(50)})
+    results: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(execution_env.unpack(archive, cache, "m"))) for _ in "1234"
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and len(set(results)) == 1
+    assert sorted(path.name for path in cache.iterdir() if path.is_dir()) == [results[0].name]  # no staging left
+
+
+@pytest.mark.parametrize(
+    ("files", "links"),
+    [
+        ({"../escaped": b"x"}, {}),
+        ({"link/escaped": b"x"}, {"link": ".."}),
+        ({}, {"outside": "/etc/passwd"}),
+    ],
+    ids=["dot-dot", "through-a-link", "absolute-link"],
+)
+def test_members_that_leave_the_environment_are_refused(
+    tmp_path: Path, files: dict[str, bytes], links: dict[str, str]
+) -> None:
+    # Links first, so that a member written through one is tried after it exists.
+    archive = tmp_path / "work" / "evil.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, target in links.items():
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname = tarfile.SYMTYPE, target
+            tar.addfile(member)
+        for name, data in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    cache = tmp_path / "work" / "cache"
+    with pytest.raises(ModelLoadError, match="would not stay inside the environment, refused"):
+        execution_env.unpack(archive, cache, "m")
+    assert not (tmp_path / "work" / "escaped").exists()
+    assert [path for path in cache.iterdir() if path.is_dir()] == []  # nothing half unpacked stays
+
+
+def test_an_absolute_member_name_lands_inside_the_environment(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    archive = _archive(tmp_path / "env.tar.gz", {str(outside): b"x"})
+    unpacked = execution_env.unpack(archive, tmp_path / "cache", "m")
+    assert not outside.exists()
+    assert (unpacked / str(outside).lstrip("/")).read_bytes() == b"x"
+
+
+def test_a_missing_path_or_a_bad_archive_fails_the_load(tmp_path: Path) -> None:
+    missing = _config(f"{execution_env.MODEL_DIRECTORY_KEYWORD}/env.tar.gz")
+    with pytest.raises(ModelLoadError, match=f"Failed to get the canonical path for {tmp_path}/env.tar.gz"):
+        execution_env.prepare(missing, tmp_path, tmp_path / "cache")
+    (tmp_path / "env.tar.gz").write_bytes(b"not an archive")
+    with pytest.raises(ModelLoadError, match="is not a readable tar archive"):
+        execution_env.prepare(missing, tmp_path, tmp_path / "cache")
+
+
+def test_an_environment_without_an_interpreter_fails_the_load(tmp_path: Path) -> None:
+    (tmp_path / "env" / "lib").mkdir(parents=True)
+    with pytest.raises(ModelLoadError, match=r"bin/python3 does not exist. The Python environment should contain"):
+        execution_env.prepare(_config(str(tmp_path / "env")), tmp_path, tmp_path / "cache")
+
+
+def test_an_environment_of_another_python_is_refused_by_its_layout(tmp_path: Path) -> None:
+    env = _fake_interpreter(tmp_path / "env", [*sys.version_info[:2]])
+    (env / "lib" / "python3.7").mkdir(parents=True)
+    with pytest.raises(ModelLoadError, match=rf"is Python 3.7, but geserve runs Python {SERVER}: .* must match"):
+        execution_env.prepare(_config(str(env)), tmp_path, tmp_path / "cache")
+
+
+def test_an_interpreter_of_another_python_is_refused(tmp_path: Path) -> None:
+    env = _fake_interpreter(tmp_path / "env", [3, sys.version_info.minor + 1])
+    with pytest.raises(ModelLoadError, match=rf"is Python 3.{sys.version_info.minor + 1}, but geserve runs"):
+        execution_env.prepare(_config(str(env)), tmp_path, tmp_path / "cache")
+
+
+def test_an_environment_without_numpy_is_refused(tmp_path: Path) -> None:
+    env = _fake_interpreter(tmp_path / "env", [*sys.version_info[:2]], numpy=False)
+    with pytest.raises(ModelLoadError, match="has no numpy"):
+        execution_env.prepare(_config(str(env)), tmp_path, tmp_path / "cache")
+
+
+def test_a_working_environment_gives_its_interpreter_and_path_with_geserve_first(tmp_path: Path) -> None:
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)  # this interpreter stands for the environment's
+    prepared = execution_env.prepare(_config(str(env)), tmp_path, tmp_path / "cache")
+    assert prepared is not None
+    assert prepared.interpreter == str(env / "bin" / "python3")
+    geserve_folder = Path(prepared.search_path[0])
+    assert sorted(path.name for path in geserve_folder.iterdir()) == ["geserve"]
+    assert (geserve_folder / "geserve" / "__init__.py").is_file()
+    assert dict(prepared.variables)["PATH"].startswith(f"{env / 'bin'}{os.pathsep}")
+    assert execution_env.prepare(_config(None), tmp_path) is None
+
+
+def test_a_shared_cache_folder_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "geserve-shared" / "execution-envs"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    archive = _archive(tmp_path / "env.tar.gz", {"lib/x": b"x"})
+    with pytest.raises(ModelLoadError, match="only it may write to"):
+        execution_env.unpack(archive, shared, "m")
+
+
+def test_the_worker_starts_with_the_environment_path_and_not_the_server_main() -> None:
+    data = preparation_data("worker", ("/geserve-only", "/env/lib/python3.x"))
+    assert data["sys_path"] == ["/geserve-only", "/env/lib/python3.x"]
+    assert "init_main_from_name" not in data and "init_main_from_path" not in data
+
+
+def _python_model(tmp_path: Path, env: Path) -> tuple[ModelSource, mc.ModelConfig]:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.py").write_text("")
+    config = _config(str(env))
+    config.instance_group.add(name="m", count=2, kind=mc.ModelInstanceGroup.KIND_CPU)
+    return ModelSource("m", tmp_path / "m"), config
+
+
+def test_every_instance_of_a_python_model_runs_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)
+    source, config = _python_model(tmp_path, env)
+    specs = instance_specs(source, config, registry.by_name("python"), 1, WorkerSettings())
+    assert [spec.interpreter for spec in specs] == [str(env / "bin" / "python3")] * 2
+    assert all(spec.search_path and dict(spec.environment)["PATH"].startswith(str(env)) for spec in specs)
+
+
+def test_a_server_running_backends_on_threads_refuses_an_environment(tmp_path: Path) -> None:
+    source, config = _python_model(tmp_path, tmp_path / "env")
+    with pytest.raises(ModelLoadError, match="EXECUTION_ENV_PATH runs the model's instances with the environment's"):
+        instance_specs(source, config, registry.by_name("python"), 1, WorkerSettings(process_workers=False))
