@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -74,13 +76,15 @@ def step_versions(config: mc.ModelConfig, models: Mapping[str, Model]) -> list[M
     return versions
 
 
-def request_key(model: str, version: int, request: ScheduledRequest) -> bytes:
+def request_key(model: str, version: int, request: ScheduledRequest, load: int = 0) -> bytes:
     """What Triton hashes (model name, version, each input's name and bytes, inputs by name), and also each input's
-    datatype and shape, so that the same bytes in another shape are another request, and the outputs asked for,
-    since a response carries exactly those. A 128-bit digest: a collision is not a practical concern."""
+    datatype and shape, so that the same bytes in another shape are another request, the outputs asked for, since a
+    response carries exactly those, and which load of the version it is, so that a reloaded model (new files, same
+    version number) is not answered with what the old one computed. A 128-bit digest: collisions are not a concern."""
     digest = hashlib.blake2b(digest_size=16)
     _add(digest, model.encode())
     digest.update(version.to_bytes(8, "little", signed=True))
+    digest.update(load.to_bytes(8, "little"))
     for name in sorted(request.inputs):
         array = request.inputs[name]
         _add(digest, name.encode())
@@ -148,6 +152,13 @@ class ResponseCache:
         self.lookup_ns = 0
         self.insertion_ns = 0
         self._too_large_warned: set[str] = set()
+        self._loads: weakref.WeakKeyDictionary[ModelVersion, int] = weakref.WeakKeyDictionary()
+        self._load_numbers = itertools.count(1)
+
+    def attach(self, version: ModelVersion) -> None:
+        """Serve `version` through this cache, with entries of its own (not those of an earlier load of it)."""
+        self._loads[version] = next(self._load_numbers)
+        version.response_cache = self
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -202,10 +213,11 @@ class ResponseCache:
         fails the request."""
         lookup_start_ns = time.monotonic_ns()
         try:
+            load = self._loads.get(version, 0)
             if _total_bytes(request.inputs) > OFFLOAD_BYTES:
-                key = await asyncio.to_thread(request_key, version.name, version.version, request)
+                key = await asyncio.to_thread(request_key, version.name, version.version, request, load)
             else:
-                key = request_key(version.name, version.version, request)
+                key = request_key(version.name, version.version, request, load)
             cached = self.lookup(key)
         except Exception:
             logger.exception("response cache lookup failed for model '%s'; running the model", version.name)

@@ -259,7 +259,7 @@ class InferenceService:
                 response_cache.FIELD,
             )
             return
-        version.response_cache = self._cache
+        self._cache.attach(version)
 
     async def device_usage(self) -> dict[int, DeviceUsage]:
         """The accelerators' memory and load at the last status read, by device."""

@@ -50,6 +50,10 @@ def test_the_key_changes_with_each_part_of_the_request(model: str, version: int,
     assert request_key("m", 1, request(A=FOUR)) != request_key(model, version, changed)
 
 
+def test_each_load_of_a_version_has_keys_of_its_own() -> None:
+    assert request_key("m", 1, request(A=FOUR), load=1) != request_key("m", 1, request(A=FOUR), load=2)
+
+
 def test_bytes_elements_are_delimited_in_the_key() -> None:
     split = np.array([b"ab", b"c"], dtype=object)
     other = np.array([b"a", b"bc"], dtype=object)
@@ -143,9 +147,11 @@ class Version:
     def __init__(self, cache: ResponseCache | None, scheduler: CountingScheduler) -> None:
         self.name = "m"
         self.version = 1
-        self.response_cache = cache
+        self.response_cache: ResponseCache | None = None
         self.scheduler = scheduler
         self.stats = ModelStats()
+        if cache is not None:
+            cache.attach(self)  # type: ignore[arg-type]
 
 
 def run(version: Any, scheduled: ScheduledRequest) -> ScheduledResponse:
@@ -166,6 +172,17 @@ def test_a_hit_skips_the_model_and_counts_as_triton_does() -> None:
     assert stats.queue.count == stats.compute_infer.count == 1 and stats.compute_infer.ns == 0
     run(version, request(A=FOUR + 1))
     assert scheduler.executions == 2 and stats.cache_miss.count == 2
+
+
+def test_a_reloaded_version_does_not_get_what_the_old_load_computed() -> None:
+    cache = ResponseCache(1 << 20)
+    old = Version(cache, CountingScheduler())
+    run(old, request(A=FOUR))
+    new_scheduler = CountingScheduler()
+    run(Version(cache, new_scheduler), request(A=FOUR))
+    assert new_scheduler.executions == 1
+    run(old, request(A=FOUR))
+    assert old.stats.cache_hit.count == 1  # the old load keeps its own entries while it drains
 
 
 def test_without_the_cache_every_request_runs_the_model() -> None:
