@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from geserve import triton_flags
+from geserve.cache_config import parse_cache_flags
 from geserve.core.log_control import LogSettings
 from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
@@ -73,6 +74,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
         trace_settings = _trace_settings(args.trace_config)
         TraceController(trace_settings)  # checks the values
+        cache_bytes, cache_warnings = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
     except GeserveError as error:
         parser.error(error.message)
     warnings, refusal = triton_flags.check(args)
@@ -97,8 +99,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         exit_timeout_secs=args.exit_timeout_secs,
         drain_delay_secs=args.drain_delay_secs,
         frontend_processes=args.frontend_processes or auto_frontend_processes(),
-        warnings=tuple(warnings),
+        warnings=(*cache_warnings, *warnings),
         allow_client_shm=args.allow_client_shm,
+        response_cache_bytes=cache_bytes,
         logging=logging_settings,
         trace=trace_settings,
     )

@@ -296,6 +296,23 @@ def build_parser() -> argparse.ArgumentParser:
     _boolean(group, "--allow-cpu-metrics", True, "publish nv_cpu_* metrics")
     _boolean(group, "--allow-gpu-metrics", True, 'NPU memory and utilization as nv_gpu_* (gpu_uuid="NPU-<id>")')
 
+    group = parser.add_argument_group("response cache")
+    group.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="a response cache of this many bytes for the models whose config sets response_cache { enable: true }, "
+        "shared by all of them, least recently used entries evicted first (default: no cache)",
+    )
+    group.add_argument(
+        "--response-cache-byte-size",
+        action="append",
+        default=[],
+        metavar="BYTES",
+        help="deprecated: --cache-config=local,size=BYTES",
+    )
+
     group = parser.add_argument_group("logging")
     group.add_argument(
         "--log-verbose",

@@ -67,6 +67,7 @@ class ServerSettings:
     frontend_processes: int = 1
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
     allow_client_shm: bool = False
+    response_cache_bytes: int = 0  # the local response cache's size (--cache-config local,size=N); 0: no cache
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     trace: Mapping[str, str | list[str]] = field(default_factory=dict)
 

@@ -12,8 +12,6 @@ IGNORED = {
     "--backend-directory": "geserve's backends are built in",
     "--repoagent-directory": "geserve's repository agents are built in (checksum)",
     "--cache-directory": "geserve has no cache libraries",
-    "--cache-config": "geserve has no response cache; every request runs its model",
-    "--response-cache-byte-size": "geserve has no response cache; every request runs its model",
     "--pinned-memory-pool-byte-size": "geserve has no pinned memory pool",
     "--cuda-memory-pool-byte-size": "geserve has no CUDA memory pool",
     "--cuda-virtual-address-size": "geserve has no CUDA memory pool",

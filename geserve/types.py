@@ -259,6 +259,22 @@ class VersionSnapshot:
     load_duration_s: float
     summaries: tuple[SummarySnapshot, ...] = ()  # when latency summaries are on
     histogram: HistogramSnapshot | None = None  # when latency histograms are on
+    # Its response cache hits and misses; None when the version does not use the response cache.
+    cache: tuple[DurationSnapshot, DurationSnapshot] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSnapshot:
+    """The response cache as a whole at one moment: what Triton's local cache publishes (nv_cache_*)."""
+
+    entries: int
+    lookups: int
+    hits: int
+    misses: int
+    evictions: int
+    lookup_ns: int
+    insertion_ns: int
+    utilization: float  # used bytes / size, in [0.0, 1.0]
 
 
 def _picklable(data: np.ndarray | memoryview) -> np.ndarray | pickle.PickleBuffer:

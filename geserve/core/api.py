@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.types import (
+    CacheSnapshot,
     CustomMetric,
     DeviceUsage,
     InferRequest,
@@ -95,5 +96,9 @@ class InferenceAPI(Protocol):
     async def version_statistics(self) -> list[VersionSnapshot]: ...
 
     async def device_usage(self) -> dict[int, DeviceUsage]: ...
+
+    async def cache_statistics(self) -> CacheSnapshot | None:
+        """The response cache's figures; None when the server has no cache."""
+        ...
 
     async def custom_metrics(self) -> list[CustomMetric]: ...

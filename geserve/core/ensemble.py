@@ -14,7 +14,7 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
-from geserve.core import validation
+from geserve.core import response_cache, validation
 from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_version
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InternalError, ModelLoadError
@@ -377,8 +377,8 @@ class EnsembleScheduler:
         the ensemble request's, word for word."""
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
         # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
-        return await model.scheduler.execute(
-            ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
+        return await response_cache.execute(
+            model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
         )
 
 

@@ -12,7 +12,7 @@ from geserve.batching.lifecycle import InstanceLifecycle
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.scheduler import Scheduler
 from geserve.batching.sequence import SequenceScheduler
-from geserve.core import ensemble
+from geserve.core import ensemble, response_cache
 from geserve.core.classification import read_labels
 from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
@@ -70,6 +70,7 @@ def prepare_model(
         config, _ = config_io.read_model_config(source.path, source.name)
     config_io.refuse_unsupported(config)
     agents.run_agents(config, source.path)  # Triton's repository agents act before the model loads
+    response_cache.check_config(config)
     if ensemble.is_ensemble(config):
         ensemble.validate_scheduling(config)
         if not config.HasField("version_policy"):
@@ -92,6 +93,7 @@ async def _load_version(
 ) -> ModelVersion:
     started_ns = time.monotonic_ns()
     if ensemble.is_ensemble(config):
+        response_cache.check_ensemble_steps(config, response_cache.step_versions(config, models))
         ensemble.check_steps(config, models)
         stats = ModelStats()
         stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from geserve.codecs.digits import is_decimal
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
+
+if TYPE_CHECKING:
+    from geserve.core.response_cache import ResponseCache
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ class ModelVersion:
         self.max_batch_size = config.max_batch_size
         self.decoupled = config.model_transaction_policy.decoupled
         self.labels: dict[str, list[str]] = {}  # per output, from its label_filename (classification)
+        # Set when the config enables the response cache and the server has one.
+        self.response_cache: ResponseCache | None = None
         batched = config.max_batch_size > 0
         self.inputs = _tensor_specs(list(config.input), batched)
         self.outputs = _tensor_specs(list(config.output), batched)

@@ -13,7 +13,7 @@ import numpy as np
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
-from geserve.core import validation
+from geserve.core import response_cache, validation
 from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
@@ -34,6 +34,7 @@ from geserve.errors import (
 )
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
 from geserve.types import (
+    CacheSnapshot,
     CustomMetric,
     DeviceUsage,
     InferRequest,
@@ -81,6 +82,8 @@ class InferenceService:
         if metrics is not None and (metrics.summary_latencies or metrics.histogram_latencies):
             self._repository.listeners.append(lambda version: _track_latency(version, metrics))
         self._models = self._repository.models
+        self._cache = response_cache.ResponseCache(server.response_cache_bytes) if server.response_cache_bytes else None
+        self._repository.listeners.append(self._attach_cache)
         self._shared_memory = SharedMemoryManager(server.allow_client_shm, reserved_prefixes=(pools.segment_prefix,))
         self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
@@ -229,9 +232,34 @@ class InferenceService:
     async def version_statistics(self) -> list[VersionSnapshot]:
         """Every loaded version's counters, by name then version (what the metrics publish)."""
         return [
-            version.stats.snapshot(version.name, version.version, tuple(version.config.metric_tags.items()))
+            version.stats.snapshot(
+                version.name,
+                version.version,
+                tuple(version.config.metric_tags.items()),
+                cached=version.response_cache is not None,
+            )
             for version in self.loaded_versions()
         ]
+
+    async def cache_statistics(self) -> CacheSnapshot | None:
+        """The response cache's figures, or None without one (--cache-config)."""
+        return self._cache.snapshot() if self._cache is not None else None
+
+    def _attach_cache(self, version: ModelVersion) -> None:
+        """A version that just loaded uses the server's cache when its config enables it. As in Triton, a config
+        that enables it on a server without one serves uncached: said once, at load."""
+        if not response_cache.enabled(version.config):
+            return
+        if self._cache is None:
+            logger.warning(
+                "model '%s' version %s sets %s but the server has no response cache (--cache-config local,size=N): "
+                "its responses are not cached",
+                version.name,
+                version.version_str,
+                response_cache.FIELD,
+            )
+            return
+        self._cache.attach(version)
 
     async def device_usage(self) -> dict[int, DeviceUsage]:
         """The accelerators' memory and load at the last status read, by device."""
@@ -269,7 +297,7 @@ class InferenceService:
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
-            answered = await model.scheduler.execute(scheduled)
+            answered = await response_cache.execute(model, scheduled, started_ns)
             response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
@@ -307,7 +335,7 @@ class InferenceService:
             raise DecoupledModelError(
                 f"model '{model.name}' is decoupled: call it with exec(decoupled=True) or async_exec(decoupled=True)"
             )
-        return (await model.scheduler.execute(scheduled)).outputs
+        return (await response_cache.execute(model, scheduled)).outputs
 
     async def stream_model(
         self, request: InferRequest
@@ -316,7 +344,7 @@ class InferenceService:
         decoupled)."""
         model, scheduled = self._admit(request, internal=True)
         if not model.decoupled:
-            yield (await model.scheduler.execute(scheduled)).outputs, None, True
+            yield (await response_cache.execute(model, scheduled)).outputs, None, True
             return
         async for item in model.scheduler.stream(scheduled):
             yield item

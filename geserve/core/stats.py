@@ -64,12 +64,27 @@ class ModelStats:
         if self.latency is not None:
             self.latency(timing)
 
+    def record_cache_hit(self, total_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache, as Triton counts it: a success (its queue and compute
+        durations counted with no time), no inference and no execution."""
+        self.success.add(total_ns)
+        for duration in (self.queue, self.compute_input, self.compute_infer, self.compute_output):
+            duration.add(0)
+        self.cache_hit.add(lookup_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """The lookup and insertion time of a request the model answered; Triton adds it to the request's duration."""
+        self.success.ns += max(miss_ns, 0)
+        self.cache_miss.add(miss_ns)
+
     def record_failure(self, reason: str, total_ns: int) -> None:
         self.fail.add(total_ns)
         self.failures[reason] += 1
 
-    def snapshot(self, name: str, version: int, metric_tags: tuple[tuple[str, str], ...]) -> VersionSnapshot:
-        """The counters now, as plain values (what the metrics publish)."""
+    def snapshot(
+        self, name: str, version: int, metric_tags: tuple[tuple[str, str], ...], cached: bool = False
+    ) -> VersionSnapshot:
+        """The counters now, as plain values (what the metrics publish); `cached`: with the response cache's."""
         latency = self.latency
         return VersionSnapshot(
             name,
@@ -87,6 +102,7 @@ class ModelStats:
             self.load_duration_s,
             latency.summary_snapshots() if latency is not None else (),
             latency.histogram_snapshot() if latency is not None else None,
+            (_snapshot(self.cache_hit), _snapshot(self.cache_miss)) if cached else None,
         )
 
     def record_execution(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:

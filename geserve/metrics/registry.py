@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from geserve.core.api import HISTOGRAM_FAMILY, SUMMARY_FAMILIES, InferenceAPI
 from geserve.metrics.system import CpuUtilization, memory_bytes
 from geserve.settings import MetricsSettings
-from geserve.types import CustomMetric, DeviceUsage, DurationSnapshot, VersionSnapshot
+from geserve.types import CacheSnapshot, CustomMetric, DeviceUsage, DurationSnapshot, VersionSnapshot
 
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),
@@ -52,6 +52,33 @@ _SUMMARY_HELP = {
 }
 
 
+# Per model, for versions that use the response cache: (name, help, hits or misses, count or duration).
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", 0, False),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", 1, False),
+)
+_CACHE_DURATIONS = (
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", 0, True),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        1,
+        True,
+    ),
+)
+# The response cache as a whole, the gauges Triton's local cache publishes.
+_CACHE_GAUGES = (
+    ("nv_cache_num_entries", "Number of responses stored in response cache", "entries"),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", "lookups"),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", "hits"),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", "misses"),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", "evictions"),
+    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds", "lookup_ns"),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds", "insertion_ns"),
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", "utilization"),
+)
+
+
 def _labels(version: VersionSnapshot) -> dict[str, str]:
     # prometheus-cpp prints labels sorted by name; metric_tags add `_<key>` labels.
     labels = {"model": version.name, "version": str(version.version)}
@@ -70,12 +97,14 @@ class TritonCollector(Collector):
         self._versions: list[VersionSnapshot] = []
         self._device_usage: dict[int, DeviceUsage] = {}
         self._custom_series: list[CustomMetric] = []
+        self._cache: CacheSnapshot | None = None
 
     async def refresh(self) -> None:
         """Read what the next `collect` publishes."""
         self._versions = await self._api.version_statistics()
         self._device_usage = await self._api.device_usage() if self._config.gpu_metrics else {}
         self._custom_series = await self._api.custom_metrics()
+        self._cache = await self._api.cache_statistics()
 
     def collect(self) -> Iterator[Metric]:
         versions = [(version, _labels(version)) for version in self._versions]
@@ -111,6 +140,7 @@ class TritonCollector(Collector):
             load.add_sample("nv_model_load_duration_secs", labels, version.load_duration_s)
         yield load
         yield from self._latency_metrics(versions)
+        yield from self._cache_metrics(versions)
         yield from self._cpu_metrics()
         yield from self._device_metrics()
         yield from self._custom_metrics()
@@ -136,6 +166,25 @@ class TritonCollector(Collector):
                 histogram = version.histogram
                 if histogram is not None:
                     _histogram_samples(metric, labels, histogram.bounds_ms, histogram.cumulative, histogram.sum_ms)
+            yield metric
+
+    def _cache_metrics(self, versions: list[tuple[VersionSnapshot, dict[str, str]]]) -> Iterator[Metric]:
+        """Triton's response cache families: per model for the versions that use the cache, and the cache's own."""
+        cached = [(version.cache, labels) for version, labels in versions if version.cache is not None]
+        families = _CACHE_COUNTERS + (_CACHE_DURATIONS if self._config.counter_latencies else ())
+        if self._cache is not None or cached:
+            for name, documentation, which, duration in families:
+                metric = Metric(name, documentation, "counter")
+                for pair, labels in cached:
+                    value = pair[which]
+                    metric.add_sample(name, labels, value.ns // 1000 if duration else value.count)
+                yield metric
+        if self._cache is None:
+            return
+        for name, documentation, field in _CACHE_GAUGES:
+            value = getattr(self._cache, field)
+            metric = Metric(name, documentation, "gauge")
+            metric.add_sample(name, {}, value // 1000 if field.endswith("_ns") else value)
             yield metric
 
     def _cpu_metrics(self) -> Iterator[Metric]:

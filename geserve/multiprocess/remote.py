@@ -15,6 +15,7 @@ from geserve.multiprocess.arena import RequestArena, to_engine
 from geserve.multiprocess.calls import Kind
 from geserve.multiprocess.framing import FrameProtocol
 from geserve.types import (
+    CacheSnapshot,
     CustomMetric,
     DeviceUsage,
     InferRequest,
@@ -236,6 +237,10 @@ class RemoteInferenceAPI:
     async def custom_metrics(self) -> list[CustomMetric]:
         metrics: list[CustomMetric] = await self._call("custom_metrics")
         return metrics
+
+    async def cache_statistics(self) -> CacheSnapshot | None:
+        statistics: CacheSnapshot | None = await self._call("cache_statistics")
+        return statistics
 
 
 def _implements(api: RemoteInferenceAPI) -> InferenceAPI:

@@ -1,0 +1,261 @@
+"""Triton's response cache (the `local` cache): a byte-bounded LRU of model outputs, keyed by what a request asks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from geserve._generated import model_config_pb2 as mc
+from geserve.batching.request import ScheduledRequest, ScheduledResponse
+from geserve.errors import ModelLoadError
+from geserve.types import CacheSnapshot
+
+if TYPE_CHECKING:
+    from geserve.core.models import Model, ModelVersion
+
+logger = logging.getLogger(__name__)
+
+FIELD = "response_cache { enable: true }"
+# Hashing or copying more than this runs on a thread, so that one large request does not stall the event loop.
+OFFLOAD_BYTES = 1 << 20
+
+
+def enabled(config: mc.ModelConfig) -> bool:
+    return config.HasField("response_cache") and config.response_cache.enable
+
+
+def check_config(config: mc.ModelConfig) -> None:
+    """Triton's refusals at load: no response cache for decoupled models, nor for the sequence batcher (whose
+    requests depend on the sequence's earlier ones, not only on their inputs)."""
+    if not enabled(config):
+        return
+    if config.model_transaction_policy.decoupled:
+        raise ModelLoadError(
+            f"Response Cache does not currently support model '{config.name}' with a 'decoupled' transaction policy"
+        )
+    if config.HasField("sequence_batching"):
+        raise ModelLoadError(
+            f"Response Cache does not currently support model '{config.name}' with sequence batching: only the "
+            "default and the dynamic batcher are eligible for caching"
+        )
+
+
+def check_ensemble_steps(config: mc.ModelConfig, steps: list[ModelVersion]) -> None:
+    """An ensemble caches at the top level only when each of its steps could be cached (Triton's rule)."""
+    if not enabled(config):
+        return
+    for step in steps:
+        if step.decoupled:
+            raise ModelLoadError(
+                f"Response Cache does not currently support model '{config.name}': its step model '{step.name}' "
+                "has a 'decoupled' transaction policy"
+            )
+        if step.config.HasField("sequence_batching"):
+            raise ModelLoadError(
+                f"Response Cache does not currently support model '{config.name}': its step model '{step.name}' "
+                "uses sequence batching"
+            )
+
+
+def step_versions(config: mc.ModelConfig, models: Mapping[str, Model]) -> list[ModelVersion]:
+    """The loaded versions an ensemble's steps may run on."""
+    versions: list[ModelVersion] = []
+    for step in config.ensemble_scheduling.step:
+        model = models.get(step.model_name)
+        if model is not None:
+            versions.extend(model.versions.values())
+    return versions
+
+
+def request_key(model: str, version: int, request: ScheduledRequest, load: int = 0) -> bytes:
+    """What Triton hashes (model name, version, each input's name and bytes, inputs by name), and also each input's
+    datatype and shape, so that the same bytes in another shape are another request, the outputs asked for, since a
+    response carries exactly those, and which load of the version it is, so that a reloaded model (new files, same
+    version number) is not answered with what the old one computed. A 128-bit digest: collisions are not a concern."""
+    digest = hashlib.blake2b(digest_size=16)
+    _add(digest, model.encode())
+    digest.update(version.to_bytes(8, "little", signed=True))
+    digest.update(load.to_bytes(8, "little"))
+    for name in sorted(request.inputs):
+        array = request.inputs[name]
+        _add(digest, name.encode())
+        _add(digest, array.dtype.str.encode())
+        _add(digest, np.asarray(array.shape, dtype=np.int64).tobytes())
+        if array.dtype == object:
+            for item in array.flat:
+                _add(digest, item if isinstance(item, bytes) else str(item).encode())
+        else:
+            data = np.ascontiguousarray(array)
+            _add(digest, data.reshape(-1).view(np.uint8).data)
+    for name in sorted(request.output_names):
+        _add(digest, name.encode())
+    return digest.digest()
+
+
+def _add(digest: hashlib.blake2b, data: bytes | memoryview) -> None:
+    """Length-prefixed, so that ("ab", "c") and ("a", "bc") differ."""
+    digest.update(len(data).to_bytes(8, "little"))
+    digest.update(data)
+
+
+def entry_bytes(outputs: Mapping[str, np.ndarray]) -> int:
+    """An entry's size, packed as Triton's cache packs it: each output's name, datatype, shape and data with their
+    lengths (the datatype as numpy names it, a few bytes shorter or longer than Triton's name)."""
+    size = 4
+    for name, array in outputs.items():
+        data = sum(4 + len(item) for item in array.flat) if array.dtype == object else array.nbytes
+        size += 8 + 4 + len(name) + 4 + len(array.dtype.str) + 4 + 8 * array.ndim + 8 + data
+    return size
+
+
+def frozen_copy(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs the cache owns: copied out of the worker's arena (which the next batch overwrites), and read-only,
+    so that no response built from them can change what later hits get."""
+    copies = {}
+    for name, array in outputs.items():
+        copy = np.array(array, copy=True, order="C")
+        copy.flags.writeable = False
+        copies[name] = copy
+    return copies
+
+
+async def execute(version: ModelVersion, request: ScheduledRequest, started_ns: int | None = None) -> ScheduledResponse:
+    """A request to `version` through the response cache when the version uses it, else straight to its scheduler;
+    `started_ns`: when the request arrived (a hit's success duration runs from there)."""
+    cache = version.response_cache
+    if cache is None:
+        return await version.scheduler.execute(request)
+    return await cache.execute(version, request, time.monotonic_ns() if started_ns is None else started_ns)
+
+
+class ResponseCache:
+    """One cache for every model that enables it, as Triton's local cache: entries are evicted least recently used
+    first until a new one fits; an entry larger than the whole cache is not inserted. Used on the event loop only."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[bytes, tuple[dict[str, np.ndarray], int]] = OrderedDict()
+        self.used_bytes = 0
+        self.lookups = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.lookup_ns = 0
+        self.insertion_ns = 0
+        self._too_large_warned: set[str] = set()
+        self._loads: weakref.WeakKeyDictionary[ModelVersion, int] = weakref.WeakKeyDictionary()
+        self._load_numbers = itertools.count(1)
+
+    def attach(self, version: ModelVersion) -> None:
+        """Serve `version` through this cache, with entries of its own (not those of an earlier load of it)."""
+        self._loads[version] = next(self._load_numbers)
+        version.response_cache = self
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, key: bytes) -> dict[str, np.ndarray] | None:
+        started_ns = time.monotonic_ns()
+        self.lookups += 1
+        found = self._entries.get(key)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self._entries.move_to_end(key)
+        self.lookup_ns += time.monotonic_ns() - started_ns
+        return None if found is None else dict(found[0])
+
+    def insert(self, key: bytes, outputs: dict[str, np.ndarray], size: int) -> bool:
+        """Store outputs the cache owns (see `frozen_copy`) under `key`; False when they are larger than the cache."""
+        started_ns = time.monotonic_ns()
+        try:
+            if size > self.capacity_bytes:
+                return False
+            if key in self._entries:  # two identical requests missed at once: the first answer stays
+                self._entries.move_to_end(key)
+                return True
+            while self.used_bytes + size > self.capacity_bytes and self._entries:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.used_bytes -= evicted
+                self.evictions += 1
+            self._entries[key] = (outputs, size)
+            self.used_bytes += size
+            return True
+        finally:
+            self.insertion_ns += time.monotonic_ns() - started_ns
+
+    def snapshot(self) -> CacheSnapshot:
+        """The cache-level figures Triton's local cache publishes (nv_cache_num_entries, ...)."""
+        return CacheSnapshot(
+            len(self._entries),
+            self.lookups,
+            self.hits,
+            self.misses,
+            self.evictions,
+            self.lookup_ns,
+            self.insertion_ns,
+            self.used_bytes / self.capacity_bytes,
+        )
+
+    async def execute(self, version: ModelVersion, request: ScheduledRequest, started_ns: int) -> ScheduledResponse:
+        """The request's outputs from the cache, or from the model (then cached). Statistics as Triton's: a hit is
+        a success with no inference nor execution; a miss adds its lookup and insertion time. A failing cache never
+        fails the request."""
+        lookup_start_ns = time.monotonic_ns()
+        try:
+            load = self._loads.get(version, 0)
+            if _total_bytes(request.inputs) > OFFLOAD_BYTES:
+                key = await asyncio.to_thread(request_key, version.name, version.version, request, load)
+            else:
+                key = request_key(version.name, version.version, request, load)
+            cached = self.lookup(key)
+        except Exception:
+            logger.exception("response cache lookup failed for model '%s'; running the model", version.name)
+            return await version.scheduler.execute(request)
+        lookup_end_ns = time.monotonic_ns()
+        if cached is not None:
+            version.stats.record_cache_hit(lookup_end_ns - started_ns, lookup_end_ns - lookup_start_ns)
+            return ScheduledResponse(cached)
+        answered = await version.scheduler.execute(request)
+        insert_start_ns = time.monotonic_ns()
+        try:
+            if _total_bytes(answered.outputs) > OFFLOAD_BYTES:
+                owned = await asyncio.to_thread(_owned, answered.outputs)
+            else:
+                owned = _owned(answered.outputs)
+            self._insert_answer(version, key, owned)
+        except Exception:
+            logger.exception("response cache insertion failed for model '%s'", version.name)
+        miss_ns = (lookup_end_ns - lookup_start_ns) + (time.monotonic_ns() - insert_start_ns)
+        version.stats.record_cache_miss(miss_ns)
+        return answered
+
+    def _insert_answer(self, version: ModelVersion, key: bytes, owned: tuple[dict[str, np.ndarray], int]) -> None:
+        outputs, size = owned
+        if self.insert(key, outputs, size):
+            return
+        message = "Failed to insert key into the response cache for model '%s': the entry's %d bytes are more than "
+        message += "the cache's %d (--cache-config local,size=...)"
+        if version.name in self._too_large_warned:
+            logger.debug(message, version.name, size, self.capacity_bytes)
+        else:
+            self._too_large_warned.add(version.name)
+            logger.warning(message, version.name, size, self.capacity_bytes)
+
+
+def _owned(outputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    return frozen_copy(outputs), entry_bytes(outputs)
+
+
+def _total_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    return sum(array.nbytes for array in arrays.values())
