@@ -13,6 +13,7 @@ import numpy as np
 from geserve.errors import GeserveError, ModelLoadError
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, RequestInfo
+from geserve.workers.streams import ResponseStream
 
 logger = logging.getLogger(__name__)
 
@@ -20,19 +21,23 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class WarmupSample:
     """One `model_warmup` entry made ready to run: `batch_size` requests that all carry `inputs` (Triton gives
-    each request of a sample the same data), run `count` times on every instance."""
+    each request of a sample the same data), run `count` times on every instance. A `decoupled` model's
+    requests answer on streams, read to their final response."""
 
     name: str
     count: int
     batch_size: int
     inputs: Mapping[str, np.ndarray]
     output_names: tuple[str, ...]
+    decoupled: bool = False
 
     def batch(self) -> Batch:
+        """One run of the sample (a stream ends with its request: each run needs its own)."""
         inputs = {name: [array] * self.batch_size for name, array in self.inputs.items()}
         rows = 1  # a request of a batching model has batch dimension 1; one without has none
         requests = [RequestInfo(rows, self.output_names)] * self.batch_size
-        return Batch(inputs, self.output_names, requests)
+        streams = {index: ResponseStream() for index in range(self.batch_size)} if self.decoupled else {}
+        return Batch(inputs, self.output_names, requests, streams)
 
 
 class WarmupInstances(Protocol):
@@ -63,7 +68,6 @@ async def _warm_instance(
     model_name: str, instances: WarmupInstances, index: int, samples: Sequence[WarmupSample]
 ) -> None:
     for sample in samples:
-        batch = sample.batch()
         for iteration in range(1, sample.count + 1):
             logger.debug(
                 "model '%s' instance %d is running warmup sample '%s' for iteration %d",
@@ -72,11 +76,15 @@ async def _warm_instance(
                 sample.name,
                 iteration,
             )
+            batch = sample.batch()
             try:
                 result = await instances.dispatch_to(index, batch)
             except GeserveError as error:  # the instance itself failed (its worker died)
                 raise _failed(sample, [error.message]) from None
             errors = [item.message for item in result.results if isinstance(item, GeserveError)]
+            for request, stream in batch.streams.items():
+                if not isinstance(result.results[request], GeserveError):
+                    errors += [error.message async for _, error, _ in stream.responses() if error is not None]
             if errors:
                 raise _failed(sample, errors)
 

@@ -65,7 +65,9 @@ def build_samples(model: ModelVersion, model_directory: Path) -> list[WarmupSamp
         inputs.update(control_inputs)
         # Triton runs each sample at least once: count 0 means once.
         count = max(setting.count, 1)
-        samples.append(WarmupSample(setting.name, count, setting.batch_size, inputs, model.output_names))
+        samples.append(
+            WarmupSample(setting.name, count, setting.batch_size, inputs, model.output_names, model.decoupled)
+        )
     return samples
 
 

@@ -95,6 +95,10 @@ model_warmup [ { name: "random" batch_size: 8 count: 2
   inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] random_data: true } }
   inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] random_data: true } } } ]
 """
+ONNX_ONE_INPUT_WARMUP = """
+model_warmup [ { name: "half" batch_size: 1
+  inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } } } ]
+"""
 GE_CONFIG = """
 name: "affine_warm"
 backend: "ge"
@@ -104,6 +108,13 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "s" data_type: 
 instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
 model_warmup [ { name: "gear" batch_size: 3 count: 2
   inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
+"""
+# repeat_int32 (decoupled) answers each request on its stream; IN and DELAY of different shapes get an error response.
+REPEAT_WARMUP = """
+model_warmup [ {{ name: "stream" batch_size: 1
+  inputs {{ key: "IN" value: {{ data_type: TYPE_INT32 dims: [ 2 ] zero_data: true }} }}
+  inputs {{ key: "DELAY" value: {{ data_type: TYPE_UINT32 dims: [ {delays} ] zero_data: true }} }}
+  inputs {{ key: "WAIT" value: {{ data_type: TYPE_UINT32 dims: [ 1 ] zero_data: true }} }} }} ]
 """
 FILE_VALUES = [7, 8, 9]
 
@@ -133,6 +144,13 @@ def _repository(root: Path) -> Path:
     (repository / "warm_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     simple = copy_model("simple", repository)
     (simple / "config.pbtxt").write_text((simple / "config.pbtxt").read_text() + ONNX_WARMUP)
+    for name, delays in (("repeat_warm", 2), ("repeat_bad", 3)):
+        folder = copy_model("repeat_int32", repository, name)
+        config = (folder / "config.pbtxt").read_text().replace('name: "repeat_int32"', f'name: "{name}"')
+        (folder / "config.pbtxt").write_text(config + REPEAT_WARMUP.format(delays=delays))
+    missing = copy_model("simple", repository, "simple_missing")
+    config = (missing / "config.pbtxt").read_text().replace('name: "simple"', 'name: "simple_missing"')
+    (missing / "config.pbtxt").write_text(config + ONNX_ONE_INPUT_WARMUP)
     write_affine_om(repository / "affine_warm" / "1" / "model.om", gears=[1, 2, 4, 8])
     (repository / "affine_warm" / "config.pbtxt").write_text(GE_CONFIG)
     return repository
@@ -165,7 +183,7 @@ def server(root: Path) -> Iterator[GeserveProcess]:
 
 def _client(server: GeserveProcess) -> httpclient.InferenceServerClient:
     client = httpclient.InferenceServerClient(server.url)
-    for name in ("recorder", "simple", "affine_warm"):
+    for name in ("recorder", "simple", "affine_warm", "repeat_warm"):
         assert client.is_model_ready(name), server.log()
     return client
 
@@ -216,6 +234,8 @@ def test_warmup_is_not_counted_in_statistics_or_metrics(server: GeserveProcess, 
 
 def test_onnxruntime_model_warms_up_and_serves(server: GeserveProcess) -> None:
     client = _client(server)
+    (entry,) = [entry for entry in client.get_model_repository_index() if entry["name"] == "simple_missing"]
+    assert "expected 2 inputs but got 1 inputs for model 'simple_missing'" in entry["reason"], entry
     data = np.arange(16, dtype=np.int32).reshape(1, 16)
     inputs = []
     for name in ("INPUT0", "INPUT1"):
@@ -231,6 +251,9 @@ def test_each_bad_warmup_fails_its_load_and_the_rest_serve(server: GeserveProces
     index = {entry["name"]: entry for entry in client.get_model_repository_index()}
     expected = {name: message for name, (_, message) in BAD_WARMUPS.items()}
     expected["raises"] = "failed to run warmup sample 'unlucky': "
+    expected["repeat_bad"] = (
+        "failed to run warmup sample 'stream': expected IN and DELAY shapes to match, got [2] and [3]; "
+    )
     expected["warm_ensemble"] = "model_warmup can not be specified for ensemble 'warm_ensemble'"
     for name, message in expected.items():
         assert index[name]["state"] == "UNAVAILABLE", index[name]

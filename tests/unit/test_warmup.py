@@ -214,3 +214,36 @@ def test_a_failing_sample_fails_with_every_request_error() -> None:
     assert raised.value.message == "failed to run warmup sample 'a': boom; boom; "
     assert instances.runs.count(1) == 1  # the failing instance stops at its first failure
     assert instances.runs.count(0) == 4  # the others finish
+
+
+def test_a_sequence_control_input_is_passed_as_given(tmp_path: Path) -> None:
+    text = """
+name: "q" max_batch_size: 2
+input [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "O" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }
+model_warmup [ { name: "first" batch_size: 1
+  inputs { key: "I" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "START" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]
+"""
+    (sample,) = warmup.build_samples(model_version(parse_config_text(text, "c")), tmp_path)
+    assert sample.inputs["I"].shape == (1, 1)
+    assert sample.inputs["START"].shape == (1,) and sample.inputs["START"].dtype == np.int32  # Triton adds no batch dim
+
+
+class _Streaming(_Instances):
+    """A decoupled model's instance: each request answers on its stream, the second with an error."""
+
+    async def _run(self, index: int, batch: Batch) -> BatchResult:
+        self.runs.append(index)
+        for request, stream in batch.streams.items():
+            stream.put({"O": np.zeros(1)}, None, False)
+            stream.put(None, InternalError(f"stream {request} broke") if request == 1 else None, True)
+        return BatchResult(tuple({} for _ in batch.requests), 0, 0)
+
+
+def test_a_decoupled_sample_reads_every_stream_to_its_end() -> None:
+    decoupled = WarmupSample("d", 1, 2, {"I": np.zeros((1, 2), np.float32)}, ("O",), decoupled=True)
+    with pytest.raises(ModelLoadError) as raised:
+        asyncio.run(warm_up("m", _Streaming(1), [decoupled]))
+    assert raised.value.message == "failed to run warmup sample 'd': stream 1 broke; "
