@@ -52,11 +52,11 @@ def build_samples(model: ModelVersion, model_directory: Path) -> list[WarmupSamp
         given: list[InferInput] = []
         control_inputs: dict[str, np.ndarray] = {}
         for name, meta in setting.inputs.items():
+            shape = ((1,) if model.max_batch_size > 0 else ()) + tuple(meta.dims)
             if name in controls:
-                # A sequence control tensor, passed as given (Triton's override input): its dims are its shape.
-                control_inputs[name] = _control_array(name, meta, model_directory)
+                # A sequence control tensor, passed as given (Triton's override input), unchecked.
+                control_inputs[name] = _control_array(name, meta, shape, model_directory)
             else:
-                shape = ((1,) if model.max_batch_size > 0 else ()) + tuple(meta.dims)
                 given.append(InferInput(name, _wire_name(meta), shape, _sample_bytes(name, meta, model_directory)))
         try:
             inputs = validate_inputs(InferRequest(model.name, model.version_str, tuple(given)), model)
@@ -129,11 +129,11 @@ def _read_data_file(name: str, file_name: str, model_directory: Path) -> bytes:
         raise ModelLoadError(f"failed to open text file for read {folder / file_name}: {reason}") from None
 
 
-def _control_array(name: str, meta: mc.ModelWarmup.Input, model_directory: Path) -> np.ndarray:
+def _control_array(name: str, meta: mc.ModelWarmup.Input, shape: tuple[int, ...], model_directory: Path) -> np.ndarray:
     data = _sample_bytes(name, meta, model_directory)
     datatype = dtypes.from_config(meta.data_type) if meta.data_type != mc.TYPE_INVALID else None
     if datatype is None or datatype.itemsize is None:
         raise ModelLoadError(
             f"warmup input '{name}' is a sequence control tensor and needs a numeric or BOOL data_type"
         )
-    return np.frombuffer(data, dtype=datatype.numpy.newbyteorder("<")).reshape(tuple(meta.dims))
+    return np.frombuffer(data, dtype=datatype.numpy.newbyteorder("<")).reshape(shape)

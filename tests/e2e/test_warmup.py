@@ -116,6 +116,16 @@ model_warmup [ {{ name: "stream" batch_size: 1
   inputs {{ key: "DELAY" value: {{ data_type: TYPE_UINT32 dims: [ {delays} ] zero_data: true }} }}
   inputs {{ key: "WAIT" value: {{ data_type: TYPE_UINT32 dims: [ 1 ] zero_data: true }} }} }} ]
 """
+# sequence_state reads its START and READY controls; a warmup request carries only the controls its sample names.
+SEQUENCE_WARMUP = """
+model_warmup [ {{ name: "seq" batch_size: 2 count: 2
+  inputs {{ key: "INPUT" value: {{ data_type: TYPE_INT32 dims: [ 1 ] input_data_file: "seven.bin" }} }}
+  {controls} }} ]
+"""
+CONTROLS = """
+  inputs { key: "START" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "READY" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+"""
 FILE_VALUES = [7, 8, 9]
 
 
@@ -151,6 +161,13 @@ def _repository(root: Path) -> Path:
     missing = copy_model("simple", repository, "simple_missing")
     config = (missing / "config.pbtxt").read_text().replace('name: "simple"', 'name: "simple_missing"')
     (missing / "config.pbtxt").write_text(config + ONNX_ONE_INPUT_WARMUP)
+    for name, controls in (("sequence_warm", CONTROLS), ("sequence_uncontrolled", "")):
+        folder = repository / name
+        shutil.copytree(PYTHON_MODELS / "sequence_state", folder)
+        config = (folder / "config.pbtxt").read_text().replace('name: "sequence_state"', f'name: "{name}"')
+        (folder / "config.pbtxt").write_text(config + SEQUENCE_WARMUP.format(controls=controls))
+        (folder / "warmup").mkdir()
+        (folder / "warmup" / "seven.bin").write_bytes(np.array([7], dtype="<i4").tobytes())
     write_affine_om(repository / "affine_warm" / "1" / "model.om", gears=[1, 2, 4, 8])
     (repository / "affine_warm" / "config.pbtxt").write_text(GE_CONFIG)
     return repository
@@ -183,7 +200,7 @@ def server(root: Path) -> Iterator[GeserveProcess]:
 
 def _client(server: GeserveProcess) -> httpclient.InferenceServerClient:
     client = httpclient.InferenceServerClient(server.url)
-    for name in ("recorder", "simple", "affine_warm", "repeat_warm"):
+    for name in ("recorder", "simple", "affine_warm", "repeat_warm", "sequence_warm"):
         assert client.is_model_ready(name), server.log()
     return client
 
@@ -254,6 +271,7 @@ def test_each_bad_warmup_fails_its_load_and_the_rest_serve(server: GeserveProces
     expected["repeat_bad"] = (
         "failed to run warmup sample 'stream': expected IN and DELAY shapes to match, got [2] and [3]; "
     )
+    expected["sequence_uncontrolled"] = "failed to run warmup sample 'seq': "
     expected["warm_ensemble"] = "model_warmup can not be specified for ensemble 'warm_ensemble'"
     for name, message in expected.items():
         assert index[name]["state"] == "UNAVAILABLE", index[name]
@@ -263,6 +281,16 @@ def test_each_bad_warmup_fails_its_load_and_the_rest_serve(server: GeserveProces
     tensor = httpclient.InferInput("IN", [1, 3], "INT32")
     tensor.set_data_from_numpy(np.array([[4, 5, 6]], dtype=np.int32))
     np.testing.assert_array_equal(client.infer("recorder", [tensor]).as_numpy("OUT"), [[4, 5, 6]])
+
+
+def test_a_sequence_starts_from_its_initial_state_after_warmup(server: GeserveProcess) -> None:
+    client = _client(server)
+    for step, total in enumerate([5, 11]):
+        tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[5 + step]], dtype=np.int32))
+        result = client.infer("sequence_warm", [tensor], sequence_id=42, sequence_start=step == 0)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), [[total]])
+    assert _counts(client, "sequence_warm") == (2, 2, 2)
 
 
 def test_the_om_model_ran_its_samples_on_the_device(server: GeserveProcess, root: Path) -> None:

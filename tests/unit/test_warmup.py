@@ -228,7 +228,7 @@ model_warmup [ { name: "first" batch_size: 1
 """
     (sample,) = warmup.build_samples(model_version(parse_config_text(text, "c")), tmp_path)
     assert sample.inputs["I"].shape == (1, 1)
-    assert sample.inputs["START"].shape == (1,) and sample.inputs["START"].dtype == np.int32  # Triton adds no batch dim
+    assert sample.inputs["START"].shape == (1, 1) and sample.inputs["START"].dtype == np.int32
 
 
 class _Streaming(_Instances):
