@@ -47,7 +47,7 @@ backend: "python"
 max_batch_size: 4
 input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 3 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 3 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: 2 }} ]
+instance_group [ {{ kind: KIND_CPU count: {instances} }} ]
 parameters {{ key: "record_dir" value {{ string_value: "{record_dir}" }} }}
 model_warmup [ {warmup} ]
 """
@@ -129,11 +129,13 @@ CONTROLS = """
 FILE_VALUES = [7, 8, 9]
 
 
-def _recorder(repository: Path, name: str, record_dir: Path, warmup: str) -> None:
+def _recorder(repository: Path, name: str, record_dir: Path, warmup: str, instances: int = 1) -> None:
     folder = repository / name
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.py").write_text(RECORDER)
-    (folder / "config.pbtxt").write_text(RECORDER_CONFIG.format(name=name, record_dir=record_dir, warmup=warmup))
+    (folder / "config.pbtxt").write_text(
+        RECORDER_CONFIG.format(name=name, record_dir=record_dir, warmup=warmup, instances=instances)
+    )
     (folder / "warmup").mkdir()
     (folder / "warmup" / "in.bin").write_bytes(np.array(FILE_VALUES, dtype="<i4").tobytes())
 
@@ -142,7 +144,7 @@ def _repository(root: Path) -> Path:
     repository = root / "models"
     records = root / "records"
     records.mkdir()
-    _recorder(repository, "recorder", records, GOOD_WARMUP)
+    _recorder(repository, "recorder", records, GOOD_WARMUP, instances=2)
     for name, (warmup, _) in BAD_WARMUPS.items():
         _recorder(repository, name, root / f"records-{name}", "{ " + warmup + " }")
     raises = repository / "raises"
