@@ -41,14 +41,6 @@ def build_samples(model: ModelVersion, model_directory: Path) -> list[WarmupSamp
         if setting.batch_size == 0:
             logger.debug("model '%s': skipping batch 0 warmup sample '%s'", model.name, setting.name)
             continue
-        largest = max(model.max_batch_size, 1)
-        if setting.batch_size > largest:
-            # What Triton's backends answer a batch larger than the model takes (any batch of more than one
-            # request when it does not batch), as the sample's execution error.
-            raise ModelLoadError(
-                f"failed to run warmup sample '{setting.name}': batch size {setting.batch_size} for "
-                f"'{model.name}', max allowed is {model.max_batch_size}; "
-            )
         given: list[InferInput] = []
         control_inputs: dict[str, np.ndarray] = {}
         for name, meta in setting.inputs.items():
@@ -63,6 +55,14 @@ def build_samples(model: ModelVersion, model_directory: Path) -> list[WarmupSamp
         except GeserveError as error:
             raise ModelLoadError(error.message) from None
         inputs.update(control_inputs)
+        largest = max(model.max_batch_size, 1)
+        if setting.batch_size > largest:
+            # What Triton's backends answer a batch larger than the model takes (any batch of more than one
+            # request when it does not batch), as the sample's execution error.
+            raise ModelLoadError(
+                f"failed to run warmup sample '{setting.name}': batch size {setting.batch_size} for "
+                f"'{model.name}', max allowed is {model.max_batch_size}; "
+            )
         # Triton runs each sample at least once: count 0 means once.
         count = max(setting.count, 1)
         samples.append(
