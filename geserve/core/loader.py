@@ -12,7 +12,8 @@ from geserve.batching.lifecycle import InstanceLifecycle
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.scheduler import Scheduler
 from geserve.batching.sequence import SequenceScheduler
-from geserve.core import ensemble, response_cache
+from geserve.batching.warmup import warm_up
+from geserve.core import ensemble, response_cache, warmup
 from geserve.core.classification import read_labels
 from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
@@ -23,6 +24,9 @@ from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, available_versions, select_versions
 
 logger = logging.getLogger(__name__)
+
+# A version that fails after its instances started has admitted no request: its idle instances stop at once.
+_STOP_UNSERVED_S = 10.0
 
 
 async def load_model(
@@ -73,6 +77,7 @@ def prepare_model(
     response_cache.check_config(config)
     if ensemble.is_ensemble(config):
         ensemble.validate_scheduling(config)
+        warmup.refuse_for_ensemble(config)
         if not config.HasField("version_policy"):
             config.version_policy.latest.num_versions = 1
     versions = select_versions(available_versions(source.path), config.version_policy)
@@ -109,5 +114,13 @@ async def _load_version(
         scheduler = Scheduler(completed.name, pool, BatchingPolicy.from_config(completed), stats)
     instances = InstanceLifecycle(completed.name, pool, scheduler)
     served = ModelVersion(completed, version, scheduler, instances, stats)
-    served.labels = await asyncio.to_thread(read_labels, source.path, completed)
+    try:
+        served.labels = await asyncio.to_thread(read_labels, source.path, completed)
+        # Not ready until every instance has run its warmup samples: the version is served only once returned.
+        samples = await asyncio.to_thread(warmup.build_samples, served, source.path)
+        await warm_up(completed.name, pool, samples)
+    except BaseException:
+        await pool.stop(_STOP_UNSERVED_S)
+        raise
+    stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
     return served
