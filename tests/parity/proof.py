@@ -18,7 +18,7 @@ def mentioned_name(row: Row) -> str:
         return key.split("=", 1)[0]
     if row.kind == "pb_utils":
         return key.rsplit(".", 1)[-1]
-    return key
+    return key.split("(", 1)[-1].rstrip(")")  # model_repository(unload_dependents): the sub-extension
 
 
 def check_test_file(row: Row) -> None:

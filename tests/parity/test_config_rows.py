@@ -55,7 +55,8 @@ EXAMPLES = {
     "ensemble_scheduling.step.input_map": ENSEMBLE,
     "ensemble_scheduling.step.output_map": ENSEMBLE,
     "backend": BASE,
-    "dynamic_batching.default_priority_level": BASE + "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
+    "dynamic_batching.default_priority_level": BASE
+    + "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
     "dynamic_batching.priority_queue_policy": BASE
     + "dynamic_batching { priority_levels: 2 priority_queue_policy { key: 1 value { max_queue_size: 4 } } }",
     "sequence_batching.control_input.*": BASE
