@@ -4,6 +4,7 @@ what is refused is absent so a model using it fails naming it, geserve's own hoo
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -63,6 +64,21 @@ class _Capsule:
         return (1, 0)
 
 
+def _logs(method: str, level: int) -> bool:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("geserve.python_model")
+    logger.addHandler(handler)
+    previous, logger.level = logger.level, logging.DEBUG
+    try:
+        getattr(pb_utils.Logger, method)("parity")
+    finally:
+        logger.removeHandler(handler)
+        logger.level = previous
+    return [(record.levelno, record.getMessage()) for record in records] == [(level, "parity")]
+
+
 def _auto_complete_config() -> None:
     config = pb_utils.ModelConfig({"name": "m"})
     config.set_model_transaction_policy({"decoupled": True})
@@ -73,6 +89,19 @@ def _auto_complete_config() -> None:
 BEHAVIOUR: dict[str, Callable[[], object]] = {
     "ResponseIterator.__iter__": lambda: inspect.isgeneratorfunction(BlsClient._responses),
     "ResponseIterator.__next__": lambda: inspect.isgeneratorfunction(BlsClient._responses),
+    "TritonError.UNKNOWN": lambda: pb_utils.TritonError.UNKNOWN == 0,
+    "TritonError.INTERNAL": lambda: pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL == 1,
+    "TritonError.NOT_FOUND": lambda: pb_utils.TritonError.NOT_FOUND == 2,
+    "TritonError.UNAVAILABLE": lambda: pb_utils.TritonError.UNAVAILABLE == 4,
+    "ModelConfig": lambda: _auto_complete_config() or True,
+    "Logger.log_verbose": lambda: _logs("log_verbose", logging.DEBUG),
+    "Logger.log_warn": lambda: _logs("log_warn", logging.WARNING),
+    "Logger.log_error": lambda: _logs("log_error", logging.ERROR),
+    "serialize_byte_tensor": lambda: (
+        bytes(pb_utils.serialize_byte_tensor(np.array([b"ab", b""], dtype=np.object_)))
+        == b"\x02\x00\x00\x00ab\x00\x00\x00\x00"
+    ),
+    "deserialize_bytes_tensor": lambda: pb_utils.deserialize_bytes_tensor(b"\x02\x00\x00\x00ab").tolist() == [b"ab"],
     "TritonError.ALREADY_EXISTS": lambda: pb_utils.TritonError("x", pb_utils.TritonError.ALREADY_EXISTS).code() == 6,
     "TritonError.CANCELLED": lambda: pb_utils.TritonError("x", pb_utils.TritonError.CANCELLED).code() == 7,
     "InferenceRequest.set_release_flags": lambda: _release_flags() or True,
