@@ -12,6 +12,7 @@ THIS_FILE = "tests/parity/test_flag_settings.py"
 # flag: (value given, attribute path in Settings, the value it must hold)
 SETTINGS = {
     "--exit-timeout-secs": ("7", "server.exit_timeout_secs", 7),
+    "--worker-arena-size": ("1048576", "workers.arena_bytes", 1048576),
     "--worker-pipeline-depth": ("3", "workers.pipeline_depth", 3),
     "--allow-grpc": ("false", "grpc.enabled", False),
     "--grpc-address": ("127.0.0.2", "grpc.address", "127.0.0.2"),
