@@ -82,8 +82,9 @@ MAX_INSTANCES_PER_GROUP = 64
 
 
 def refuse_unsupported(config: mc.ModelConfig) -> None:
-    """Instance counts no machine could start fail the load at once, before any worker starts, as do
-    KIND_MODEL groups that name devices (Triton's check)."""
+    """Fields geserve cannot honour (TensorRT-only tensor properties, another backend library), instance
+    counts no machine could start, and KIND_MODEL groups that name devices (Triton's check) fail the load at
+    once, before any worker starts."""
     name = config.name
     for group in config.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_MODEL and group.gpus:
@@ -96,6 +97,40 @@ def refuse_unsupported(config: mc.ModelConfig) -> None:
                 f"instance group '{group.name or name}' of model '{name}' asks for {group.count} instances; "
                 f"count must be between 1 and {MAX_INSTANCES_PER_GROUP}"
             )
+    _refuse_runtime(config)
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for tensor in tensors:
+            # Both are TensorRT engine properties (shape tensors, non-linear I/O formats); no geserve backend
+            # has them, so a config relying on them cannot run as written.
+            if tensor.is_shape_tensor:
+                raise ModelLoadError(
+                    f"model '{name}' {kind} '{tensor.name}': is_shape_tensor is not supported by geserve: shape "
+                    "tensors are a TensorRT feature and no geserve backend has them"
+                )
+            if tensor.is_non_linear_format_io:
+                raise ModelLoadError(
+                    f"model '{name}' {kind} '{tensor.name}': is_non_linear_format_io is not supported by geserve: "
+                    "non-linear I/O formats are a TensorRT feature and no geserve backend has them"
+                )
+
+
+# Triton's platform names whose backend geserve has under another name.
+_PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
+
+
+def _refuse_runtime(config: mc.ModelConfig) -> None:
+    """`runtime` names the backend library Triton loads; geserve's backends are built in, so only the name of
+    the library the config's own backend would load (or none) means what the user expects."""
+    if not config.runtime:
+        return
+    backend = config.backend or _PLATFORM_BACKENDS.get(config.platform, config.platform)
+    expected = f"libtriton_{backend}.so" if backend else ""
+    if config.runtime != expected:
+        choice = f"leave it empty or set '{expected}'" if expected else "leave it empty"
+        raise ModelLoadError(
+            f"model '{config.name}': runtime '{config.runtime}' is not supported: geserve's backends are built in "
+            f"and it cannot load another backend library; {choice}"
+        )
 
 
 def validate_config(config: mc.ModelConfig) -> None:
