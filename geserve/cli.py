@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import sys
@@ -58,6 +59,23 @@ def _trace_settings(entries: Sequence[str]) -> dict[str, str | list[str]]:
     return settings
 
 
+def bind_address(text: str, flag: str) -> str:
+    """An address as the socket binds it: Triton's `ipv6:[::1]` (also `ipv6:::1`, `ipv4:127.0.0.1`) is the bare
+    host, as tritonserver's HTTP server reads the same prefixes."""
+    if text.startswith("ipv4:"):
+        return text.removeprefix("ipv4:")
+    if not text.startswith("ipv6:"):
+        return text
+    host = text.removeprefix("ipv6:")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise InvalidArgumentError(f"{flag}={text} is not an IPv6 address; expected e.g. ipv6:[::1]") from None
+    return host
+
+
 def auto_frontend_processes() -> int:
     """`--frontend-processes=auto`: one protocol process per two usable cores, up to 8, and one process
     (everything in it) where only one core is usable."""
@@ -67,8 +85,12 @@ def auto_frontend_processes() -> int:
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.error(triton_flags.unrecognized(extras))
     try:
+        for flag in ("http_address", "grpc_address", "metrics_address"):
+            setattr(args, flag, bind_address(getattr(args, flag), f"--{flag.replace('_', '-')}"))
         latency = metrics_config.parse_entries(args.metrics_config)
         http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
         grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")

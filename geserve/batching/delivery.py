@@ -86,10 +86,17 @@ class Delivery:
         finished = False
         try:
             async for outputs, error, finished in reply.stream.responses():
+                if pending.turn is not None:
+                    # In order: the responses wait (in the stream) until earlier requests have ended theirs.
+                    await pending.turn.wait()
+                    if finished:
+                        pending.turn.finish()
                 if finished:
                     self._record_stream_end(pending, error)
                 yield outputs, error, finished
         finally:
+            if pending.turn is not None:
+                pending.turn.finish()
             if not finished:
                 # The client went away: out of the queue, or the model is told; the request ends as Triton
                 # ends it, a CANCELED failure.
@@ -183,7 +190,17 @@ class Delivery:
         self.finish(request, error)
 
     def finish(self, request: PendingRequest, outcome: Outcome) -> None:
-        """Answer a request, in arrival order when preserve_ordering asks for it."""
+        """Answer a request, in arrival order when preserve_ordering asks for it (in its instance's dispatch
+        order when it has a turn there)."""
+        turn = request.turn
+        if turn is not None and isinstance(request.reply, UnaryReply):
+
+            def answer() -> None:
+                _resolve(request, outcome)
+                turn.finish()
+
+            turn.when_due(answer)
+            return
         if not self._preserve_ordering:
             _resolve(request, outcome)
             return

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from geserve.batching.ordering import Turn
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.request import RequestTimestamps, ScheduledRequest
 from geserve.errors import GeserveError, UnavailableError
@@ -71,6 +72,7 @@ class PendingRequest:
     delayed: bool = False
     dispatched_ns: int = 0
     timestamps: RequestTimestamps | None = None  # once its batch has returned
+    turn: Turn | None = None  # its place in its instance's response order, once dispatched (preserve_ordering)
 
 
 def pending_request(

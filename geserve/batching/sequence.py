@@ -15,6 +15,7 @@ import numpy as np
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.delivery import Delivery, StatsRecorder
 from geserve.batching.lifecycle import InstanceControl
+from geserve.batching.ordering import ResponseOrder
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.queue import PendingRequest, Reply, StreamReply, pending_request
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
@@ -78,6 +79,8 @@ class SequenceScheduler:
     - direct: a batch has one row per slot up to the highest slot with a request ready; empty slots are
       padding with READY false. oldest: a batch takes the oldest ready request of up to `max_batch_size`
       sequences, formed like the dynamic batcher's (preferred sizes, max_queue_delay_microseconds).
+    - oldest with `preserve_ordering`: each instance answers in the order its requests were dispatched to it
+      (Triton's per-instance dynamic batcher order); a decoupled request's responses wait in its stream.
     - A slot is freed when its sequence's END request has run, or after `max_sequence_idle_microseconds`
       without a request; a sequence whose instance died is lost, its queued requests fail.
     """
@@ -110,6 +113,8 @@ class SequenceScheduler:
         self._backlog: deque[_Sequence] = deque()
         self._lost: OrderedDict[CorrelationId, str] = OrderedDict()
         self._queued = 0
+        # oldest with preserve_ordering: each instance's answers in the order its requests were dispatched.
+        self._orders = [ResponseOrder() for _ in range(pool.size)] if settings.preserve_ordering else None
 
     async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
         """Queue one request of a sequence and wait for its outputs and the timestamps of its batch."""
@@ -377,6 +382,8 @@ class SequenceScheduler:
             sequence.requests.popleft()
             sequence.running = True
             request.dispatched_ns = now
+            if self._orders is not None:
+                request.turn = self._orders[index].issue()
             sequences.append(sequence)
         self._queued -= sum(1 for s in sequences if s is not None)
         try:

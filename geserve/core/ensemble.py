@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -251,10 +252,21 @@ class EnsembleSteps:
         task.add_done_callback(self._running.discard)
 
 
+def step_limits(config: mc.ModelConfig) -> tuple[asyncio.Semaphore, ...]:
+    """`ensemble_scheduling.max_inflight_requests`, as Triton bounds it: at most that many requests in flight at
+    each step, counted across all of the ensemble's requests (one bound per step; 0: none)."""
+    limit = config.ensemble_scheduling.max_inflight_requests
+    if limit <= 0:
+        return ()
+    logger.info("Ensemble model '%s' configured with max_inflight_requests: %d", config.name, limit)
+    return tuple(asyncio.Semaphore(limit) for _ in config.ensemble_scheduling.step)
+
+
 class EnsembleScheduler:
     """Runs each request through the step graph: a step starts as soon as its inputs exist, so independent
     steps run side by side, each through its composing model's own scheduler (its batching and instances
-    apply); the first failing step fails the request with its error."""
+    apply); the first failing step fails the request with its error. With max_inflight_requests, a step whose
+    bound is reached waits (its request holds its inputs) until one of that step's requests is done."""
 
     def __init__(self, config: mc.ModelConfig, models: Mapping[str, Model], stats: ModelStats) -> None:
         self._name = config.name
@@ -262,6 +274,7 @@ class EnsembleScheduler:
         self._models = models
         self._stats = stats
         self.instances = EnsembleSteps(self._steps, models)
+        self._limits = step_limits(config)
 
     async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
         """The requested outputs once every step has run; its statistics are its steps' summed (there are no
@@ -354,16 +367,22 @@ class EnsembleScheduler:
         step, model = decoupled
         waiting.remove(step)
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
-        async for streamed, error, _ in model.scheduler.stream(
-            ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id)
-        ):
-            if error is not None:
-                raise error
-            if streamed:
-                async for complete in self._flow(
-                    _with(tensors, step, streamed), waiting, parameters, request_id, timing
-                ):
-                    yield complete
+        # A decoupled step is in flight until its final response, so it holds its place that long.
+        async with self._in_flight(step):
+            async for streamed, error, _ in model.scheduler.stream(
+                ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id)
+            ):
+                if error is not None:
+                    raise error
+                if streamed:
+                    async for complete in self._flow(
+                        _with(tensors, step, streamed), waiting, parameters, request_id, timing
+                    ):
+                        yield complete
+
+    def _in_flight(self, step: Step) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A place among the step's requests in flight: waits while its max_inflight_requests are taken."""
+        return self._limits[step.index] if self._limits else contextlib.nullcontext()
 
     async def _call(
         self,
@@ -376,10 +395,11 @@ class EnsembleScheduler:
         """One step through its composing model, validated as a client's request to it would be; its errors are
         the ensemble request's, word for word."""
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
-        # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
-        return await response_cache.execute(
-            model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
-        )
+        async with self._in_flight(step):
+            # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
+            return await response_cache.execute(
+                model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
+            )
 
 
 def _forwarded(parameters: Parameters) -> Parameters:

@@ -87,6 +87,8 @@ class SequenceSettings:
     max_delay_ns: int
     minimum_slot_utilization: float
     preferred_sizes: tuple[int, ...]
+    # oldest: responses leave each instance in the order its requests were dispatched to it.
+    preserve_ordering: bool = False
 
     @property
     def batched(self) -> bool:
@@ -149,6 +151,7 @@ def settings_of(config: mc.ModelConfig) -> SequenceSettings:
         max_delay_ns=delay_us * 1000,
         minimum_slot_utilization=0.0 if oldest else float(batching.direct.minimum_slot_utilization),
         preferred_sizes=preferred,
+        preserve_ordering=oldest and batching.oldest.preserve_ordering,
     )
 
 

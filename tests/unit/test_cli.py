@@ -138,7 +138,8 @@ def test_tritonserver_tuning_flags_are_ignored_with_a_warning() -> None:
     )  # fmt: skip
     assert options.server.warnings == (
         "ignoring --backend-directory: geserve's backends are built in",
-        "ignoring --pinned-memory-pool-byte-size: geserve has no pinned memory pool",
+        "ignoring --pinned-memory-pool-byte-size: geserve has no pinned memory pool; batches travel in each worker's "
+        "shared-memory arenas (--worker-arena-size)",
         "ignoring --cuda-memory-pool-byte-size: geserve has no CUDA memory pool",
         "ignoring --http-thread-count: HTTP is served by one event loop",
         "ignoring --backend-config=tensorrt,coalesce-request-input=true: only tuning of Triton's own backends",

@@ -28,7 +28,9 @@ CONTROLS = """
 
 
 class Harness:
-    def __init__(self, max_batch_size: int, strategy: str = "", instances: int = 1, corrid: str = "UINT64") -> None:
+    def __init__(
+        self, max_batch_size: int, strategy: str = "", instances: int = 1, corrid: str = "UINT64", capacity: int = 1
+    ) -> None:
         controls = CONTROLS.replace("TYPE_UINT64", f"TYPE_{corrid}")
         config = parse_config_text(
             f'name: "m" max_batch_size: {max_batch_size} '
@@ -37,6 +39,8 @@ class Harness:
         )
         self.clock = ManualClock()
         self.instances = [ScriptedInstance(self.clock, f"i{n}") for n in range(instances)]
+        for instance in self.instances:
+            instance.capacity = capacity
         self.stats = ModelStats()
         settings = settings_of(config)
         self.scheduler = SequenceScheduler("m", InstancePool(self.instances), settings, self.stats, self.clock)
@@ -208,3 +212,21 @@ async def test_ids_the_corrid_control_cannot_hold_are_refused(corrid: str, seque
     assert h.column(0, "CORRID") == ([b"s"] if corrid == "STRING" else [3])
     h.instances[0].finish()
     await good
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+async def test_oldest_preserve_ordering_answers_in_dispatch_order(preserve: bool) -> None:
+    strategy = f"oldest {{ max_candidate_sequences: 2 preserve_ordering: {str(preserve).lower()} }}"
+    # Two batches on the instance at once, so the second can finish first.
+    h = Harness(max_batch_size=1, strategy=strategy, capacity=2)
+    first = h.send(1, 1.0, start=True, end=True)
+    await settle()
+    second = h.send(2, 2.0, start=True, end=True)
+    await settle()
+    assert len(h.instances[0].batches) == 2
+    h.instances[0]._waiting[1].set_result(None)  # the later request's batch finishes first
+    await settle()
+    assert second.done() is not preserve
+    h.instances[0].finish()
+    assert (await first)["OUT0"].tolist() == [[1.0, 1.0]]
+    assert (await second)["OUT0"].tolist() == [[2.0, 2.0]]
