@@ -1,4 +1,4 @@
-"""Rows whose proof lands with work not merged yet, and rows whose answer is still to be decided."""
+"""Rows whose proof lands with work not merged yet."""
 
 from __future__ import annotations
 
@@ -20,19 +20,6 @@ PENDING_TEST_FILES = frozenset(
         "tests/e2e/test_ensemble_inflight.py",
         "tests/e2e/test_sequence_ordering.py",
         "tests/unit/test_triton_flags.py",
-    }
-)
-
-# Rows that read "accepted, no effect (undecided)": fields geserve accepts and ignores today, each to become
-# "works" or "refused". The suite fails on any other such row, and on an entry here that no longer reads so.
-UNDECIDED = "accepted, no effect (undecided)"
-UNDECIDED_ROWS = frozenset(
-    {
-        "config:runtime",
-        "config:input.is_shape_tensor",
-        "config:output.is_shape_tensor",
-        "config:input.is_non_linear_format_io",
-        "config:output.is_non_linear_format_io",
     }
 )
 

@@ -44,6 +44,16 @@ ensemble_scheduling {{
           output_map {{ key: "OUTPUT0" value: "OUT" }} }}]
 }}
 """
+# Ragged batches are a python-model feature (other backends refuse them at load).
+RAGGED_PYTHON = f"""
+name: "{MODEL}"
+backend: "python"
+max_batch_size: 8
+dynamic_batching {{ }}
+input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true }}]
+output [{{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }}]
+"""
+PYTHON_MODEL = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
 # Where setting the one field alone would not make a config Triton loads, the whole config that uses it.
 EXAMPLES = {
     "name": BASE,
@@ -56,6 +66,7 @@ EXAMPLES = {
     "ensemble_scheduling.step.input_map": ENSEMBLE,
     "ensemble_scheduling.step.output_map": ENSEMBLE,
     "backend": BASE,
+    "input.allow_ragged_batch": RAGGED_PYTHON,
     "dynamic_batching.default_priority_level": BASE
     + "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
     "dynamic_batching.priority_queue_policy": BASE
@@ -90,6 +101,13 @@ def _sample(field: descriptor.FieldDescriptor) -> object:
     return 1
 
 
+def _repeated(field: descriptor.FieldDescriptor) -> bool:
+    # protobuf 6 deprecates `label` for `is_repeated`; older releases have only `label`.
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return bool(field.label == descriptor.FieldDescriptor.LABEL_REPEATED)
+
+
 def with_field(key: str) -> mc.ModelConfig:
     """The base config with the row's field set to a value other than its default (or the row's example)."""
     config = mc.ModelConfig()
@@ -117,11 +135,11 @@ def with_field(key: str) -> mc.ModelConfig:
             message = container[map_key]
             if last and value_field.message_type.name == "ModelParameter":
                 message.string_value = PARAMETER_VALUES.get(map_key, "x")
-        elif field.label == descriptor.FieldDescriptor.LABEL_REPEATED and field.message_type is not None:
+        elif _repeated(field) and field.message_type is not None:
             message = container[0] if len(container) else container.add()
             if last and field.message_type.fields and field.message_type.fields[0].name == "name":
                 message.name = message.name or "x"
-        elif field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+        elif _repeated(field):
             container.append(_sample(field))
         elif field.message_type is not None:
             container.SetInParent()
@@ -136,6 +154,8 @@ def load(config: mc.ModelConfig, tmp_path: Path) -> None:
     folder = tmp_path / MODEL
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
+    if config.backend == "python":
+        (folder / "1" / "model.py").write_text(PYTHON_MODEL, encoding="utf-8")
     prepared, _ = prepare_model(ModelSource(MODEL, folder), PoolFactory(WorkerSettings()))
     config_io.validate_config(prepared)
 

@@ -8,7 +8,6 @@ import pytest
 
 from geserve.core.service import EXTENSIONS
 from tests.parity import names
-from tests.parity.pending import UNDECIDED, UNDECIDED_ROWS
 from tests.parity.table import STATUSES, readme_rows, rows_of
 
 
@@ -72,17 +71,9 @@ def test_row_names_something_that_exists(row) -> None:  # type: ignore[no-untype
 
 @pytest.mark.parametrize("row", readme_rows(), ids=lambda row: row.id)
 def test_row_has_a_status_and_a_reason(row) -> None:  # type: ignore[no-untyped-def]
-    if row.id in UNDECIDED_ROWS:
-        assert row.status == UNDECIDED
-    else:
-        assert row.status in STATUSES, f"README line {row.line}: status '{row.status}'"
-        assert "no effect" not in f"{row.status} {row.reason}".lower(), f"README line {row.line} reads 'no effect'"
+    assert row.status in STATUSES, f"README line {row.line}: status '{row.status}'"
+    assert "no effect" not in f"{row.status} {row.reason}".lower(), f"README line {row.line} reads 'no effect'"
     assert len(row.reason) > 3, f"README line {row.line}: no reason"
-
-
-def test_undecided_rows_are_rows() -> None:
-    undecided = {row.id for row in readme_rows() if row.status == UNDECIDED}
-    assert undecided == UNDECIDED_ROWS
 
 
 @pytest.mark.parametrize("row", rows_of("extension"), ids=lambda row: row.key)

@@ -13,6 +13,7 @@ from geserve.repository.config import (
     fill_defaults,
     parse_config_text,
     read_model_config,
+    refuse_unsupported,
     validate_config,
 )
 from geserve.repository.scan import available_versions, scan_repositories, select_versions
@@ -154,3 +155,43 @@ def test_scan_finds_conflicts(tmp_path: Path) -> None:
     assert "appears in multiple repositories" in result.conflicts["shared"]
     with pytest.raises(FileNotFoundError):
         scan_repositories([tmp_path / "missing"])
+
+
+TENSORS = 'input [ { name: "i" data_type: TYPE_FP32 dims: [1] %s } ] output [ { name: "o" data_type: TYPE_FP32 dims: [1] %s } ]'
+
+
+@pytest.mark.parametrize(
+    ("input_extra", "output_extra", "message"),
+    [
+        ("is_shape_tensor: true", "", "model 'm' input 'i': is_shape_tensor is not supported by geserve"),
+        ("", "is_shape_tensor: true", "model 'm' output 'o': is_shape_tensor is not supported by geserve"),
+        ("is_non_linear_format_io: true", "", "input 'i': is_non_linear_format_io is not supported by geserve"),
+        ("", "is_non_linear_format_io: true", "output 'o': is_non_linear_format_io is not supported by geserve"),
+    ],
+)
+def test_tensorrt_tensor_properties_are_refused(input_extra: str, output_extra: str, message: str) -> None:
+    config = parse_config_text(f'name: "m" {TENSORS % (input_extra, output_extra)}', "c")
+    with pytest.raises(ModelLoadError, match=message):
+        refuse_unsupported(config)
+    refuse_unsupported(parse_config_text(f'name: "m" {TENSORS % ("", "")}', "c"))  # without them it loads
+
+
+@pytest.mark.parametrize(
+    ("header", "allowed"),
+    [
+        ('backend: "onnxruntime"', True),
+        ('backend: "onnxruntime" runtime: "libtriton_onnxruntime.so"', True),
+        ('platform: "onnxruntime_onnx" runtime: "libtriton_onnxruntime.so"', True),
+        ('backend: "python" runtime: "libtriton_python.so"', True),
+        ('backend: "onnxruntime" runtime: "libtriton_tensorrt.so"', False),
+        ('backend: "python" runtime: "model.py"', False),
+        ('runtime: "libcustom.so"', False),
+    ],
+)
+def test_runtime_must_name_the_configs_own_backend(header: str, allowed: bool) -> None:
+    config = parse_config_text(f'name: "m" {header} {TENSORS % ("", "")}', "c")
+    if allowed:
+        refuse_unsupported(config)
+    else:
+        with pytest.raises(ModelLoadError, match=r"runtime '.*' is not supported: geserve's backends are built in"):
+            refuse_unsupported(config)
