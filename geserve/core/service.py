@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -41,6 +42,7 @@ from geserve.types import (
     ModelMetadata,
     ServerMetadata,
     StreamedResponse,
+    TraceRecord,
     VersionSnapshot,
 )
 
@@ -149,6 +151,10 @@ class InferenceService:
             self.model_version(model)
         return self._traces.update(model, changes)
 
+    async def record_trace(self, trace: TraceRecord) -> None:
+        """A response's trace, completed by the front-end that sent it: written where the settings say."""
+        self._traces.record(trace)
+
     async def log_settings(self) -> dict[str, Any]:
         return self._log_settings.as_json()
 
@@ -178,6 +184,7 @@ class InferenceService:
         await self._monitor.stop()
         await self._repository.shutdown()
         self._shared_memory.close()
+        await asyncio.to_thread(self._traces.close)  # the last traces, and the end of the trace file
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -278,7 +285,8 @@ class InferenceService:
             if answered.timestamps is not None:  # an ensemble's are its steps'
                 trace.add(answered.timestamps.marks())
             trace.mark("REQUEST_END", time.monotonic_ns())
-            trace.emit()
+            # The front-end adds its receive and send moments and hands the trace back (record_trace).
+            response = replace(response, trace=trace.finished())
         return response
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:

@@ -1,0 +1,119 @@
+"""Triton's trace file through tritonclient, HTTP and gRPC: written in Triton's format, rotated by log_frequency."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support import GeserveProcess, copy_model
+
+pytestmark = pytest.mark.e2e
+
+CORE = [
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "REQUEST_END",
+    "INFER_RESPONSE_COMPLETE",
+]
+HTTP_NAMES = ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_NAMES = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE, "GRPC_SEND_START", "GRPC_SEND_END"]
+
+
+def _infer(client: Any, module: Any, request_id: str) -> None:
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(data)
+    result = client.infer("simple", inputs, request_id=request_id)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data * 2)
+
+
+def _traces(path: Path) -> dict[int, dict[str, Any]]:
+    """A Triton trace file's objects grouped by trace id, as Triton's trace_summary.py reads them: the
+    object naming the model first, then the timestamps in the order written."""
+    objects = json.loads(path.read_text())
+    assert isinstance(objects, list)
+    traces: dict[int, dict[str, Any]] = defaultdict(lambda: {"timestamps": []})
+    for item in objects:
+        trace = traces[item["id"]]
+        if "model_name" in item:
+            assert not trace["timestamps"], "the model object comes before the trace's timestamps"
+            trace.update(model_name=item["model_name"], model_version=item["model_version"])
+            trace["request_id"] = item.get("request_id", "")
+        else:
+            assert set(item) == {"id", "timestamps"} and len(item["timestamps"]) == 1
+            trace["timestamps"].append((item["timestamps"][0]["name"], item["timestamps"][0]["ns"]))
+    return dict(traces)
+
+
+def _check(trace: dict[str, Any], names: list[str]) -> None:
+    assert trace["model_name"] == "simple" and trace["model_version"] == 1
+    assert [name for name, _ in trace["timestamps"]] == names
+    stamps = [ns for _, ns in trace["timestamps"]]
+    assert stamps == sorted(stamps)  # one clock for the front-end and the core, whichever process each ran in
+
+
+def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    copy_model("simple", repository)
+    trace_file = tmp_path / "trace.json"
+    server = GeserveProcess(
+        tmp_path / "geserve.log",
+        f"--model-repository={repository}",
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=1",
+    ).wait_live()
+    try:
+        http = httpclient.InferenceServerClient(server.url)
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        settings = http.get_trace_settings()
+        assert settings["trace_file"] == str(trace_file) and settings["log_frequency"] == "0"
+        grpc_settings = grpc.get_trace_settings(as_json=True)["settings"]
+        assert grpc_settings["trace_file"]["value"] == [str(trace_file)]
+        for index in range(2):
+            _infer(http, httpclient, f"http-{index}")
+            _infer(grpc, grpcclient, f"grpc-{index}")
+        with pytest.raises(InferenceServerException) as error:
+            http.update_trace_settings(settings={"trace_file": str(tmp_path / "elsewhere.json")})
+        assert error.value.message() == "trace file location can not be updated through network protocol"
+        # A new log_frequency is a new setting: what the old one collected goes to the file, the next
+        # traces to trace.json.<n> every 2 of them.
+        assert http.update_trace_settings(settings={"log_frequency": "2"})["log_frequency"] == "2"
+        assert grpc.get_trace_settings(as_json=True)["settings"]["log_frequency"]["value"] == ["2"]
+        for index in range(2):
+            _infer(http, httpclient, f"rotated-{index}")
+        _infer(grpc, grpcclient, "left-over")
+        assert http.get_trace_settings()["trace_file"] == str(trace_file)  # still serving after the refusal
+        http.close()
+        grpc.close()
+    finally:
+        assert server.stop() == 0, server.log()
+    assert not (tmp_path / "elsewhere.json").exists()
+    traces = _traces(trace_file)
+    assert sorted(trace["request_id"] for trace in traces.values()) == ["grpc-0", "grpc-1", "http-0", "http-1"]
+    for trace in traces.values():
+        _check(trace, HTTP_NAMES if trace["request_id"].startswith("http") else GRPC_NAMES)
+    rotated = _traces(Path(f"{trace_file}.0"))
+    assert sorted(trace["request_id"] for trace in rotated.values()) == ["rotated-0", "rotated-1"]
+    for trace in rotated.values():
+        _check(trace, HTTP_NAMES)
+    # The one trace short of log_frequency is written at shutdown, to the next indexed file (as Triton's).
+    left = _traces(Path(f"{trace_file}.1"))
+    assert [trace["request_id"] for trace in left.values()] == ["left-over"]
+    _check(next(iter(left.values())), GRPC_NAMES)
+    assert not Path(f"{trace_file}.2").exists()
+    ids = [*traces, *rotated, *left]
+    assert len(set(ids)) == len(ids) == 7
