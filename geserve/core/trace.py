@@ -1,5 +1,4 @@
-"""The trace extension: global and per-model settings, sampling, and where TIMESTAMPS traces go (Triton's
-trace file with `trace_file`, the log without one)."""
+"""The trace extension: global and per-model settings, sampling, and TIMESTAMPS traces to the trace file or log."""
 
 from __future__ import annotations
 
