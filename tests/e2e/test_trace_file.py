@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,29 @@ HTTP_NAMES = ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "HTTP_SEND_START", "HTT
 GRPC_NAMES = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE, "GRPC_SEND_START", "GRPC_SEND_END"]
 
 
-def _infer(client: Any, module: Any, request_id: str) -> None:
-    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+DATA = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+
+def _inputs(module: Any) -> list[Any]:
     inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
     for tensor in inputs:
-        tensor.set_data_from_numpy(data)
-    result = client.infer("simple", inputs, request_id=request_id)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data * 2)
+        tensor.set_data_from_numpy(DATA)
+    return inputs
+
+
+def _infer(client: Any, module: Any, request_id: str) -> None:
+    result = client.infer("simple", _inputs(module), request_id=request_id)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA * 2)
+
+
+def _stream_infer(client: grpcclient.InferenceServerClient, request_id: str) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.async_stream_infer("simple", _inputs(grpcclient), request_id=request_id)
+    result, error = answers.get(timeout=60)
+    client.stop_stream()
+    assert error is None
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA * 2)
 
 
 def _traces(path: Path) -> dict[int, dict[str, Any]]:
@@ -86,6 +103,7 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
         for index in range(2):
             _infer(http, httpclient, f"http-{index}")
             _infer(grpc, grpcclient, f"grpc-{index}")
+        _stream_infer(grpc, "grpc-stream")
         with pytest.raises(InferenceServerException) as error:
             http.update_trace_settings(settings={"trace_file": str(tmp_path / "elsewhere.json")})
         assert error.value.message() == "trace file location can not be updated through network protocol"
@@ -103,7 +121,13 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
         assert server.stop() == 0, server.log()
     assert not (tmp_path / "elsewhere.json").exists()
     traces = _traces(trace_file)
-    assert sorted(trace["request_id"] for trace in traces.values()) == ["grpc-0", "grpc-1", "http-0", "http-1"]
+    assert sorted(trace["request_id"] for trace in traces.values()) == [
+        "grpc-0",
+        "grpc-1",
+        "grpc-stream",
+        "http-0",
+        "http-1",
+    ]
     for trace in traces.values():
         _check(trace, HTTP_NAMES if trace["request_id"].startswith("http") else GRPC_NAMES)
     rotated = _traces(Path(f"{trace_file}.0"))
@@ -116,4 +140,4 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
     _check(next(iter(left.values())), GRPC_NAMES)
     assert not Path(f"{trace_file}.2").exists()
     ids = [*traces, *rotated, *left]
-    assert len(set(ids)) == len(ids) == 7
+    assert len(set(ids)) == len(ids) == 8
