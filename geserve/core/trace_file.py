@@ -46,10 +46,14 @@ class TraceFile:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._handle: BinaryIO | None = None  # PATH, once opened; only the writing thread touches it
+        self._closed = False
 
     def save(self, traces: list[bytes], indexed: bool) -> None:
         """Queue `traces` (each from trace_objects) for PATH, or for the next PATH.<n> when `indexed`."""
         if not traces:
+            return
+        if self._closed:  # PATH is a whole array already: reopening it would truncate it
+            logger.warning("%d trace(s) finished after the trace file was closed were not written", len(traces))
             return
         index = None
         if indexed:
@@ -61,6 +65,7 @@ class TraceFile:
 
     def close(self) -> None:
         """Write what is queued and end PATH's array; blocks until the thread is done."""
+        self._closed = True
         if self._thread is None:
             return
         self._jobs.put(None)

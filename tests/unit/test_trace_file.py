@@ -48,6 +48,8 @@ def test_the_file_is_one_array_once_closed_and_indexed_files_are_whole(tmp_path:
     assert _ids(tmp_path / "trace.json.0") == [2, 3]
     assert _ids(tmp_path / "trace.json.1") == [5]
     assert sorted(entry.name for entry in tmp_path.iterdir()) == ["trace.json", "trace.json.0", "trace.json.1"]
+    file.save([trace_objects(_record(6))], indexed=False)  # too late: the array stays whole
+    assert _ids(path) == [1, 4]
 
 
 def test_no_traces_no_file(tmp_path: Path) -> None:
