@@ -112,10 +112,11 @@ class TraceRecord:
     timestamps: tuple[TraceMark, ...]
     scope: str | None = None
     parent_id: int = 0
+    children: tuple[TraceRecord, ...] = ()  # an ensemble's: one per step it ran, each naming this one its parent
 
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.id, self.model_name, self.model_version, self.request_id, self.timestamps)
-        return (TraceRecord, (*fields, self.scope, self.parent_id))
+        return (TraceRecord, (*fields, self.scope, self.parent_id, self.children))
 
     def around(self, before: tuple[TraceMark, ...], after: tuple[TraceMark, ...]) -> TraceRecord:
         """This trace with the front-end's marks: those taken before the core saw the request, then those after."""
@@ -127,6 +128,7 @@ class TraceRecord:
             (*before, *self.timestamps, *after),
             self.scope,
             self.parent_id,
+            self.children,
         )
 
 

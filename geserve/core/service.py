@@ -26,7 +26,7 @@ from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
 from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
 from geserve.core.stats import statistics_json
-from geserve.core.trace import TraceController
+from geserve.core.trace import TraceController, traced_steps
 from geserve.errors import (
     DecoupledModelError,
     GeserveError,
@@ -276,7 +276,12 @@ class InferenceService:
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
-            answered = await model.scheduler.execute(scheduled)
+            # An ensemble notes the steps it runs for a traced request: they are the trace's children.
+            noted = traced_steps.set(trace.steps if trace is not None else None)
+            try:
+                answered = await model.scheduler.execute(scheduled)
+            finally:
+                traced_steps.reset(noted)
             response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -158,7 +159,7 @@ class TraceController:
         self._remaining[scope] = remaining - 1 if remaining > 0 else -1
         if self._file is not None:
             self._collection(scope, settings).created += 1
-        return Trace(next(self._ids), model, version, request_id, scope)
+        return Trace(next(self._ids), model, version, request_id, scope, self._ids)
 
     def record(self, record: TraceRecord) -> None:
         """A finished trace (the front-end's moments included): to the trace file, or the log without one."""
@@ -185,26 +186,49 @@ class TraceController:
 
 
 def _log_record(record: TraceRecord) -> dict[str, Any]:
-    return {
+    logged: dict[str, Any] = {
         "id": record.id,
         "model_name": record.model_name,
         "model_version": record.model_version,
         "request_id": record.request_id,
         "timestamps": [{"name": name, "ns": ns} for name, ns in record.timestamps],
     }
+    if record.parent_id:
+        logged["parent_id"] = record.parent_id
+    if record.children:
+        logged["children"] = [_log_record(child) for child in record.children]
+    return logged
+
+
+class StepTrace(NamedTuple):
+    """One step an ensemble ran for a traced request: its model, when the call started and ended, and its
+    batch's timestamps."""
+
+    model_name: str
+    model_version: str
+    started_ns: int
+    ended_ns: int
+    marks: tuple[TraceMark, ...]
+
+
+# Where the ensemble a traced request runs notes its steps (None: the request is not traced). A context
+# variable, so that the steps' tasks, which copy their context when the ensemble starts them, note theirs.
+traced_steps: ContextVar[list[StepTrace] | None] = ContextVar("traced_steps", default=None)
 
 
 @dataclass(slots=True)
 class Trace:
     """One traced request's timestamps as the core takes them (time.monotonic_ns, as the scheduler and
-    workers take them); `scope` is whose setting sampled it."""
+    workers take them); `scope` is whose setting sampled it, `ids` where its children's ids come from."""
 
     id: int
     model_name: str
     model_version: str
     request_id: str
     scope: str | None = None
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     timestamps: list[TraceMark] = field(default_factory=list)
+    steps: list[StepTrace] = field(default_factory=list)
 
     def mark(self, name: str, ns: int) -> None:
         self.timestamps.append((name, ns))
@@ -214,6 +238,19 @@ class Trace:
 
     def finished(self) -> TraceRecord:
         """What the front-end gets with the response, to add its moments to."""
+        children = tuple(
+            TraceRecord(
+                next(self.ids),
+                step.model_name,
+                step.model_version,
+                self.request_id,
+                (("REQUEST_START", step.started_ns), *step.marks, ("REQUEST_END", step.ended_ns)),
+                self.scope,
+                self.id,
+            )
+            for step in self.steps
+        )
+        timestamps = tuple(self.timestamps)
         return TraceRecord(
-            self.id, self.model_name, self.model_version, self.request_id, tuple(self.timestamps), self.scope
+            self.id, self.model_name, self.model_version, self.request_id, timestamps, self.scope, 0, children
         )

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 def trace_objects(record: TraceRecord) -> bytes:
     """One trace as Triton writes it, without the array's brackets: the object naming its model, then one
-    object per timestamp, every one carrying the trace's id."""
+    object per timestamp, every one carrying the trace's id; then its children's (an ensemble's steps)."""
     head: dict[str, object] = {"id": record.id, "model_name": record.model_name}
     # Triton writes the version it ran as a number.
     head["model_version"] = int(record.model_version) if record.model_version.isdigit() else record.model_version
@@ -28,6 +28,7 @@ def trace_objects(record: TraceRecord) -> bytes:
     parts.extend(
         orjson.dumps({"id": record.id, "timestamps": [{"name": name, "ns": ns}]}) for name, ns in record.timestamps
     )
+    parts.extend(trace_objects(child) for child in record.children)
     return b",".join(parts)
 
 

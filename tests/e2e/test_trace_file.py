@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, copy_model
+from tests.support import GeserveProcess, copy_model, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -68,15 +68,34 @@ def _traces(path: Path) -> dict[int, dict[str, Any]]:
         if "model_name" in item:
             assert not trace["timestamps"], "the model object comes before the trace's timestamps"
             trace.update(model_name=item["model_name"], model_version=item["model_version"])
-            trace["request_id"] = item.get("request_id", "")
+            trace.update(request_id=item.get("request_id", ""), parent_id=item.get("parent_id", 0))
         else:
             assert set(item) == {"id", "timestamps"} and len(item["timestamps"]) == 1
             trace["timestamps"].append((item["timestamps"][0]["name"], item["timestamps"][0]["ns"]))
     return dict(traces)
 
 
-def _check(trace: dict[str, Any], names: list[str]) -> None:
-    assert trace["model_name"] == "simple" and trace["model_version"] == 1
+CHAIN = (
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    "ensemble_scheduling { step [ "
+    '{ model_name: "pass_a" model_version: -1 input_map { key: "INPUT0" value: "X" } '
+    'output_map { key: "OUTPUT0" value: "mid" } }, '
+    '{ model_name: "pass_b" model_version: -1 input_map { key: "INPUT0" value: "mid" } '
+    'output_map { key: "OUTPUT0" value: "Y" } } ] }'
+)
+
+
+def _write_chain(repository: Path) -> None:
+    for name in ("pass_a", "pass_b"):
+        write_identity_model(repository, name)
+    (repository / "chain" / "1").mkdir(parents=True)
+    text = f'name: "chain"\nplatform: "ensemble"\nmax_batch_size: 8\n{CHAIN}\n'
+    (repository / "chain" / "config.pbtxt").write_text(text)
+
+
+def _check(trace: dict[str, Any], names: list[str], model: str = "simple") -> None:
+    assert trace["model_name"] == model and trace["model_version"] == 1
     assert [name for name, _ in trace["timestamps"]] == names
     stamps = [ns for _, ns in trace["timestamps"]]
     assert stamps == sorted(stamps)  # one clock for the front-end and the core, whichever process each ran in
@@ -85,6 +104,7 @@ def _check(trace: dict[str, Any], names: list[str]) -> None:
 def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp_path: Path) -> None:
     repository = tmp_path / "models"
     copy_model("simple", repository)
+    _write_chain(repository)
     trace_file = tmp_path / "trace.json"
     server = GeserveProcess(
         tmp_path / "geserve.log",
@@ -104,6 +124,10 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
             _infer(http, httpclient, f"http-{index}")
             _infer(grpc, grpcclient, f"grpc-{index}")
         _stream_infer(grpc, "grpc-stream")
+        chained = httpclient.InferInput("X", [1, 3], "FP32")
+        chained.set_data_from_numpy(np.array([[1, 2, 3]], dtype=np.float32))
+        result = http.infer("chain", [chained], request_id="ensemble")
+        assert result.as_numpy("Y").tolist() == [[1, 2, 3]]
         with pytest.raises(InferenceServerException) as error:
             http.update_trace_settings(settings={"trace_file": str(tmp_path / "elsewhere.json")})
         assert error.value.message() == "trace file location can not be updated through network protocol"
@@ -121,6 +145,15 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
         assert server.stop() == 0, server.log()
     assert not (tmp_path / "elsewhere.json").exists()
     traces = _traces(trace_file)
+    # An ensemble's steps are traces of their own, each naming the ensemble's its parent.
+    (parent,) = [(key, trace) for key, trace in traces.items() if trace["model_name"] == "chain"]
+    front, back = HTTP_NAMES[:2], HTTP_NAMES[-3:]
+    _check(traces.pop(parent[0]), [*front, "REQUEST_START", "REQUEST_END", *back], model="chain")
+    steps = {key: trace for key, trace in traces.items() if trace["parent_id"]}
+    assert sorted(trace["model_name"] for trace in steps.values()) == ["pass_a", "pass_b"]
+    for key, trace in steps.items():
+        assert trace["parent_id"] == parent[0] and trace["request_id"] == "ensemble"
+        _check(traces.pop(key), CORE[:-1], model=trace["model_name"])
     assert sorted(trace["request_id"] for trace in traces.values()) == [
         "grpc-0",
         "grpc-1",
@@ -139,5 +172,5 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
     assert [trace["request_id"] for trace in left.values()] == ["left-over"]
     _check(next(iter(left.values())), GRPC_NAMES)
     assert not Path(f"{trace_file}.2").exists()
-    ids = [*traces, *rotated, *left]
-    assert len(set(ids)) == len(ids) == 8
+    ids = [parent[0], *steps, *traces, *rotated, *left]
+    assert len(set(ids)) == len(ids) == 11
