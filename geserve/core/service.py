@@ -276,12 +276,14 @@ class InferenceService:
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
-            # An ensemble notes the steps it runs for a traced request: they are the trace's children.
-            noted = traced_steps.set(trace.steps if trace is not None else None)
-            try:
+            if trace is None:
                 answered = await model.scheduler.execute(scheduled)
-            finally:
-                traced_steps.reset(noted)
+            else:  # an ensemble notes the steps it runs for a traced request: they are the trace's children
+                noted = traced_steps.set(trace.steps)
+                try:
+                    answered = await model.scheduler.execute(scheduled)
+                finally:
+                    traced_steps.reset(noted)
             response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
