@@ -286,6 +286,10 @@ class InferenceService:
                     traced_steps.reset(noted)
             response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
+            if trace is not None:  # a failed request's trace is written too, as Triton's (its core moments only)
+                trace.mark("REQUEST_START", started_ns)
+                trace.mark("REQUEST_END", time.monotonic_ns())
+                self._traces.record(trace.finished())
             raise error.with_request_id(request.id) from None
         if trace is not None:
             trace.mark("REQUEST_START", started_ns)
