@@ -151,7 +151,7 @@ class TraceController:
         if settings["trace_level"] == ["OFF"]:
             return None
         seen = self._seen[scope] = self._seen.get(scope, 0) + 1
-        if (seen - 1) % int(str(settings["trace_rate"])) != 0:
+        if seen % int(str(settings["trace_rate"])) != 0:  # the rate-th, the 2*rate-th...: Triton's sampling
             return None
         remaining = self._remaining.get(scope, int(str(settings["trace_count"])))
         if remaining == 0:

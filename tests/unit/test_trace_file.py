@@ -130,7 +130,7 @@ def test_a_new_log_frequency_writes_out_what_the_old_setting_collected(tmp_path:
 def test_a_model_with_its_own_settings_samples_and_collects_under_them(tmp_path: Path) -> None:
     controller = _controller(tmp_path)
     controller.update("simple", {"log_frequency": "1", "trace_rate": "2"})
-    assert [_run(controller, f"s{index}") for index in range(3)] == [True, False, True]
+    assert [_run(controller, f"s{index}") for index in range(5)] == [False, True, False, True, False]
     assert _run(controller, "global", model="other")
     controller.close()
     assert [_ids(tmp_path / f"trace.json.{index}") for index in range(2)] == [[1], [2]]
