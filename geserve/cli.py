@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from geserve import triton_flags
+from geserve import trace_flags, triton_flags
 from geserve.cache_config import parse_cache_flags
 from geserve.core.log_control import LogSettings
 from geserve.core.trace import TraceController
@@ -30,33 +30,6 @@ from geserve.settings import (
     WorkerSettings,
 )
 from geserve.workers.devices import discover_devices
-
-_TRACE_KEYS = {
-    "level": "trace_level",
-    "rate": "trace_rate",
-    "count": "trace_count",
-    "log-frequency": "log_frequency",
-    "log_frequency": "log_frequency",
-    "file": "trace_file",
-    "mode": "trace_mode",
-}
-
-
-def _trace_settings(entries: Sequence[str]) -> dict[str, str | list[str]]:
-    settings: dict[str, str | list[str]] = {}
-    for entry in entries:
-        text = entry.removeprefix("triton,")
-        key, separator, value = text.partition("=")
-        if not separator or key not in _TRACE_KEYS:
-            raise InvalidArgumentError(f"--trace-config expects [triton,]<key>=<value> with a known key, got '{entry}'")
-        name = _TRACE_KEYS[key]
-        if name == "trace_level":
-            levels = settings.setdefault("trace_level", [])
-            assert isinstance(levels, list)
-            levels.append(value.upper())
-        else:
-            settings[name] = value
-    return settings
 
 
 def bind_address(text: str, flag: str) -> str:
@@ -94,12 +67,13 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         latency = metrics_config.parse_entries(args.metrics_config)
         http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
         grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
-        trace_settings = _trace_settings(args.trace_config)
+        trace_settings, trace_warnings = trace_flags.trace_settings(args)
         TraceController(trace_settings)  # checks the values
         cache_bytes, cache_warnings = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
     except GeserveError as error:
         parser.error(error.message)
     warnings, refusal = triton_flags.check(args)
+    warnings = [*trace_warnings, *warnings]
     if refusal is not None:
         parser.error(refusal)
     if "*" in args.load_model and len(args.load_model) > 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from geserve import triton_flags
+from geserve import trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
 from geserve.restrictions import GROUPS
 from geserve.settings import DEFAULT_ARENA_BYTES, DEFAULT_MAX_INPUT_SIZE, ControlMode, GrpcSettings, HttpSettings
@@ -326,12 +326,6 @@ def build_parser() -> argparse.ArgumentParser:
     _boolean(group, "--log-error", True, "log errors")
     group.add_argument("--log-format", choices=list(FORMATS), default="default", help="log line format")
     group.add_argument("--log-file", default="", metavar="PATH", help="log to this file instead of the console")
-    group.add_argument(
-        "--trace-config",
-        action="append",
-        default=[],
-        metavar="[triton,]KEY=VALUE",
-        help="level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N; traces go to the log; repeatable",
-    )
+    trace_flags.add_flags(group)
     triton_flags.add_flags(parser)
     return parser

@@ -95,18 +95,58 @@ class OutputTensor:
         return "shared_memory_region" in self.parameters
 
 
+# One trace timestamp: Triton's name for the moment and time.monotonic_ns (CLOCK_MONOTONIC, one clock for
+# every process of the machine, as Triton's steady_clock).
+TraceMark = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """A sampled request's trace: what the core saw, and then the front-end's receive and send moments.
+    `scope` is whose trace settings sampled it (a model with settings of its own, or None: the global ones)."""
+
+    id: int
+    model_name: str
+    model_version: str
+    request_id: str
+    timestamps: tuple[TraceMark, ...]
+    scope: str | None = None
+    parent_id: int = 0
+    children: tuple[TraceRecord, ...] = ()  # an ensemble's: one per step it ran, each naming this one its parent
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (self.id, self.model_name, self.model_version, self.request_id, self.timestamps)
+        return (TraceRecord, (*fields, self.scope, self.parent_id, self.children))
+
+    def around(self, before: tuple[TraceMark, ...], after: tuple[TraceMark, ...]) -> TraceRecord:
+        """This trace with the front-end's marks: those taken before the core saw the request, then those after."""
+        return TraceRecord(
+            self.id,
+            self.model_name,
+            self.model_version,
+            self.request_id,
+            (*before, *self.timestamps, *after),
+            self.scope,
+            self.parent_id,
+            self.children,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class InferResponse:
-    """The answer to one InferRequest, outputs in the order they were requested."""
+    """The answer to one InferRequest, outputs in the order they were requested; `trace` when it was sampled
+    (the front-end adds its moments and hands it back to be written)."""
 
     model_name: str
     model_version: str
     outputs: tuple[OutputTensor, ...]
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+    trace: TraceRecord | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (InferResponse, (self.model_name, self.model_version, self.outputs, self.id, self.parameters))
+        fields = (self.model_name, self.model_version, self.outputs, self.id, self.parameters)
+        return (InferResponse, (*fields, self.trace))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from geserve.types import (
     ModelMetadata,
     ServerMetadata,
     StreamedResponse,
+    TraceRecord,
     VersionSnapshot,
 )
 
@@ -84,6 +85,11 @@ class InferenceAPI(Protocol):
     async def trace_settings(self, model: str | None = None) -> dict[str, list[str] | str]: ...
 
     async def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def record_trace(self, trace: TraceRecord) -> None:
+        """A response's trace (InferResponse.trace) with the front-end's receive and send moments added: written
+        to the trace file (or the log). The front-end need not wait for it."""
+        ...
 
     async def log_settings(self) -> dict[str, Any]: ...
 

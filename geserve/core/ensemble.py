@@ -18,6 +18,7 @@ from geserve.codecs import dtypes
 from geserve.core import response_cache, validation
 from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_version
 from geserve.core.stats import ModelStats
+from geserve.core.trace import StepTrace, traced_steps
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import SCHEDULING_PARAMETERS, InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
 
@@ -395,11 +396,17 @@ class EnsembleScheduler:
         """One step through its composing model, validated as a client's request to it would be; its errors are
         the ensemble request's, word for word."""
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
+        started_ns = time.monotonic_ns()
         async with self._in_flight(step):
             # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
-            return await response_cache.execute(
+            response = await response_cache.execute(
                 model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
             )
+        steps = traced_steps.get()
+        if steps is not None:  # the request is traced: this step is a child of its trace
+            marks = response.timestamps.marks() if response.timestamps is not None else ()
+            steps.append(StepTrace(model.name, model.version_str, started_ns, time.monotonic_ns(), marks))
+        return response
 
 
 def _forwarded(parameters: Parameters) -> Parameters:

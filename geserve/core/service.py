@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -25,7 +26,7 @@ from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
 from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
 from geserve.core.stats import statistics_json
-from geserve.core.trace import TraceController
+from geserve.core.trace import TraceController, traced_steps
 from geserve.errors import (
     DecoupledModelError,
     GeserveError,
@@ -42,6 +43,7 @@ from geserve.types import (
     ModelMetadata,
     ServerMetadata,
     StreamedResponse,
+    TraceRecord,
     VersionSnapshot,
 )
 
@@ -152,6 +154,10 @@ class InferenceService:
             self.model_version(model)
         return self._traces.update(model, changes)
 
+    async def record_trace(self, trace: TraceRecord) -> None:
+        """A response's trace, completed by the front-end that sent it: written where the settings say."""
+        self._traces.record(trace)
+
     async def log_settings(self) -> dict[str, Any]:
         return self._log_settings.as_json()
 
@@ -181,6 +187,7 @@ class InferenceService:
         await self._monitor.stop()
         await self._repository.shutdown()
         self._shared_memory.close()
+        await asyncio.to_thread(self._traces.close)  # the last traces, and the end of the trace file
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -297,16 +304,28 @@ class InferenceService:
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
-            answered = await response_cache.execute(model, scheduled, started_ns)
+            if trace is None:
+                answered = await response_cache.execute(model, scheduled, started_ns)
+            else:  # an ensemble notes the steps it runs for a traced request: they are the trace's children
+                noted = traced_steps.set(trace.steps)
+                try:
+                    answered = await response_cache.execute(model, scheduled, started_ns)
+                finally:
+                    traced_steps.reset(noted)
             response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
+            if trace is not None:  # a failed request's trace is written too, as Triton's (its core moments only)
+                trace.mark("REQUEST_START", started_ns)
+                trace.mark("REQUEST_END", time.monotonic_ns())
+                self._traces.record(trace.finished())
             raise error.with_request_id(request.id) from None
         if trace is not None:
             trace.mark("REQUEST_START", started_ns)
             if answered.timestamps is not None:  # an ensemble's are its steps'
                 trace.add(answered.timestamps.marks())
             trace.mark("REQUEST_END", time.monotonic_ns())
-            trace.emit()
+            # The front-end adds its receive and send moments and hands the trace back (record_trace).
+            response = replace(response, trace=trace.finished())
         return response
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -22,6 +24,7 @@ class InferMessage:
 
     message: pb.ModelInferRequest
     raw_input_contents: tuple[memoryview, ...]
+    received_ns: int = 0  # when its bytes were handed over to be parsed: GRPC_WAITREAD_START, if it is traced
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,8 @@ class InferReply:
 
     message: pb.ModelInferResponse
     raw_output_contents: tuple[bytes | memoryview, ...]
+    # A traced reply's: told when its serialization started and ended (GRPC_SEND_START and GRPC_SEND_END).
+    sent: Callable[[int, int], None] | None = None
 
     def to_message(self) -> pb.ModelInferResponse:
         """The whole response as one message (a stream's responses are nested in another)."""
@@ -45,15 +50,20 @@ def serialize_infer_reply(reply: InferReply | pb.ModelInferResponse) -> bytes:
     repeated fields in the order they come), so each output's bytes are copied once, into the result."""
     if not isinstance(reply, InferReply):
         return reply.SerializeToString()
+    started_ns = time.monotonic_ns() if reply.sent is not None else 0
     parts: list[bytes | memoryview] = [reply.message.SerializeToString()]
     for raw in reply.raw_output_contents:
         parts += (_RAW_OUTPUT_KEY, _encode_varint(memoryview(raw).nbytes), raw)
-    return b"".join(parts)
+    wire = b"".join(parts)
+    if reply.sent is not None:
+        reply.sent(started_ns, time.monotonic_ns())
+    return wire
 
 
 def parse_infer_request(data: bytes) -> InferMessage:
     """Walk the message's top-level fields (tags and lengths only), keep raw_input_contents as views of `data`,
     and let protobuf parse everything else. Raises DecodeError for bytes that are not a message."""
+    received_ns = time.monotonic_ns()
     view = memoryview(data)
     rest: list[memoryview] = []
     raw: list[memoryview] = []
@@ -81,9 +91,9 @@ def parse_infer_request(data: bytes) -> InferMessage:
             kept_from = end
         position = end
     if not raw:
-        return InferMessage(pb.ModelInferRequest.FromString(data), ())
+        return InferMessage(pb.ModelInferRequest.FromString(data), (), received_ns)
     rest.append(view[kept_from:])
-    return InferMessage(pb.ModelInferRequest.FromString(b"".join(rest)), tuple(raw))
+    return InferMessage(pb.ModelInferRequest.FromString(b"".join(rest)), tuple(raw), received_ns)
 
 
 def _encode_varint(value: int) -> bytes:

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -21,7 +23,7 @@ from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
 from geserve.grpc.raw import InferMessage, InferReply
-from geserve.types import StreamedResponse
+from geserve.types import StreamedResponse, TraceMark, TraceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,14 @@ def _stream_messages(
 DECOUPLED_UNARY_RPC_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
+@dataclass(frozen=True, slots=True)
+class _Traced:
+    """A stream's message that answers a traced request, and what to tell when it is written."""
+
+    message: pb.ModelStreamInferResponse
+    sent: Callable[[int, int], None]
+
+
 class _StreamEnd:
     """Marks the end of a stream's answers, with the status to close it with, if any."""
 
@@ -104,6 +114,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, service: InferenceAPI) -> None:
         self._service = service
+        self._recording: set[asyncio.Task[None]] = set()  # traces on their way to be written
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=await self._service.live())
@@ -127,20 +138,40 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(config=await self._service.model_config(request.name, request.version))
 
-    async def _infer(self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None) -> InferReply:
+    async def _infer(
+        self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None, received_ns: int = 0
+    ) -> InferReply:
+        read_ns = time.monotonic_ns()
         infer_request = convert.infer_request_from_proto(request, raw)
         try:
             response = await self._service.infer(infer_request)
         except DecoupledModelError:
             raise UnsupportedError(DECOUPLED_UNARY_RPC_REFUSAL).with_request_id(infer_request.id) from None
-        return convert.infer_reply(response)
+        reply = convert.infer_reply(response)
+        if response.trace is None:
+            return reply
+        before = (("GRPC_WAITREAD_START", received_ns or read_ns), ("GRPC_WAITREAD_END", read_ns))
+        return replace(reply, sent=self._on_sent(response.trace, before))
+
+    def _on_sent(self, trace: TraceRecord, before: tuple[TraceMark, ...]) -> Callable[[int, int], None]:
+        """What a traced answer calls once it is on its way: the trace, completed, goes to be written."""
+        complete_ns = time.monotonic_ns()
+
+        def sent(started_ns: int, ended_ns: int) -> None:
+            after = (("INFER_RESPONSE_COMPLETE", complete_ns), ("GRPC_SEND_START", started_ns))
+            done = trace.around(before, (*after, ("GRPC_SEND_END", ended_ns)))
+            task = asyncio.get_running_loop().create_task(self._service.record_trace(done))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+
+        return sent
 
     # The reply leaves through `serialize_infer_reply` (decoding.add_service), not protobuf's serializer.
     @_unary
     async def ModelInfer(self, request: pb.ModelInferRequest | InferMessage) -> InferReply:  # type: ignore[override]
         # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
         if isinstance(request, InferMessage):
-            return await self._infer(request.message, request.raw_input_contents)
+            return await self._infer(request.message, request.raw_input_contents, request.received_ns)
         return await self._infer(request)
 
     async def ModelStreamInfer(
@@ -150,16 +181,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         the client sent `triton_grpc_error: true`, which closes the stream with the error's status."""
         metadata = {key.lower(): value for key, value in (context.invocation_metadata() or ())}
         close_on_error = str(metadata.get(GRPC_ERROR_HEADER, "")).lower() == "true"
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | _StreamEnd] = asyncio.Queue(STREAM_MAX_PENDING_RESPONSES)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | _Traced | _StreamEnd] = asyncio.Queue(
+            STREAM_MAX_PENDING_RESPONSES
+        )
         slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)
         in_flight: set[asyncio.Task[None]] = set()
 
-        async def answer(request: pb.ModelInferRequest) -> None:
+        async def answer(request: pb.ModelInferRequest, waited: tuple[TraceMark, ...]) -> None:
             final_flag = convert.wants_final_flag(request)
             try:
                 async for item in self._service.infer_stream(convert.infer_request_from_proto(request)):
-                    for response in _stream_messages(request, item, final_flag):
-                        await answers.put(response)
+                    messages = _stream_messages(request, item, final_flag)
+                    trace = item.response.trace if item.response is not None else None
+                    for index, response in enumerate(messages):
+                        if trace is not None and index == len(messages) - 1:  # the response's message is the last
+                            await answers.put(_Traced(response, self._on_sent(trace, waited)))
+                        else:
+                            await answers.put(response)
             except GeserveError as error:
                 if close_on_error:
                     await answers.put(_StreamEnd(error))
@@ -170,11 +208,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def read() -> None:
             try:
+                waiting_ns = time.monotonic_ns()  # GRPC_WAITREAD_START of the next request, should it be traced
                 async for request in decoded(request_iterator):
+                    waited = (("GRPC_WAITREAD_START", waiting_ns), ("GRPC_WAITREAD_END", time.monotonic_ns()))
                     await slots.acquire()
-                    task = asyncio.create_task(answer(request))
+                    task = asyncio.create_task(answer(request, waited))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
+                    waiting_ns = time.monotonic_ns()
             except ValueError as error:  # a message that does not parse ends the stream
                 await answers.put(_StreamEnd(InvalidArgumentError(str(error))))
                 return
@@ -189,6 +230,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     if item.error is not None:
                         await context.abort(GRPC_STATUS[item.error.code], item.error.message)
                     break
+                if isinstance(item, _Traced):
+                    started_ns = time.monotonic_ns()
+                    yield item.message  # resumed once it is written
+                    item.sent(started_ns, time.monotonic_ns())
+                    continue
                 yield item
             await reader  # surfaces a failure of the reading side
         finally:
@@ -318,6 +364,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
     def __init__(self, service: InferenceAPI) -> None:
         self._service = service
+        self._recording: set[asyncio.Task[None]] = set()  # traces on their way to be written
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Context) -> health_pb2.HealthCheckResponse:
         status = (

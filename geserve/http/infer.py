@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from geserve.codecs.digits import is_decimal
@@ -12,6 +13,7 @@ from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
 from geserve.http.direct import BODY_EXTENSION
 from geserve.http.errors import JSON_CONTENT, error_body, failure
+from geserve.types import TraceRecord
 
 # Triton's model route, infer action. Like Triton's, it matches numeric versions only: anything
 # else falls through to the other routes, which answer 404.
@@ -31,27 +33,46 @@ class InferEndpoint:
         if scope["method"] != "POST":
             await send_response(send, 405, error_body("Method Not Allowed"))
             return
+        received_ns = time.monotonic_ns()  # the request's head is in: HTTP_RECV_START, should it be traced
         model_name, version = match.group(1), match.group(2) or ""
         headers = {key: value for key, value in scope["headers"]}
+        moments: list[int] = []  # HTTP_RECV_END once the body is in, INFER_RESPONSE_COMPLETE once the core answered
         try:
-            content, response_headers = await self._infer(scope, model_name, version, headers, receive)
+            content, response_headers, trace = await self._infer(
+                scope, model_name, version, headers, receive, moments=moments
+            )
         except ClientDisconnectedError:
             return
         except Exception as error:
             status, body = failure(error, f"infer for model '{model_name}'")
             await send_response(send, status, body)
             return
+        if trace is None:
+            await send_response(send, 200, content, response_headers)
+            return
+        sending_ns = time.monotonic_ns()
         await send_response(send, 200, content, response_headers)
+        before = (("HTTP_RECV_START", received_ns), ("HTTP_RECV_END", moments[0]))
+        after = (("INFER_RESPONSE_COMPLETE", moments[1]), ("HTTP_SEND_START", sending_ns))
+        await self._service.record_trace(trace.around(before, (*after, ("HTTP_SEND_END", time.monotonic_ns()))))
 
     async def _infer(
-        self, scope: dict[str, Any], model_name: str, version: str, headers: dict[bytes, bytes], receive: Any
-    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        self,
+        scope: dict[str, Any],
+        model_name: str,
+        version: str,
+        headers: dict[bytes, bytes],
+        receive: Any,
+        *,
+        moments: list[int],
+    ) -> tuple[bytes, list[tuple[bytes, bytes]], TraceRecord | None]:
         direct = scope.get("extensions", {}).get(BODY_EXTENSION)
         if direct is not None:  # read straight into one buffer by the connection (within the limit)
             sent: bytes | memoryview = await direct.read()
         else:
             declared = headers.get(b"content-length")
             sent = await read_body(receive, declared.decode("latin-1") if declared is not None else None, self._limit)
+        moments.append(time.monotonic_ns())
         body = await decoded(sent, headers.get(b"content-encoding", b"").decode("latin-1"), self._limit)
         raw_length = headers.get(b"inference-header-content-length")
         header_length = raw_length.decode("latin-1") if raw_length is not None else None
@@ -75,6 +96,8 @@ class InferEndpoint:
             response = await self._service.infer(request)
         except DecoupledModelError:
             raise UnsupportedError(DECOUPLED_REFUSAL).with_request_id(request.id) from None
+        if response.trace is not None:
+            moments.append(time.monotonic_ns())
         json_header, blobs = codec.encode_response(response, encoding)
         if blobs:
             content = b"".join((json_header, *blobs))
@@ -88,7 +111,7 @@ class InferEndpoint:
         if compression:
             content = await compress(content, compression)
             response_headers.append((b"content-encoding", compression.encode()))
-        return content, response_headers
+        return content, response_headers, response.trace
 
 
 async def send_response(

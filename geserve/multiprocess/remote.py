@@ -23,6 +23,7 @@ from geserve.types import (
     ModelMetadata,
     ServerMetadata,
     StreamedResponse,
+    TraceRecord,
     VersionSnapshot,
 )
 
@@ -211,6 +212,12 @@ class RemoteInferenceAPI:
     async def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
         settings: dict[str, Any] = await self._call("update_trace_settings", model, dict(changes))
         return settings
+
+    async def record_trace(self, trace: TraceRecord) -> None:
+        # Sent without waiting for the answer (which nobody awaits, so it is dropped when it comes): the
+        # front-end has answered its client already, and the engine writes the trace.
+        if not self.lost.is_set():
+            self._channel.send((Kind.CALL, next(self._ids), "record_trace", (trace,)))
 
     async def log_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = await self._call("log_settings")

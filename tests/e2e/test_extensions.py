@@ -123,6 +123,8 @@ def test_trace_timestamps_per_model_settings_and_refusals(ext_server: GeservePro
     assert len(first) == 1
     names = [stamp["name"] for stamp in first[0]["timestamps"]]
     assert names == [
+        "HTTP_RECV_START",
+        "HTTP_RECV_END",
         "REQUEST_START",
         "QUEUE_START",
         "COMPUTE_START",
@@ -130,6 +132,9 @@ def test_trace_timestamps_per_model_settings_and_refusals(ext_server: GeservePro
         "COMPUTE_OUTPUT_START",
         "COMPUTE_END",
         "REQUEST_END",
+        "INFER_RESPONSE_COMPLETE",
+        "HTTP_SEND_START",
+        "HTTP_SEND_END",
     ]
     stamps = [stamp["ns"] for stamp in first[0]["timestamps"]]
     assert stamps == sorted(stamps)
