@@ -15,7 +15,6 @@ from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.workers.pool import PoolFactory
-from tests.parity.pending import is_pending
 from tests.parity.proof import check_test_file
 from tests.parity.table import Row, rows_of
 
@@ -166,8 +165,6 @@ def _id(row: Row) -> str:
 
 @pytest.mark.parametrize("row", [row for row in rows_of("config") if row.status == "refused"], ids=_id)
 def test_refused_field_fails_the_load_naming_it(row: Row, tmp_path: Path) -> None:
-    if is_pending(row):
-        pytest.skip(f"{row.test_file} is delivered by another branch")
     with pytest.raises(ModelLoadError) as error:
         load(with_field(row.key), tmp_path / "refused")
     named = row.key.removesuffix(".*").rsplit(".", 1)[-1].split("[")[-1].rstrip("]")
@@ -178,8 +175,6 @@ def test_refused_field_fails_the_load_naming_it(row: Row, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("row", [row for row in rows_of("config") if row.status != "refused"], ids=_id)
 def test_other_field_loads(row: Row, tmp_path: Path) -> None:
-    if is_pending(row):
-        pytest.skip(f"{row.test_file} is delivered by another branch")
     config = with_field(row.key)
     base = mc.ModelConfig()
     text_format.Parse(ENSEMBLE if row.key.startswith("ensemble_scheduling") else BASE, base)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from geserve.cli import parse_settings
-from tests.parity.pending import is_pending
 from tests.parity.proof import check_test_file
 from tests.parity.table import Row, rows_of
 
@@ -21,18 +20,12 @@ IGNORED_VALUES = {"--backend-config": "python,shm-default-byte-size=1048576"}
 REPOSITORY = ["--model-repository", "model_repository"]
 
 
-def _skip_pending(row: Row) -> None:
-    if is_pending(row):
-        pytest.skip(f"{row.test_file} is delivered by another branch")
-
-
 def _id(row: Row) -> str:
     return row.key
 
 
 @pytest.mark.parametrize("row", [row for row in rows_of("flag") if row.status == "refused"], ids=_id)
 def test_refused_flag_stops_the_cli_naming_it(row: Row, capsys: pytest.CaptureFixture[str]) -> None:
-    _skip_pending(row)
     with pytest.raises(SystemExit) as stopped:
         parse_settings([*REPOSITORY, f"{row.key}={REFUSED_VALUES.get(row.key, 'true')}"])
     assert stopped.value.code == 2
@@ -43,7 +36,6 @@ def test_refused_flag_stops_the_cli_naming_it(row: Row, capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize("row", [row for row in rows_of("flag") if row.status == "not applicable"], ids=_id)
 def test_inapplicable_flag_is_warned_naming_it(row: Row) -> None:
-    _skip_pending(row)
     settings = parse_settings([*REPOSITORY, f"{row.key}={IGNORED_VALUES.get(row.key, '1')}"])
     assert [warning for warning in settings.server.warnings if row.key in warning], settings.server.warnings
 
