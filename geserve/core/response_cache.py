@@ -76,15 +76,17 @@ def step_versions(config: mc.ModelConfig, models: Mapping[str, Model]) -> list[M
     return versions
 
 
-def request_key(model: str, version: int, request: ScheduledRequest, load: int = 0) -> bytes:
+def request_key(model: str, version: int, request: ScheduledRequest, load: int = 0, steps: int = 0) -> bytes:
     """What Triton hashes (model name, version, each input's name and bytes, inputs by name), and also each input's
     datatype and shape, so that the same bytes in another shape are another request, the outputs asked for, since a
     response carries exactly those, and which load of the version it is, so that a reloaded model (new files, same
-    version number) is not answered with what the old one computed. A 128-bit digest: collisions are not a concern."""
+    version number) is not answered with what the old one computed; for an ensemble, `steps` says which loads of
+    its step models it would run on now. A 128-bit digest: collisions are not a concern."""
     digest = hashlib.blake2b(digest_size=16)
     _add(digest, model.encode())
     digest.update(version.to_bytes(8, "little", signed=True))
     digest.update(load.to_bytes(8, "little"))
+    digest.update(steps.to_bytes(8, "little"))
     for name in sorted(request.inputs):
         array = request.inputs[name]
         _add(digest, name.encode())
@@ -154,6 +156,13 @@ class ResponseCache:
         self._too_large_warned: set[str] = set()
         self._loads: weakref.WeakKeyDictionary[ModelVersion, int] = weakref.WeakKeyDictionary()
         self._load_numbers = itertools.count(1)
+        # Bumped by every version load: an ensemble's entries hold only until one of its steps may have changed
+        # (a step model reloads without its ensemble, or a new version of it serves under model_version -1).
+        self._generation = 0
+
+    def note_load(self) -> None:
+        """A version of some model loaded: ensembles' entries computed before may no longer be what they would run."""
+        self._generation += 1
 
     def attach(self, version: ModelVersion) -> None:
         """Serve `version` through this cache, with entries of its own (not those of an earlier load of it)."""
@@ -214,10 +223,11 @@ class ResponseCache:
         lookup_start_ns = time.monotonic_ns()
         try:
             load = self._loads.get(version, 0)
+            steps = self._generation if version.config.platform == "ensemble" else 0
             if _total_bytes(request.inputs) > OFFLOAD_BYTES:
-                key = await asyncio.to_thread(request_key, version.name, version.version, request, load)
+                key = await asyncio.to_thread(request_key, version.name, version.version, request, load, steps)
             else:
-                key = request_key(version.name, version.version, request, load)
+                key = request_key(version.name, version.version, request, load, steps)
             cached = self.lookup(key)
         except Exception:
             logger.exception("response cache lookup failed for model '%s'; running the model", version.name)
@@ -257,5 +267,18 @@ def _owned(outputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], in
     return frozen_copy(outputs), entry_bytes(outputs)
 
 
+# A BYTES tensor with more elements than this counts as large without summing its elements' lengths.
+_MANY_ELEMENTS = 4096
+
+
 def _total_bytes(arrays: Mapping[str, np.ndarray]) -> int:
-    return sum(array.nbytes for array in arrays.values())
+    """What hashing or copying the arrays reads: a BYTES tensor's nbytes counts its object pointers, not its data."""
+    total = 0
+    for array in arrays.values():
+        if array.dtype != object:
+            total += array.nbytes
+        elif array.size > _MANY_ELEMENTS:
+            return OFFLOAD_BYTES + 1
+        else:
+            total += sum(len(item) if isinstance(item, bytes | str) else 8 for item in array.flat)
+    return total

@@ -255,6 +255,8 @@ class InferenceService:
     def _attach_cache(self, version: ModelVersion) -> None:
         """A version that just loaded uses the server's cache when its config enables it. As in Triton, a config
         that enables it on a server without one serves uncached: said once, at load."""
+        if self._cache is not None:
+            self._cache.note_load()
         if not response_cache.enabled(version.config):
             return
         if self._cache is None:

@@ -169,11 +169,11 @@ class TritonCollector(Collector):
             yield metric
 
     def _cache_metrics(self, versions: list[tuple[VersionSnapshot, dict[str, str]]]) -> Iterator[Metric]:
-        """Triton's response cache families: per model for the versions that use the cache, and the cache's own."""
+        """Triton's response cache families: per model for the versions that use the cache (all four only with
+        the latency counters on, as Triton creates them with those), and the cache's own."""
         cached = [(version.cache, labels) for version, labels in versions if version.cache is not None]
-        families = _CACHE_COUNTERS + (_CACHE_DURATIONS if self._config.counter_latencies else ())
-        if self._cache is not None or cached:
-            for name, documentation, which, duration in families:
+        if cached and self._config.counter_latencies:
+            for name, documentation, which, duration in _CACHE_COUNTERS + _CACHE_DURATIONS:
                 metric = Metric(name, documentation, "counter")
                 for pair, labels in cached:
                     value = pair[which]

@@ -144,9 +144,10 @@ class CountingScheduler:
 class Version:
     """What the cache reads of a ModelVersion."""
 
-    def __init__(self, cache: ResponseCache | None, scheduler: CountingScheduler) -> None:
+    def __init__(self, cache: ResponseCache | None, scheduler: CountingScheduler, platform: str = "") -> None:
         self.name = "m"
         self.version = 1
+        self.config = mc.ModelConfig(name="m", platform=platform)
         self.response_cache: ResponseCache | None = None
         self.scheduler = scheduler
         self.stats = ModelStats()
@@ -183,6 +184,31 @@ def test_a_reloaded_version_does_not_get_what_the_old_load_computed() -> None:
     assert new_scheduler.executions == 1
     run(old, request(A=FOUR))
     assert old.stats.cache_hit.count == 1  # the old load keeps its own entries while it drains
+
+
+def test_an_ensembles_entries_end_when_any_model_loads() -> None:
+    # A step model can reload (or gain a version) without its ensemble: what the ensemble cached may be stale.
+    cache = ResponseCache(1 << 20)
+    ensemble_scheduler, plain_scheduler = CountingScheduler(), CountingScheduler()
+    ensemble = Version(cache, ensemble_scheduler, platform="ensemble")
+    plain = Version(cache, plain_scheduler)
+    for version in (ensemble, plain, ensemble, plain):
+        run(version, request(A=FOUR))
+    assert (ensemble_scheduler.executions, plain_scheduler.executions) == (1, 1)
+    cache.note_load()
+    run(ensemble, request(A=FOUR))
+    run(plain, request(A=FOUR))
+    assert ensemble_scheduler.executions == 2  # run again on the steps loaded now
+    assert plain_scheduler.executions == 1  # a model's own entries end only with its own reload
+
+
+def test_a_large_bytes_input_counts_its_strings_not_its_pointers() -> None:
+    one_big_string = np.array([b"x" * (response_cache.OFFLOAD_BYTES + 1)], dtype=object)
+    assert one_big_string.nbytes == 8
+    assert response_cache._total_bytes({"S": one_big_string}) > response_cache.OFFLOAD_BYTES
+    many_strings = np.array([b""] * (response_cache._MANY_ELEMENTS + 1), dtype=object)
+    assert response_cache._total_bytes({"S": many_strings}) > response_cache.OFFLOAD_BYTES
+    assert response_cache._total_bytes({"S": np.array([b"ab", b"c"], dtype=object)}) == 3
 
 
 def test_without_the_cache_every_request_runs_the_model() -> None:
