@@ -37,7 +37,8 @@ def bind_address(text: str, flag: str) -> str:
     host, as tritonserver's HTTP server reads the same prefixes."""
     if text.startswith("ipv4:"):
         return text.removeprefix("ipv4:")
-    if not text.startswith("ipv6:"):
+    bracketed = text.startswith("[") and text.endswith("]")  # `[::1]`, as tritonserver's gRPC address takes it
+    if not text.startswith("ipv6:") and not bracketed:
         return text
     host = text.removeprefix("ipv6:")
     if host.startswith("[") and host.endswith("]"):

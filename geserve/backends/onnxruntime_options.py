@@ -106,9 +106,9 @@ def _providers(
     providers: list[Any] = []
     cuda_options = _cuda_options(reader, device_id)
     for accelerator in accelerators.gpu_execution_accelerator:
-        provider = _provider_for(reader, "gpu_execution_accelerator", accelerator.name, GPU_ACCELERATORS, available)
         if not on_gpu:
-            continue
+            continue  # Triton's backend reads GPU accelerators for GPU instances only: CPU-only models load anyway
+        provider = _provider_for(reader, "gpu_execution_accelerator", accelerator.name, GPU_ACCELERATORS, available)
         if accelerator.name == "cuda":
             cuda_options.update(accelerator.parameters)
         else:

@@ -113,11 +113,7 @@ class Scheduler:
         return pending
 
     def _no_instance(self) -> UnavailableError:
-        if self._pool.passive_only:
-            return UnavailableError(
-                f"model '{self._model_name}' has no instance that takes requests: every instance group is passive"
-            )
-        return UnavailableError(f"model '{self._model_name}' has no running instance")
+        return no_instance_error(self._model_name, self._pool)
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -209,3 +205,12 @@ def _flatten_ragged(
     for name in names:
         inputs[name] = [part.reshape(-1) for part in inputs[name]]
     return [info._replace(ragged_shapes=own) for info, own in zip(infos, shapes, strict=True)]
+
+
+def no_instance_error(model_name: str, instances: Instances) -> UnavailableError:
+    """Why no instance can take the model's requests: all passive, or none running."""
+    if instances.passive_only:
+        return UnavailableError(
+            f"model '{model_name}' has no instance that takes requests: every instance group is passive"
+        )
+    return UnavailableError(f"model '{model_name}' has no running instance")

@@ -19,7 +19,7 @@ from geserve.batching.ordering import ResponseOrder
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.queue import PendingRequest, Reply, StreamReply, pending_request
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
-from geserve.batching.scheduler import Instances
+from geserve.batching.scheduler import Instances, no_instance_error
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.sequence import SequenceSettings
 from geserve.types import EMPTY_PARAMETERS, Parameters
@@ -166,7 +166,7 @@ class SequenceScheduler:
         """The request's sequence id and flags, or Triton's error for a request the batcher cannot take."""
         name = self._model_name
         if not self._instances.recoverable():
-            raise UnavailableError(f"model '{name}' has no running instance")
+            raise no_instance_error(name, self._instances)
         if self._settings.batched:
             first = next(iter(inputs.values()), None)
             if first is not None and first.ndim and first.shape[0] != 1:
@@ -322,7 +322,7 @@ class SequenceScheduler:
                     break
                 self._dispatch_rows(index, rows, now)
         if self._queued and not self._instances.recoverable():
-            self._fail_all(UnavailableError(f"model '{self._model_name}' has no running instance"))
+            self._fail_all(no_instance_error(self._model_name, self._instances))
         self.stats.pending = self._queued
         self._alarm.set(wake_at)
 

@@ -35,17 +35,26 @@ def _check(model_dir: Path, key: str, expected: str) -> str | None:
         return f"failed to parse key: {key}"
     if algorithm.lower() not in _ALGORITHMS:
         return f"Unsupported checksum algorithm: {algorithm}"
-    root = model_dir.resolve()
-    path = (root / relative).resolve()
-    # Unlike Triton's agent, refuse files outside the model folder: the mismatch text would tell a client
-    # that can load configs (the repository API) the digest of any file the server can read.
-    if not path.is_relative_to(root):
+    # Unlike Triton's agent, refuse paths that leave the model folder: the mismatch text would tell a client
+    # that can load configs (the repository API) the digest of any file the server can read. The check is on
+    # the path as written, so links the repository's owner placed inside the folder are followed, as Triton does.
+    normal = os.path.normpath(relative)
+    if os.path.isabs(normal) or normal == ".." or normal.startswith(".." + os.sep):
         return f"checksum file {relative} is outside the model folder"
     try:
-        digest = hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+        digest = _md5_of(model_dir / normal)
     except OSError as error:
         return f"failed to open text file for read {relative}: {os.strerror(error.errno or 0)}"
     if digest != expected:
         name = _ALGORITHMS[algorithm.lower()]
         return f"Mismatched {name} hash for file {relative}, expect: {expected}, got: {digest}"
     return None
+
+
+def _md5_of(path: Path) -> str:
+    """The file's MD5, read a block at a time: model files can be larger than memory."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

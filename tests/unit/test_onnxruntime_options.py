@@ -207,6 +207,9 @@ def test_backend_runs_with_the_options_and_run_options() -> None:
 def test_gpu_accelerators_apply_to_gpu_instances_only_as_in_triton() -> None:
     text = 'optimization { execution_accelerators { gpu_execution_accelerator { name: "cuda" } } }'
     assert _setup(text, ["CUDAExecutionProvider", *CPU_ONLY]).providers == ["CPUExecutionProvider"]
+    # ... and need not exist for a CPU-only model to load, as with Triton on a host without them
+    tensorrt = 'optimization { execution_accelerators { gpu_execution_accelerator { name: "tensorrt" } } }'
+    assert _setup(tensorrt, CPU_ONLY).providers == ["CPUExecutionProvider"]
 
 
 def test_shared_sessions_are_not_possible_and_the_log_says_so(caplog: pytest.LogCaptureFixture) -> None:

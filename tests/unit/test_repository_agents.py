@@ -64,10 +64,20 @@ def test_every_listed_file_is_checked(model_dir: Path) -> None:
         ("SHA1:1/model.onnx", "Unsupported checksum algorithm: SHA1"),
         ("1/model.onnx", "failed to parse key: 1/model.onnx"),
         ("MD5:../secret", "checksum file ../secret is outside the model folder"),
+        ("MD5:1/../../secret", "checksum file 1/../../secret is outside the model folder"),
+        ("MD5:/etc/hostname", "checksum file /etc/hostname is outside the model folder"),
     ],
 )
 def test_bad_entries_fail_the_load(model_dir: Path, key: str, text: str) -> None:
     assert _refusal(model_dir, _config(**{key: DIGEST})) == f"model 'm': {text}"
+
+
+def test_a_link_the_repository_placed_is_followed_as_by_triton(model_dir: Path, tmp_path: Path) -> None:
+    # A common layout: the version folder links to weights kept elsewhere.
+    weights = tmp_path / "weights.onnx"
+    weights.write_bytes(CONTENT)
+    (model_dir / "1" / "linked.onnx").symlink_to(weights)
+    run_agents(_config(**{"MD5:1/linked.onnx": DIGEST}), model_dir)
 
 
 def test_other_agents_are_refused(model_dir: Path) -> None:

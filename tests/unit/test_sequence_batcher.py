@@ -230,3 +230,18 @@ async def test_oldest_preserve_ordering_answers_in_dispatch_order(preserve: bool
     h.instances[0].finish()
     assert (await first)["OUT0"].tolist() == [[1.0, 1.0]]
     assert (await second)["OUT0"].tolist() == [[2.0, 2.0]]
+
+
+async def test_a_version_whose_instances_are_all_passive_says_so() -> None:
+    h = Harness(max_batch_size=4)
+    passive_only = SequenceScheduler(
+        "m", InstancePool([], passive=h.instances), h.scheduler._settings, ModelStats(), h.clock
+    )
+    with pytest.raises(UnavailableError, match="has no instance that takes requests: every instance group is passive"):
+        await outputs_of(
+            passive_only,
+            ScheduledRequest(
+                {"IN0": np.ones((1, 2), np.float32)}, ("OUT0",), {"sequence_id": 1, "sequence_start": True}
+            ),
+        )
+    assert h.instances[0].batches == []
