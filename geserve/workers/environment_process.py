@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+from collections.abc import Mapping
 from multiprocessing import popen_spawn_posix, reduction, spawn, util
 from multiprocessing.context import SpawnProcess, set_spawning_popen
 from multiprocessing.process import BaseProcess
@@ -36,6 +38,23 @@ def preparation_data(name: str, search_path: tuple[str, ...]) -> dict[str, Any]:
     return data
 
 
+def command_line(interpreter: str, tracker_fd: int, pipe_handle: int) -> list[str]:
+    """spawn's command line for `interpreter`, with -E -s instead of the server's interpreter flags: the server's
+    PYTHONPATH, PYTHONHOME and user site-packages are not the environment's (its search path was probed with -E -s,
+    and geserve reaches the worker through the search path in the preparation data)."""
+    server = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=pipe_handle)
+    return [interpreter, "-E", "-s", *(str(part) for part in server[server.index("-c") :])]
+
+
+def launch_environment(interpreter: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables the environment's interpreter starts with: the server's, LD_LIBRARY_PATH led by the
+    environment's lib folder (as Triton's stub launcher sets it), so that its interpreter and extensions find the
+    environment's shared libraries first. The loader reads it as the process starts: it cannot be set later."""
+    library = os.path.join(os.path.dirname(os.path.dirname(interpreter)), "lib")  # <env>/bin/python3 -> <env>/lib
+    existing = environ.get("LD_LIBRARY_PATH", "")
+    return {**environ, "LD_LIBRARY_PATH": f"{library}{os.pathsep}{existing}" if existing else library}
+
+
 class _EnvironmentPopen(popen_spawn_posix.Popen):
     """spawn's launch with the process's interpreter and preparation data; the rest is multiprocessing's."""
 
@@ -58,11 +77,18 @@ class _EnvironmentPopen(popen_spawn_posix.Popen):
         try:
             parent_r, child_w = os.pipe()
             child_r, parent_w = os.pipe()
-            # As multiprocessing's own executable setting, the interpreter is given as bytes.
-            interpreter = os.fsencode(process_obj.interpreter)
-            arguments = [str(part) for part in spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)[1:]]
+            interpreter = process_obj.interpreter
             fds.extend([child_r, child_w])
-            self.pid = util.spawnv_passfds(interpreter, [interpreter, *arguments], fds)
+            child = subprocess.Popen(
+                command_line(interpreter, tracker_fd, child_r),
+                executable=interpreter,
+                pass_fds=sorted(set(fds)),
+                env=launch_environment(interpreter, os.environ),
+            )
+            # multiprocessing waits for this process by its pid (exits.watch_exit reaps it): marked done, the
+            # subprocess object never waits for it too, which would take the exit status from multiprocessing.
+            child.returncode = 0
+            self.pid = child.pid
             self.sentinel = parent_r
             with open(parent_w, "wb", closefd=False) as pipe:
                 pipe.write(prepared.getbuffer())

@@ -73,7 +73,9 @@ def prepare(config: mc.ModelConfig, model_directory: Path, cache: Path | None = 
         raise ModelLoadError(
             f"model '{model}': Failed to get the canonical path for {path}. ({PARAMETER} names no file or directory)"
         ) from None
-    cache = cache or cache_directory()
+    # Checked before anything of the cache is used, for a folder environment too: the runtime links below become
+    # the first entries of the worker's search path.
+    cache = _private_directory(cache or cache_directory(), model)
     root = canonical if canonical.is_dir() else unpack(canonical, cache, model)
     check_layout_version(root, model)
     interpreter = root / "bin" / "python3"
@@ -91,9 +93,9 @@ def prepare(config: mc.ModelConfig, model_directory: Path, cache: Path | None = 
         )
     # geserve itself comes first (only its own package), then the environment's path; protobuf, which geserve's
     # worker reads configs with, comes from the server's installation when the environment has none.
-    search_path = [str(runtime_path(cache, "geserve")), *probe.path]
+    search_path = [str(runtime_path(cache, "geserve", model)), *probe.path]
     if not probe.protobuf:
-        search_path.append(str(runtime_path(cache, "google")))
+        search_path.append(str(runtime_path(cache, "google", model)))
     variables = (("PATH", f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}"),)
     return ExecutionEnvironment(root, str(interpreter), tuple(search_path), variables)
 
@@ -110,20 +112,56 @@ def cache_directory(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(tempfile.gettempdir()) / f"geserve-{os.getuid()}" / "execution-envs"
 
 
+def _is_geserve_folder(path: Path) -> bool:
+    return path.name == "geserve" or path.name.startswith("geserve-")
+
+
 def _private_directory(path: Path, model: str) -> Path:
     """`path`, created if missing, refused unless it is this user's and no one else may write to it: whoever could
-    plant an environment there would run code in the server's workers."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for directory in (path, path.parent):
-        status = directory.lstat()
-        if stat.S_ISLNK(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o022:
-            raise ModelLoadError(
-                f"model '{model}': the execution environment cache {directory} is not a folder of this user's that "
-                "only it may write to; remove it or set XDG_CACHE_HOME"
-            )
-        if directory.name == "geserve" or directory.name.startswith("geserve-"):
-            break  # above that lies the user's cache folder or the temporary directory, which are not ours
+    plant an environment there would run code in the server's workers. The folders geserve owns (`path`, and its
+    parent when that is geserve's own, as in the default caches) are made private; a parent of the caller's choosing
+    is only checked."""
+    owned = [path.parent, path] if _is_geserve_folder(path.parent) else [path]
+    # Above them lies the user's cache folder or the temporary directory, which are not ours.
+    owned[0].parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for directory in owned:
+        _owned_directory(directory, model)
+    if len(owned) == 1:
+        _check_private(path.parent, path.parent.lstat(), model)
     return path
+
+
+def _owned_directory(directory: Path, model: str) -> None:
+    """`directory`, a folder of geserve's, created or made private (mode 0700): mkdir's mode is cut by the umask and
+    applies to the last folder only, so each is created on its own and an existing one of ours is set again (a
+    umask of 002 left it group-writable). A link or another user's folder is refused, not changed."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    try:
+        # Opened without following a link, and changed through that descriptor: what was checked is what changes.
+        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # a link (ELOOP), or not a folder (ENOTDIR)
+        raise _not_private(directory, model) from None
+    try:
+        status = os.fstat(descriptor)
+        if status.st_uid == os.getuid() and stat.S_IMODE(status.st_mode) != 0o700:
+            os.fchmod(descriptor, 0o700)
+            status = os.fstat(descriptor)
+        _check_private(directory, status, model)
+    finally:
+        os.close(descriptor)
+
+
+def _check_private(directory: Path, status: os.stat_result, model: str) -> None:
+    if stat.S_ISLNK(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o022:
+        raise _not_private(directory, model)
+
+
+def _not_private(directory: Path, model: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"model '{model}': the execution environment cache {directory} is not a folder of this user's that only it "
+        "may write to; remove it or set XDG_CACHE_HOME"
+    )
 
 
 def content_key(archive: Path) -> str:
@@ -156,6 +194,7 @@ def unpack(archive: Path, cache: Path, model: str) -> Path:
     target = cache / key
     with _locked(cache / f"{key}.lock"):
         if target.is_dir():
+            _check_private(target, target.lstat(), model)  # unpacked by this user, not planted or linked
             return target
         # Unpacked beside its final name and renamed once complete, so that a crash leaves no half environment.
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache))
@@ -190,21 +229,46 @@ def _extract(archive: Path, destination: Path, model: str) -> None:
         ) from None
 
 
-def runtime_path(cache: Path, name: str) -> Path:
+def runtime_path(cache: Path, name: str, model: str) -> Path:
     """A folder that holds only a link to the server's package `name` (geserve, or protobuf's `google`), for a
-    worker's search path: the server's other packages stay out of the model's sight."""
+    worker's search path: the server's other packages stay out of the model's sight. `cache` is private (checked by
+    the caller); an entry that is not exactly that link is replaced, never trusted."""
     package = Path(geserve.__file__).parent if name == "geserve" else Path(google.protobuf.__file__).parent.parent
     package = package.resolve()
-    folder = cache / "runtime" / f"{name}-{hashlib.sha256(str(package).encode()).hexdigest()[:16]}"
-    if not (folder / name).exists():
-        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    runtime = cache / "runtime"
+    _owned_directory(runtime, model)
+    folder = runtime / f"{name}-{hashlib.sha256(str(package).encode()).hexdigest()[:16]}"
+    with _locked(runtime / f"{folder.name}.lock"):
+        if _links_only_to(folder, name, package):
+            return folder
+        # Built beside its final name and renamed into place, so that the folder is never seen without its link;
+        # an entry in the way (planted, or left by an older geserve) is moved aside first.
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=runtime))
         (staging / name).symlink_to(package, target_is_directory=True)
-        try:
-            staging.rename(folder)
-        except OSError:  # another load made it first
-            shutil.rmtree(staging, ignore_errors=True)
+        if folder.is_symlink() or folder.exists():
+            stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}.stale.", dir=runtime))
+            os.replace(folder, stale / folder.name)
+            shutil.rmtree(stale, ignore_errors=True)  # links in it are removed, not followed
+        staging.rename(folder)
     return folder
+
+
+def _links_only_to(folder: Path, name: str, package: Path) -> bool:
+    """Whether `folder` is a real folder of this user's, private, holding nothing but `name`, a link to `package`."""
+    try:
+        status = folder.lstat()
+        entries = os.listdir(folder)
+        link = folder / name
+        return (
+            stat.S_ISDIR(status.st_mode)
+            and status.st_uid == os.getuid()
+            and not status.st_mode & 0o022
+            and entries == [name]
+            and link.is_symlink()
+            and os.readlink(link) == str(package)
+        )
+    except OSError:
+        return False
 
 
 # -- the interpreter --------------------------------------------------------------------------------------------

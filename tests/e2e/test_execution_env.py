@@ -25,6 +25,7 @@ SERVER_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 MODEL_PY = """
 import json
+import os
 import sys
 
 import numpy as np
@@ -35,7 +36,13 @@ class TritonPythonModel:
     def execute(self, requests):
         import env_marker  # only the environment's site-packages has it
 
-        info = {"marker": env_marker.VALUE, "executable": sys.executable, "prefix": sys.prefix}
+        info = {
+            "marker": env_marker.VALUE,
+            "executable": sys.executable,
+            "prefix": sys.prefix,
+            "library_path": os.environ.get("LD_LIBRARY_PATH"),
+            "no_user_site": sys.flags.no_user_site,
+        }
         out = pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
         return [pb_utils.InferenceResponse([out]) for _ in requests]
 """
@@ -119,7 +126,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
         f"--model-repository={repository}",
         "--model-control-mode=explicit",
         "--load-model=echo",
-        env={"XDG_CACHE_HOME": str(root / "cache")},
+        env={"XDG_CACHE_HOME": str(root / "cache"), "LD_LIBRARY_PATH": "/server/lib"},
     ).wait_live()
     yield process
     assert process.stop() == 0, process.log()
@@ -160,6 +167,7 @@ def test_a_packed_environment_is_unpacked_once_and_runs_the_model(server: Geserv
     assert info["executable"] == str(unpacked[0] / "bin" / "python3")
     assert info["prefix"] == str(unpacked[0])
     assert info["executable"] != sys.executable
+    assert info["library_path"].split(os.pathsep)[0] == str(unpacked[0] / "lib")
     # Loaded again (another instance process), the same unpacked environment serves it.
     client.load_model("packed")
     assert _info(server, "packed")["executable"] == info["executable"]
@@ -171,7 +179,14 @@ def test_a_directory_environment_is_used_in_place(server: GeserveProcess) -> Non
     httpclient.InferenceServerClient(server.url).load_model("unpacked")
     info = _info(server, "unpacked")
     env = server.log_path.parent / "env"
-    assert info == {"marker": MARKER, "executable": str(env / "bin" / "python3"), "prefix": str(env)}
+    assert info == {
+        "marker": MARKER,
+        "executable": str(env / "bin" / "python3"),
+        "prefix": str(env),
+        # The environment's libraries first, the server's after; the server's user site-packages stay out.
+        "library_path": f"{env / 'lib'}{os.pathsep}/server/lib",
+        "no_user_site": 1,
+    }
 
 
 def test_an_environment_of_another_python_is_refused(server: GeserveProcess) -> None:

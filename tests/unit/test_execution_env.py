@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
+import shutil
 import sys
 import tarfile
 import threading
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,7 @@ from geserve.errors import ModelLoadError
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.workers import execution_env
-from geserve.workers.environment_process import preparation_data
+from geserve.workers.environment_process import EnvironmentProcess, launch_environment, preparation_data
 from geserve.workers.placement import instance_specs
 
 SERVER = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -181,19 +185,154 @@ def test_a_working_environment_gives_its_interpreter_and_path_with_geserve_first
     assert execution_env.prepare(_config(None), tmp_path) is None
 
 
-def test_a_shared_cache_folder_is_refused(tmp_path: Path) -> None:
-    shared = tmp_path / "geserve-shared" / "execution-envs"
-    shared.mkdir(parents=True)
+def _folder_environment(tmp_path: Path) -> Path:
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)  # this interpreter stands for the environment's
+    return env
+
+
+def test_a_cache_folder_others_may_write_to_is_refused_for_a_folder_environment_too(tmp_path: Path) -> None:
+    env = _folder_environment(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
     shared.chmod(0o777)
-    archive = _archive(tmp_path / "env.tar.gz", {"lib/x": b"x"})
     with pytest.raises(ModelLoadError, match="only it may write to"):
-        execution_env.unpack(archive, shared, "m")
+        execution_env.prepare(_config(str(env)), tmp_path, shared / "cache")
+    assert not (shared / "cache" / "runtime").exists()  # nothing of the cache was used
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(ModelLoadError, match=f"cache {linked} is not a folder of this user's"):
+        execution_env.prepare(_config(str(env)), tmp_path, linked)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert execution_env.prepare(_config(str(env)), tmp_path, tmp_path / "cache") is not None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder another user's needs root")
+def test_a_cache_folder_of_another_user_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    theirs = tmp_path / "geserve-shared" / "execution-envs"
+    theirs.mkdir(parents=True)
+    theirs.chmod(0o775)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ModelLoadError, match="only it may write to"):
+        execution_env.unpack(_archive(tmp_path / "env.tar.gz", {"lib/x": b"x"}), theirs, "m")
+    assert theirs.stat().st_mode & 0o777 == 0o775 and theirs.stat().st_uid == 65534
+    assert (execution_env.unpack(tmp_path / "env.tar.gz", tmp_path / "cache", "m") / "lib" / "x").is_file()
+
+
+def test_a_planted_runtime_entry_is_replaced_by_the_link_to_geserve(tmp_path: Path) -> None:
+    env, cache = _folder_environment(tmp_path), tmp_path / "cache"
+    prepared = execution_env.prepare(_config(str(env)), tmp_path, cache)
+    assert prepared is not None
+    runtime = Path(prepared.search_path[0])
+    # What someone could have left there before the cache was private: a real package under geserve's name.
+    (runtime / "geserve").unlink()
+    (runtime / "geserve").mkdir()
+    (runtime / "geserve" / "__init__.py").write_text("raise SystemExit('planted')\n")
+    (runtime / "extra").mkdir()
+    again = execution_env.prepare(_config(str(env)), tmp_path, cache)
+    assert again is not None and again.search_path[0] == str(runtime)
+    assert sorted(path.name for path in runtime.iterdir()) == ["geserve"]
+    assert (runtime / "geserve").is_symlink()
+    assert (runtime / "geserve").resolve() == Path(execution_env.geserve.__file__).parent.resolve()
+    # A link in the entry's place is replaced too, and what it points at is left alone.
+    decoy = tmp_path / "decoy"
+    (decoy / "geserve").mkdir(parents=True)
+    shutil.rmtree(runtime)
+    runtime.symlink_to(decoy, target_is_directory=True)
+    third = execution_env.prepare(_config(str(env)), tmp_path, cache)
+    assert third is not None and not Path(third.search_path[0]).is_symlink()
+    assert (Path(third.search_path[0]) / "geserve").is_symlink() and (decoy / "geserve").is_dir()
+
+
+@pytest.fixture
+def umask_002() -> Iterator[None]:
+    previous = os.umask(0o002)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.usefixtures("umask_002")
+def test_with_a_group_writable_umask_the_cache_is_created_private(tmp_path: Path) -> None:
+    cache = execution_env.cache_directory({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    archive = _archive(tmp_path / "env.tar.gz", {"lib/x": b"x"})
+    assert (execution_env.unpack(archive, cache, "m") / "lib" / "x").is_file()
+    for folder in (cache, cache.parent):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    # A folder of ours left group-writable (by a server run before under this umask) is made private again.
+    cache.parent.chmod(0o775)
+    cache.chmod(0o775)
+    assert (execution_env.unpack(archive, cache, "m") / "lib" / "x").is_file()
+    assert cache.parent.stat().st_mode & 0o777 == 0o700 and cache.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.usefixtures("umask_002")
+def test_with_a_group_writable_umask_a_folder_environment_prepares(tmp_path: Path) -> None:
+    cache = tmp_path / "geserve-1" / "execution-envs"
+    prepared = execution_env.prepare(_config(str(_folder_environment(tmp_path))), tmp_path, cache)
+    assert prepared is not None
+    for folder in (cache.parent, cache, cache / "runtime", Path(prepared.search_path[0])):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+
+
+def test_a_symlinked_cache_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "geserve-1").symlink_to(tmp_path / "real", target_is_directory=True)
+    archive = _archive(tmp_path / "env.tar.gz", {"lib/x": b"x"})
+    with pytest.raises(ModelLoadError, match="geserve-1 is not a folder of this user's"):
+        execution_env.unpack(archive, tmp_path / "geserve-1" / "execution-envs", "m")
+    assert list((tmp_path / "real").iterdir()) == []
+    assert (execution_env.unpack(archive, tmp_path / "geserve-2" / "execution-envs", "m") / "lib" / "x").is_file()
 
 
 def test_the_worker_starts_with_the_environment_path_and_not_the_server_main() -> None:
     data = preparation_data("worker", ("/geserve-only", "/env/lib/python3.x"))
     assert data["sys_path"] == ["/geserve-only", "/env/lib/python3.x"]
     assert "init_main_from_name" not in data and "init_main_from_path" not in data
+
+
+def _report_interpreter(connection: Connection) -> None:
+    connection.send(
+        {
+            "ignore_environment": sys.flags.ignore_environment,
+            "no_user_site": sys.flags.no_user_site,
+            "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
+            "executable": sys.executable,
+        }
+    )
+
+
+def test_the_worker_interpreter_ignores_the_server_python_variables_and_finds_the_environment_libraries_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _folder_environment(tmp_path)
+    # A PYTHONHOME of the server's would make the environment's interpreter look for its standard library there.
+    monkeypatch.setenv("PYTHONHOME", str(tmp_path / "no-python-here"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nothing"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/server/lib")
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    repository_root = str(Path(__file__).resolve().parents[2])
+    process = EnvironmentProcess(
+        str(env / "bin" / "python3"), (repository_root, *sys.path), target=_report_interpreter, args=(child,)
+    )
+    process.start()
+    child.close()
+    try:
+        report = parent.recv()  # EOFError, rather than a wait, if the worker dies first
+    finally:
+        process.join(60)
+    assert process.exitcode == 0
+    assert report == {
+        "ignore_environment": 1,
+        "no_user_site": 1,
+        "ld_library_path": f"{env / 'lib'}{os.pathsep}/server/lib",
+        "executable": str(env / "bin" / "python3"),
+    }
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert launch_environment("/e/bin/python3", {})["LD_LIBRARY_PATH"] == "/e/lib"  # no empty entry after it
 
 
 def _python_model(tmp_path: Path, env: Path) -> tuple[ModelSource, mc.ModelConfig]:
