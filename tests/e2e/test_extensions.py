@@ -16,6 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.test_trace_file import HTTP_NAMES
 from tests.support import GeserveProcess, copy_model, write_identity_model
 
 pytestmark = pytest.mark.e2e
@@ -122,20 +123,7 @@ def test_trace_timestamps_per_model_settings_and_refusals(ext_server: GeservePro
     first = _traces(ext_server, "traced-0")
     assert len(first) == 1
     names = [stamp["name"] for stamp in first[0]["timestamps"]]
-    assert names == [
-        "HTTP_RECV_START",
-        "HTTP_RECV_END",
-        "REQUEST_START",
-        "QUEUE_START",
-        "COMPUTE_START",
-        "COMPUTE_INPUT_END",
-        "COMPUTE_OUTPUT_START",
-        "COMPUTE_END",
-        "REQUEST_END",
-        "INFER_RESPONSE_COMPLETE",
-        "HTTP_SEND_START",
-        "HTTP_SEND_END",
-    ]
+    assert names == HTTP_NAMES
     stamps = [stamp["ns"] for stamp in first[0]["timestamps"]]
     assert stamps == sorted(stamps)
     assert first[0]["model_name"] == "simple" and first[0]["model_version"] == "1"
