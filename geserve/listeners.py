@@ -17,7 +17,7 @@ from prometheus_client.registry import CollectorRegistry
 from geserve.core.api import InferenceAPI
 from geserve.grpc.server import create_server
 from geserve.http.app import create_app
-from geserve.http.connections import TransportHooks, protocol_for
+from geserve.http.connections import Listening, ListeningHere, TransportHooks, protocol_for
 from geserve.http.direct import InPlaceBodies
 from geserve.metrics.server import create_metrics_app
 from geserve.settings import GrpcSettings, Settings
@@ -26,12 +26,40 @@ from geserve.sockets import HTTP_SERVICE, METRICS_SERVICE, bind_socket
 logger = logging.getLogger(__name__)
 
 
+# How long a stopping listener waits for the other processes holding its socket to close theirs.
+LISTENER_CLOSE_WAIT_S = 2.0
+
+
 class EmbeddedUvicorn(uvicorn.Server):
-    """uvicorn inside our own loop: signals belong to the process's lifecycle, not to uvicorn."""
+    """uvicorn inside our own loop: signals belong to the process's lifecycle, not to uvicorn. On shutdown it
+    closes its connections only once the listening socket is closed in every process that holds it: a client
+    whose connection closes reconnects at once, and a connection queued on a socket no process accepts from any
+    more is reset when the socket closes, where it should have been refused."""
+
+    def __init__(self, config: uvicorn.Config, listening: Listening | None = None) -> None:
+        super().__init__(config)
+        self.listening: Listening = listening or ListeningHere()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.opened()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting here (uvicorn's own shutdown does it again, harmlessly)
+        for sock in sockets or []:
+            sock.close()
+        self.listening.closed()
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + LISTENER_CLOSE_WAIT_S
+        # Other processes clear their flag in shared memory: there is no event here to wait on.
+        while not self.listening.closed_everywhere() and loop.time() < give_up_at:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        await super().shutdown(sockets)
 
 
 @dataclass(slots=True)
@@ -131,7 +159,7 @@ def embedded_uvicorn(
         server_header=False,
         proxy_headers=False,  # one middleware layer less per request; deployments terminate proxies upstream
     )
-    return EmbeddedUvicorn(config)
+    return EmbeddedUvicorn(config, hooks.listening if hooks is not None else None)
 
 
 async def stop_front_ends(listeners: list[Listener], grpc: grpc.aio.Server | None, grace_s: float) -> None:

@@ -105,13 +105,45 @@ class ThisProcessOnly:
         pass
 
 
+class Listening(Protocol):
+    """Whether the listening socket, which several processes may hold, is still open in any of them."""
+
+    def opened(self) -> None:
+        """This process listens."""
+        ...
+
+    def closed(self) -> None:
+        """This process has closed its listening socket."""
+        ...
+
+    def closed_everywhere(self) -> bool: ...
+
+
+class ListeningHere:
+    """One process holds the listening socket: closed here is closed everywhere."""
+
+    def __init__(self) -> None:
+        self._open = False
+
+    def opened(self) -> None:
+        self._open = True
+
+    def closed(self) -> None:
+        self._open = False
+
+    def closed_everywhere(self) -> bool:
+        return not self._open
+
+
 @dataclass(frozen=True, slots=True)
 class TransportHooks:
     """What the transport of one of several protocol processes shares with the others: where bodies read in
-    place go (their request arena) and the count of open connections the cap applies to."""
+    place go (their request arena), the count of open connections the cap applies to, and whether the listening
+    socket is still open in another of them."""
 
     allocate_body: BodyAllocator = heap_body
     connections: OpenConnections = field(default_factory=ThisProcessOnly)
+    listening: Listening = field(default_factory=ListeningHere)
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):

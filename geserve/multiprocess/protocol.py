@@ -11,12 +11,12 @@ from typing import Any
 
 from geserve.core.log_control import LogSettings
 from geserve.errors import GeserveError
-from geserve.http.connections import ThisProcessOnly, TransportHooks
+from geserve.http.connections import ListeningHere, ThisProcessOnly, TransportHooks
 from geserve.http.direct import BodyAllocator, heap_body
 from geserve.listeners import Listener, grpc_server, http_listener, stop_front_ends
 from geserve.multiprocess.arena import RequestArena
 from geserve.multiprocess.calls import LOG_SETTINGS_EVENT
-from geserve.multiprocess.connection_count import SharedConnectionCount
+from geserve.multiprocess.connection_count import SharedConnectionCount, SharedListening
 from geserve.multiprocess.control import DRAIN, KILL, READY, ControlLine, Launch
 from geserve.multiprocess.remote import RemoteInferenceAPI
 from geserve.settings import LoggingSettings
@@ -78,11 +78,11 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
         return 0
     listeners: list[Listener] = []
     if settings.http.enabled:
+        counts = launch.connection_counts
         hooks = TransportHooks(
             heap_body if arena is None else _body_allocator(arena),
-            SharedConnectionCount(launch.connection_counts, launch.index)
-            if launch.connection_counts is not None
-            else ThisProcessOnly(),
+            SharedConnectionCount(counts, launch.index) if counts is not None else ThisProcessOnly(),
+            SharedListening(counts, launch.index) if counts is not None else ListeningHere(),
         )
         http = http_listener(api, settings, hooks)
         http.socket = socket.socket(fileno=launch.http_fd)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geserve.multiprocess.child import run_child
-from geserve.multiprocess.connection_count import create_counts
+from geserve.multiprocess.connection_count import create_counts, forget_listener
 from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, Launch, send_word
 from geserve.settings import Settings
 from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
@@ -287,6 +287,8 @@ class Supervisor:
         if child.arena:
             with contextlib.suppress(FileNotFoundError):
                 (SHM_DIRECTORY / child.arena).unlink()
+        if self._connection_counts is not None:
+            forget_listener(self._connection_counts, child.index)  # its copy of the socket closed as it died
         if self._state.stopping:
             self._stop_engine_when_alone()
             return None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from geserve.multiprocess.connection_count import SharedConnectionCount, create_counts
+from geserve.http.connections import ListeningHere
+from geserve.multiprocess.connection_count import SharedConnectionCount, SharedListening, create_counts, forget_listener
 
 
 def test_totals_add_every_process_and_count_this_one_as_it_says() -> None:
@@ -42,3 +43,36 @@ def test_separate_servers_do_not_share_counts() -> None:
     one, other = create_counts(2), create_counts(2)
     SharedConnectionCount(one, 0).update(9)
     assert SharedConnectionCount(other, 1).total(0) == 0
+
+
+def test_the_socket_is_closed_everywhere_only_when_every_process_closed_it() -> None:
+    counts = create_counts(2)
+    first, second = SharedListening(counts, 0), SharedListening(counts, 1)
+    assert first.closed_everywhere()  # nobody listens yet
+    first.opened()
+    second.opened()
+    first.closed()
+    assert not first.closed_everywhere() and not second.closed_everywhere()
+    second.closed()
+    assert first.closed_everywhere()
+    # Listening flags and connection counts are separate slots of the one mapping.
+    SharedConnectionCount(counts, 0).update(3)
+    assert first.closed_everywhere()
+
+
+def test_a_dead_process_no_longer_holds_the_socket() -> None:
+    counts = create_counts(2)
+    survivor, dead = SharedListening(counts, 0), SharedListening(counts, 1)
+    survivor.opened()
+    dead.opened()
+    survivor.closed()
+    forget_listener(counts, 1)  # the supervisor, reaping it
+    assert survivor.closed_everywhere()
+
+
+def test_one_process_listening_alone() -> None:
+    here = ListeningHere()
+    here.opened()
+    assert not here.closed_everywhere()
+    here.closed()
+    assert here.closed_everywhere()
