@@ -63,6 +63,7 @@ EXTENSIONS = (
     "statistics",
     "trace",
     "logging",
+    "generate",
 )
 
 

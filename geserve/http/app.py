@@ -14,6 +14,7 @@ from geserve.core.api import InferenceAPI
 from geserve.errors import GeserveError
 from geserve.http.errors import error_body, error_response, failure
 from geserve.http.extensions import build_extension_routes
+from geserve.http.generate import GENERATE_PATH, GenerateEndpoint
 from geserve.http.infer import INFER_PATH, InferEndpoint, send_response
 from geserve.http.routes import build_routes
 from geserve.restrictions import allowed
@@ -36,20 +37,25 @@ def api_group(path: str) -> str:
         return "statistics"
     if path.endswith("/config"):
         return "model-config"
-    if path.endswith("/infer"):
+    if path.endswith(("/infer", "/generate", "/generate_stream")):
         return "inference"
     return "metadata"
 
 
 class HttpApp:
-    """The ASGI app uvicorn serves: infer requests go straight to InferEndpoint, the rest to Starlette.
-    Restricted API groups are checked first, before any body is read."""
+    """The ASGI app uvicorn serves: infer and generate requests go straight to their endpoints, the rest to
+    Starlette. Restricted API groups are checked first, before any body is read."""
 
     def __init__(
-        self, api: Starlette, infer: InferEndpoint, restrictions: Mapping[str, Restriction] | None = None
+        self,
+        api: Starlette,
+        infer: InferEndpoint,
+        generate: GenerateEndpoint,
+        restrictions: Mapping[str, Restriction] | None = None,
     ) -> None:
         self.api = api
         self._infer = infer
+        self._generate = generate
         self._restrictions = dict(restrictions or {})
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -59,6 +65,10 @@ class HttpApp:
             match = INFER_PATH.match(scope["path"])
             if match is not None:
                 await self._infer(scope, receive, send, match)
+                return
+            match = GENERATE_PATH.match(scope["path"])
+            if match is not None:
+                await self._generate(scope, receive, send, match)
                 return
         await self.api(scope, receive, send)
 
@@ -80,7 +90,12 @@ class HttpApp:
 
 def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
     limit = settings.max_input_size
-    return HttpApp(create_api(service, limit), InferEndpoint(service, limit), settings.restrictions)
+    return HttpApp(
+        create_api(service, limit),
+        InferEndpoint(service, limit),
+        GenerateEndpoint(service, limit),
+        settings.restrictions,
+    )
 
 
 async def _on_error(request: Request, error: Exception) -> Response:
