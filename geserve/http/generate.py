@@ -1,5 +1,4 @@
-"""Triton's generate extension as a bare ASGI handler: `.../generate` answers one JSON object,
-`.../generate_stream` one Server-Sent Event per response; a client that goes away cancels its request."""
+"""Triton's generate extension over bare ASGI: one JSON answer, or one Server-Sent Event per response."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The generate extension's JSON, as Triton maps it: a flat request object's keys to inputs or parameters,
-a response's outputs and parameters to the keys of one flat object."""
+"""The generate extension's JSON as Triton maps it: request keys to inputs or parameters, a response to one object."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from geserve.http.generate import ENCODING_REFUSAL, NOT_ONE_RESPONSE
+from tests.e2e.test_trace_file import HTTP_NAMES, _check, _traces
 from tests.support import GeserveProcess, copy_model
 
 pytestmark = pytest.mark.e2e
@@ -362,3 +363,25 @@ def test_restricted_inference_covers_generate(launch: Callable[..., GeserveProce
         )
         assert post(restricted, f"/v2/models/simple/{action}", SIMPLE, {"infer-key": "abc"}).status == 200
     assert restricted.stop() == 0
+
+
+def test_traced_generate_requests_get_the_http_timestamps(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    copy_model("simple", repository)
+    trace_file = tmp_path / "trace.json"
+    traced = GeserveProcess(
+        tmp_path / "geserve.log",
+        f"--model-repository={repository}",
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=1",
+    ).wait_live()
+    try:
+        assert post(traced, "/v2/models/simple/generate", {**SIMPLE, "id": "traced-one"}).status == 200
+        assert stream(traced, "/v2/models/simple/generate_stream", {**SIMPLE, "id": "traced-stream"})[0] == 200
+    finally:
+        assert traced.stop() == 0, traced.log()
+    traces = _traces(trace_file)
+    for request_id in ("traced-one", "traced-stream"):
+        (trace,) = [trace for trace in traces.values() if trace["request_id"] == request_id]
+        _check(trace, HTTP_NAMES)
