@@ -43,6 +43,7 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
         "statistics",
         "trace",
         "logging",
+        "generate",
     ]
 
 
