@@ -146,6 +146,8 @@ class _Reply:
                 await send_response(self._send, status, body)
                 return
             await self._event(body)
+        if self._status is None:  # a stream that ended with no item at all: an empty 200, as Triton's
+            self._status = 200
         await self._start_events()
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
