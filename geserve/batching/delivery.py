@@ -73,6 +73,11 @@ class Delivery:
             if withdraw(pending):
                 self.end(pending, "CANCELED", CancelledError("request cancelled"))
                 self._reschedule()
+            elif not pending.counted:
+                # Its batch runs: the model is told (a python model's is_cancelled), and the request ends as Triton
+                # ends a cancelled one, a CANCELED failure; what its batch still answers for it is dropped.
+                self._stats.record_failure("CANCELED", self._clock.now_ns() - pending.enqueued_ns)
+                reply.cancel()
             raise
         return ScheduledResponse(outputs, pending.timestamps)
 
@@ -170,7 +175,8 @@ class Delivery:
             request.timestamps = RequestTimestamps(
                 request.enqueued_ns, request.dispatched_ns, result.infer_start_ns, result.infer_end_ns, done_ns
             )
-            if request.reply.ends_with_batch:
+            if request.reply.ends_with_batch and not _abandoned(request):
+                request.counted = True
                 queue_ns = request.dispatched_ns - request.enqueued_ns
                 timing = RequestTiming(done_ns - request.enqueued_ns, queue_ns, input_ns, infer_ns, output_ns)
                 self._stats.record_success(timing)
@@ -185,8 +191,11 @@ class Delivery:
             self.end(request, "OTHER", failure)
 
     def end(self, request: PendingRequest, reason: str, error: GeserveError) -> None:
-        """A request fails: counted as a failure for `reason`, and answered with `error`."""
-        self._stats.record_failure(reason, self._clock.now_ns() - request.enqueued_ns)
+        """A request fails: counted as a failure for `reason` (unless its client went away while it ran, counted
+        then), and answered with `error`."""
+        if not _abandoned(request):
+            request.counted = True
+            self._stats.record_failure(reason, self._clock.now_ns() - request.enqueued_ns)
         self.finish(request, error)
 
     def finish(self, request: PendingRequest, outcome: Outcome) -> None:
@@ -217,6 +226,12 @@ class Delivery:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
             else:
                 await asyncio.sleep(0.005)  # queued behind a restarting instance
+
+
+def _abandoned(request: PendingRequest) -> bool:
+    """A unary request whose client went away while it ran: counted then; its outcome is dropped (in its turn)."""
+    reply = request.reply
+    return isinstance(reply, UnaryReply) and reply.cancelled
 
 
 def _resolve(request: PendingRequest, outcome: Outcome) -> None:

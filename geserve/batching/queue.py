@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,12 +21,31 @@ TIMEOUT_EXPIRED = "Request timeout expired"
 
 
 class UnaryReply:
-    """Where the one response of a request goes: a future its caller awaits."""
+    """Where the one response of a request goes: a future its caller awaits. A caller that goes away while the
+    request runs `cancel`s it: the instance running it is told, and what its batch still answers is dropped."""
 
+    __slots__ = ("_on_cancel", "cancelled", "future")
     ends_with_batch = True  # counted as a success when its batch returns
 
     def __init__(self) -> None:
         self.future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self.cancelled = False
+        self._on_cancel: Callable[[], None] | None = None
+
+    def on_cancel(self, callback: Callable[[], None] | None) -> None:
+        """What the instance running the request does when its client goes away (workers.batch.Cancellable)."""
+        if callback is not None and self.cancelled:
+            callback()  # gone between its dispatch and its batch reaching the instance
+            return
+        self._on_cancel = callback
+
+    def cancel(self) -> None:
+        if self.cancelled:
+            return
+        self.cancelled = True
+        callback, self._on_cancel = self._on_cancel, None
+        if callback is not None:
+            callback()
 
     def succeed(self, outputs: dict[str, np.ndarray]) -> None:
         if not self.future.done():  # else the client went away
@@ -56,6 +75,24 @@ class StreamReply:
 Reply = UnaryReply | StreamReply
 
 
+def answer_routes(
+    batch: Iterable[PendingRequest | None],
+) -> tuple[dict[int, ResponseStream], dict[int, UnaryReply]]:
+    """By index in a batch (None: a row of padding): the streams its decoupled requests answer on, and its
+    unary requests, whose clients may go away while it runs."""
+    streams: dict[int, ResponseStream] = {}
+    unary: dict[int, UnaryReply] = {}
+    for index, pending in enumerate(batch):
+        if pending is None:
+            continue
+        reply = pending.reply
+        if isinstance(reply, StreamReply):
+            streams[index] = reply.stream
+        else:
+            unary[index] = reply
+    return streams, unary
+
+
 @dataclass(eq=False, slots=True)
 class PendingRequest:
     """One request waiting for (or running in) a batch."""
@@ -73,6 +110,7 @@ class PendingRequest:
     dispatched_ns: int = 0
     timestamps: RequestTimestamps | None = None  # once its batch has returned
     turn: Turn | None = None  # its place in its instance's response order, once dispatched (preserve_ordering)
+    counted: bool = False  # its outcome is in the statistics (its answer may still wait for its turn)
 
 
 def pending_request(

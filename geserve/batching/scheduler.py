@@ -15,7 +15,7 @@ from geserve.batching.queue import (
     PendingRequest,
     Reply,
     RequestQueue,
-    StreamReply,
+    answer_routes,
     pending_request,
 )
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
@@ -189,9 +189,9 @@ class Scheduler:
         infos = [RequestInfo(p.rows, p.request.output_names, p.request.request_id, p.request.parameters) for p in batch]
         if len(batch) > 1 and self._policy.ragged_inputs:
             infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
-        streams = {i: p.reply.stream for i, p in enumerate(batch) if isinstance(p.reply, StreamReply)}
+        streams, unary = answer_routes(batch)
         keep = any(request.handoff for request in requests)
-        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep))
+        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary))
         self._delivery.start(run, batch, now)
 
 

@@ -17,7 +17,7 @@ from geserve.batching.delivery import Delivery, StatsRecorder
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.ordering import ResponseOrder
 from geserve.batching.policy import BatchingPolicy
-from geserve.batching.queue import PendingRequest, Reply, StreamReply, pending_request
+from geserve.batching.queue import PendingRequest, Reply, answer_routes, pending_request
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.batching.scheduler import Instances, no_instance_error
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
@@ -428,13 +428,9 @@ class SequenceScheduler:
                 RequestInfo(pending.rows, request.output_names, request.request_id, request.parameters, -1, slot, flags)
             )
             wanted.update(dict.fromkeys(request.output_names))
-        streams = {
-            i: pending.reply.stream
-            for i, (_, pending) in enumerate(rows)
-            if pending is not None and isinstance(pending.reply, StreamReply)
-        }
+        streams, unary = answer_routes(pending for _, pending in rows)
         keep = any(request.handoff for request in requests if request is not None)
-        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep))
+        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep, unary))
 
     def _ran(self, rows: list[_Row], sequences: list[_Sequence | None]) -> None:
         """A batch is back: its sequences can run their next request, and those it ended free their slots."""

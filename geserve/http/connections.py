@@ -1,4 +1,4 @@
-"""HTTP/1.1 connections: read deadlines, a connection cap, and closes that never reset a request."""
+"""HTTP/1.1 connections: read deadlines, a connection cap, closes that never reset a request, and lost clients."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from geserve.http.direct import (
     InPlaceBodies,
     heap_body,
 )
+from geserve.http.disconnect import DISCONNECT_EXTENSION, ClientWatch
 from geserve.http.errors import raw_error_response
 from geserve.settings import HttpSettings
 
@@ -171,6 +172,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._shutting_down = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._direct: DirectBody | None = None  # the body being read straight into its buffer
+        self._client = ClientWatch()  # a running infer request learns through it that the client went away
 
     # -- connection ------------------------------------------------------------------------
 
@@ -191,6 +193,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._abandon_direct()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._client.lost()  # its request is cancelled in the core, and in the model that runs it
         self.admitted.discard(self)
         self.hooks.connections.update(len(self.admitted))
         self._cancel_deadline()
@@ -216,6 +220,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is None:
             return
+        cast(dict[str, Any], self.scope.setdefault("extensions", {}))[DISCONNECT_EXTENSION] = self._client
         if self._shutting_down:
             self.cycle.keep_alive = False  # answered, then closed
         if self.cycle.more_body and not self.cycle.response_complete:

@@ -12,6 +12,7 @@ from geserve.errors import DecoupledModelError, InvalidArgumentError, Unsupporte
 from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
 from geserve.http.direct import BODY_EXTENSION
+from geserve.http.disconnect import DISCONNECT_EXTENSION
 from geserve.http.errors import JSON_CONTENT, error_body, failure
 from geserve.types import TraceRecord
 
@@ -92,8 +93,12 @@ class InferEndpoint:
             request, encoding = codec.decode_request(
                 codec.loads(view[:header_size]), view[header_size:], model_name, version
             )
+        client = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
         try:
-            response = await self._service.infer(request)
+            if client is None:
+                response = await self._service.infer(request)
+            else:  # a client that goes away cancels the request (ClientDisconnectedError here)
+                response = await client.until_lost(self._service.infer(request))
         except DecoupledModelError:
             raise UnsupportedError(DECOUPLED_REFUSAL).with_request_id(request.id) from None
         if response.trace is not None:

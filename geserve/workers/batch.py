@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -11,15 +12,25 @@ from geserve.workers.messages import RequestInfo
 from geserve.workers.streams import ResponseStream
 
 
+class Cancellable(Protocol):
+    """A request whose client may go away while its batch runs: the instance running it says what to do then
+    (None once the batch is back: nothing any more). Registered after the client went already, it runs at once."""
+
+    def on_cancel(self, callback: Callable[[], None] | None) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One batch of requests. Each input is given as the requests' row blocks, in request order (the worker
     lays them out contiguously); `output_names` is the union of the outputs the requests asked for. The
     requests whose index is in `streams` answer there (decoupled models), also after the batch has returned.
-    With `keep_outputs` (a pipeline's step) the outputs may stay in shared memory, for the next step to read."""
+    With `keep_outputs` (a pipeline's step) the outputs may stay in shared memory, for the next step to read.
+    The requests whose index is in `cancellable` answer with the batch; a backend that looks (a python model's
+    `is_cancelled`) learns when their clients go away."""
 
     inputs: Mapping[str, Sequence[np.ndarray]]
     output_names: tuple[str, ...]
     requests: Sequence[RequestInfo]
     streams: Mapping[int, ResponseStream] = field(default_factory=dict)
     keep_outputs: bool = False
+    cancellable: Mapping[int, Cancellable] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection
 
 from geserve.errors import GeserveError
 from geserve.types import InstanceStatus
+from geserve.workers.batch import Cancellable
 from geserve.workers.messages import (
     BatchPlaced,
     BlsCall,
@@ -105,6 +106,16 @@ class WorkerChannel:
             stream_ids[index] = stream_id
         return stream_ids
 
+    def watch_cancels(self, requests: Mapping[int, Cancellable]) -> dict[int, int]:
+        """Give each unary request (by its index in the batch) an id a Cancel names it by, sent should its client
+        go away while the batch runs; the caller unregisters them when the batch is back. Returns index -> id."""
+        cancel_ids: dict[int, int] = {}
+        for index, request in requests.items():
+            cancel_id = next(self._ids)
+            request.on_cancel(functools.partial(self.cancel, cancel_id))
+            cancel_ids[index] = cancel_id
+        return cancel_ids
+
     def forget_streams(self, stream_ids: Iterable[int]) -> None:
         """Drop streams someone else ends (their batch failed): whatever the worker still sends for them is dropped."""
         for stream_id in stream_ids:
@@ -123,7 +134,8 @@ class WorkerChannel:
             self._in_flight.pop(message.batch_id, None)
 
     def cancel(self, stream_id: int) -> None:
-        """The client of a streamed request went away: tell the model, drop what it still sends."""
+        """The client of a streamed request (or of a running unary one, by its cancel id) went away: tell the
+        model, drop what it still sends."""
         self._streams.pop(stream_id, None)
         self._send_quietly(Cancel(stream_id))
 

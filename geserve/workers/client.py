@@ -14,7 +14,8 @@ from typing import Protocol
 import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.errors import GeserveError, UnavailableError
+from geserve.backends import registry
+from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.types import InstanceStatus
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec
@@ -78,6 +79,15 @@ class WorkerClient(Protocol):
         ...
 
 
+def observes_cancellation(spec: InstanceSpec) -> bool:
+    """Whether the instance's backend sees each request (a python model's `is_cancelled`): only its unary requests
+    are worth telling about a client that went away."""
+    try:
+        return registry.by_name(spec.backend).per_request
+    except ModelLoadError:
+        return False  # it will not load either
+
+
 def concatenate(parts: Sequence[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -94,7 +104,8 @@ class ThreadWorker:
         self.incarnation = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"geserve-{spec.instance_name}")
         self._state = InstanceState.STARTING
-        self._stream_ids = itertools.count()
+        self._stream_ids = itertools.count()  # stream and cancel ids
+        self._per_request = observes_cancellation(spec)
 
     @property
     def alive(self) -> bool:
@@ -119,7 +130,12 @@ class ThreadWorker:
         for index, stream in streams.items():
             stream_id = next(self._stream_ids)
             infos[index] = infos[index]._replace(stream_id=stream_id)
-            stream.on_cancel(functools.partial(self._runner.cancelled_streams.add, stream_id))
+            stream.on_cancel(functools.partial(self._runner.cancelled.add, stream_id))
+        cancellable = batch.cancellable if self._per_request else {}
+        for index, request in cancellable.items():
+            cancel_id = next(self._stream_ids)
+            infos[index] = infos[index]._replace(cancel_id=cancel_id)
+            request.on_cancel(functools.partial(self._runner.cancelled.add, cancel_id))
 
         def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
             stream = streams.get(index)
@@ -127,7 +143,11 @@ class ThreadWorker:
                 loop.call_soon_threadsafe(stream.put, dict(outputs) if outputs else None, error, final)
 
         run = functools.partial(self._runner.execute, arrays, batch.output_names, tuple(infos), None, emit)
-        return await loop.run_in_executor(self._thread, run)
+        try:
+            return await loop.run_in_executor(self._thread, run)
+        finally:
+            for request in cancellable.values():
+                request.on_cancel(None)
 
     async def read_status(self) -> InstanceStatus | None:
         if not self.alive:

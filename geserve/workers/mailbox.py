@@ -70,7 +70,7 @@ class Inbox:
 
     def __init__(self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool) -> None:
         self._connection = connection
-        self._cancelled = cancelled  # the runner's cancelled streams, which its model reads
+        self._cancelled = cancelled  # the runner's cancelled requests, which its model reads
         self._bls: BlsClient | None = None
         self._queue: queue.SimpleQueue[object] | None = None
         # One poll object, made once: Connection.poll builds a selector on every call.

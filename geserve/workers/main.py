@@ -184,7 +184,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         connection.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
     connection.send(Loaded(config.SerializeToString()))
-    inbox = Inbox(connection, runner.cancelled_streams, outbox, threaded=runner.runs_model_code)
+    inbox = Inbox(connection, runner.cancelled, outbox, threaded=runner.runs_model_code)
     # The batch launched on the device. While it runs, the next one (already sent when the front-end
     # pipelines) is staged, so the device starts it as soon as this one is answered.
     running: _Running | None = None

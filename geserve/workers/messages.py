@@ -77,6 +77,8 @@ class RequestInfo(NamedTuple):
     sequence_flags: int = 0
     # Its ragged inputs' own shapes: the batch holds those inputs flattened, one request after another.
     ragged_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # >= 0: a unary request a Cancel may name while it runs (the channel's ids, shared with stream ids).
+    cancel_id: int = -1
 
 
 # RequestInfo.sequence_flags: the first and last request of a sequence (Triton's TRITONSERVER_REQUEST_FLAG_*
@@ -126,7 +128,7 @@ class Partial:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """The client of streamed request `stream_id` went away."""
+    """The client of a request went away: a stream (its `stream_id`) or a running unary request (its `cancel_id`)."""
 
     stream_id: int
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from geserve._generated import model_config_pb2 as mc
@@ -10,9 +10,9 @@ from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import InstanceStatus
 from geserve.workers.arenas import Arenas
-from geserve.workers.batch import Batch
+from geserve.workers.batch import Batch, Cancellable
 from geserve.workers.bls_serving import BlsServer, ModelCaller
-from geserve.workers.client import InstanceState, WorkerClient
+from geserve.workers.client import InstanceState, WorkerClient, observes_cancellation
 from geserve.workers.handoff import HandoffSegments, MappedOutputs
 from geserve.workers.messages import BatchResult, InstanceSpec, LoadFailed, RunBatch
 from geserve.workers.runs import RunId
@@ -47,6 +47,7 @@ class ProcessWorker:
         self.capacity = max(pipeline_depth, 1)
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self.model_ready = True
+        self._per_request = observes_cancellation(spec)  # its unary requests learn when their clients go away
         self._arenas = Arenas(self.capacity, arena_bytes, run, mapped)
         self._handoff = HandoffSegments(arena_bytes, run, mapped)
         # The model's BLS requests go to the server (`caller`, once it is up).
@@ -126,6 +127,9 @@ class ProcessWorker:
         infos = list(batch.requests)
         for index, stream_id in stream_ids.items():
             infos[index] = infos[index]._replace(stream_id=stream_id)
+        cancellable = batch.cancellable if self._per_request else {}
+        for index, cancel_id in channel.watch_cancels(cancellable).items():
+            infos[index] = infos[index]._replace(cancel_id=cancel_id)
         failed = set(stream_ids)  # streams the scheduler ends with an error: forgotten here
         collected = False
         try:
@@ -134,6 +138,7 @@ class ProcessWorker:
         except BaseException:  # /dev/shm full: the batch fails, and its arena slot and streams are let go
             self._arenas.release(placement, False)
             channel.forget_streams(stream_ids.values())
+            _unwatch(cancellable)
             raise
         try:
             arena, overflow = placement.output_arena, handoff_segment or placement.output_overflow
@@ -163,6 +168,7 @@ class ProcessWorker:
             if handoff_segment:
                 self._handoff.release(handoff_segment)
             channel.forget_streams(stream_ids[index] for index in failed)
+            _unwatch(cancellable)
 
     async def read_status(self) -> InstanceStatus | None:
         """Device usage, the model's readiness and metrics, read by the worker between batches."""
@@ -173,3 +179,9 @@ class ProcessWorker:
         if status is not None:
             self.model_ready = status.ready
         return status
+
+
+def _unwatch(requests: Mapping[int, Cancellable]) -> None:
+    """The batch is back (or never went): a client that goes away now has nothing left to stop."""
+    for request in requests.values():
+        request.on_cancel(None)

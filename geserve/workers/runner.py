@@ -56,7 +56,8 @@ class InstanceRunner:
         self.output_datatypes: dict[str, str] = {}
         # Set when the device failed under a batch: the worker must be replaced, not reused.
         self.fault = ""
-        self.cancelled_streams: set[int] = set()
+        # The streams and running unary requests (by stream or cancel id) whose clients went away.
+        self.cancelled: set[int] = set()
         self._states = SlotStates(())
 
     def load(self) -> mc.ModelConfig:
@@ -247,12 +248,16 @@ class InstanceRunner:
                     own[name] = inputs[name][start:end].reshape(shape)
                     ragged_offsets[name] = end
             row += info.rows
-            cancelled = self._cancelled_flag(info.stream_id)
+            cancelled = self._cancelled_flag(info.stream_id if info.stream_id >= 0 else info.cancel_id)
             split.append(BackendRequest(own, info.request_id, info.parameters, info.output_names, cancelled))
         try:
             answered = backend.execute_requests(split, emit or _drop)
         except Exception as error:
             return self._failed(error, requests, started)
+        finally:
+            for info in requests:
+                if info.cancel_id >= 0:  # answered with the batch: nothing asks about it any more
+                    self.cancelled.discard(info.cancel_id)
         finished = time.monotonic_ns()
         if answered is None:  # decoupled: the responses stream
             return BatchResult(tuple({} for _ in requests), started, finished)
@@ -286,8 +291,8 @@ class InstanceRunner:
             return error
         return dict(result)
 
-    def _cancelled_flag(self, stream_id: int) -> Callable[[], bool]:
-        return lambda: stream_id >= 0 and stream_id in self.cancelled_streams
+    def _cancelled_flag(self, key: int) -> Callable[[], bool]:
+        return lambda: key >= 0 and key in self.cancelled
 
     def _check_output(self, name: str, array: np.ndarray) -> None:
         declared = dtypes.from_wire(self.output_datatypes[name])
