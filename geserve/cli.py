@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from geserve import trace_flags, triton_flags
 from geserve.cache_config import parse_cache_flags
@@ -17,6 +18,7 @@ from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.flags import build_parser
 from geserve.memory import keep_freed_memory
 from geserve.metrics import config as metrics_config
+from geserve.repository import remote
 from geserve.restrictions import parse_restrictions
 from geserve.settings import (
     ControlMode,
@@ -81,6 +83,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--load-model=* must be the only --load-model")
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model needs --model-control-mode=explicit")
+    for location in args.model_repositories:
+        repository_refusal = remote.refusal(location)
+        if repository_refusal is not None:
+            parser.error(repository_refusal)
     logging_settings = LoggingSettings(
         log_file=args.log_file,
         log_info=args.log_info,
@@ -139,7 +145,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         **latency,
     )
     repository = RepositorySettings(
-        paths=tuple(args.model_repositories),
+        paths=tuple(Path(location) for location in args.model_repositories if not remote.is_remote(location)),
+        remotes=tuple(location for location in args.model_repositories if remote.is_remote(location)),
         control_mode=ControlMode(args.model_control_mode),
         startup_models=tuple(args.load_model),
         poll_secs=float(args.repository_poll_secs),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from geserve import trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
@@ -93,10 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-store",
         dest="model_repositories",
         action="append",
-        type=Path,
         required=True,
         metavar="PATH",
-        help="a model repository folder; repeat for several",
+        help="a model repository: a folder, or s3://[host:port/]bucket/path; repeat for several",
     )
     group.add_argument(
         "--disable-auto-complete-config",

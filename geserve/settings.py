@@ -149,6 +149,7 @@ class RepositorySettings:
     """Where the models are and which of them load when: --model-control-mode, --load-model, polling."""
 
     paths: tuple[Path, ...] = ()
+    remotes: tuple[str, ...] = ()  # repositories in object storage (s3:// URLs), copied into a local folder
     control_mode: ControlMode = ControlMode.NONE
     startup_models: tuple[str, ...] = ()
     poll_secs: float = 15.0

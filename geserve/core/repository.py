@@ -8,7 +8,8 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ from geserve.core.models import Model, ModelVersion
 from geserve.core.pool_factory import PoolFactory
 from geserve.errors import InternalError, InvalidArgumentError, ModelLoadError, UnavailableError
 from geserve.repository import config as config_io
-from geserve.repository.scan import ModelSource, fingerprint, scan_repositories
+from geserve.repository.remote import RemoteRepositoryError, S3Mirror, mount_root, parse_s3_url
+from geserve.repository.scan import ModelSource, ScanResult, fingerprint, scan_repositories
 from geserve.settings import ControlMode, RepositorySettings
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,10 @@ class ModelRepository:
         stop_timeout_s: float = 30.0,
     ) -> None:
         self.repositories = list(settings.paths)
+        self._remote_urls = settings.remotes
+        self._mirrors: list[S3Mirror] = []  # made at startup, their folders added to `repositories`
+        self._mirror_root: Path | None = None  # a temporary folder of ours, removed at shutdown
+        self._mirror_lock = threading.Lock()  # one sync at a time: index, poll and load may overlap
         self._pools = pools
         self._stop_timeout_s = stop_timeout_s
         self.mode = settings.control_mode
@@ -68,7 +74,9 @@ class ModelRepository:
 
     async def load_startup(self) -> dict[str, str]:
         """The models the mode loads at start; returns the failures as name -> reason."""
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        await asyncio.to_thread(self._make_mirrors)
+        explicit = self.mode is ControlMode.EXPLICIT and "*" not in self.startup_models
+        scan = await self._scan(set(self.startup_models) if explicit else None)
         for name, reason in scan.conflicts.items():
             logger.error("failed to load '%s': %s", name, reason)
             self.models[name] = Model(name, reason=reason)
@@ -105,7 +113,7 @@ class ModelRepository:
 
     async def poll(self) -> None:
         """Load new models, reload changed ones, unload removed ones."""
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        scan = await self._scan(None)
         for name, source in scan.models.items():
             current = await asyncio.to_thread(fingerprint, source.path)
             if name not in self.models or self._fingerprints.get(name) != current:
@@ -115,6 +123,31 @@ class ModelRepository:
             if self.models[name].versions:
                 logger.info("model '%s' left the repository", name)
                 await self.unload(name, api=False)
+
+    def _make_mirrors(self) -> None:
+        """The local folders the remote repositories are copied into: under TRITON_AWS_MOUNT_DIRECTORY as Triton's,
+        else in a temporary folder removed at shutdown."""
+        if not self._remote_urls or self._mirrors:
+            return
+        root = mount_root()
+        if root is None:
+            root = self._mirror_root = Path(tempfile.mkdtemp(prefix="geserve-repository-"))
+        for index, url in enumerate(self._remote_urls):
+            mirror = S3Mirror(url, root / f"{index}-{parse_s3_url(url).bucket}")
+            self._mirrors.append(mirror)
+            self.repositories.append(mirror.local)
+
+    async def _scan(self, models: Collection[str] | None) -> ScanResult:
+        """Scan every repository, the remote ones' copies first brought up to date for `models` (None: all of
+        them; empty: only which models there are). Off the event loop: the store is read over the network."""
+
+        def sync_and_scan() -> ScanResult:
+            with self._mirror_lock:
+                for mirror in self._mirrors:
+                    mirror.sync(models)
+            return scan_repositories(self.repositories)
+
+        return await asyncio.to_thread(sync_and_scan)
 
     # -- the repository API --------------------------------------------------------------------
 
@@ -132,7 +165,10 @@ class ModelRepository:
                 raise InvalidArgumentError(f"failed to load '{name}': file overrides need a 'config' parameter too")
             source = await asyncio.to_thread(self._write_override_folder, name, files)
         else:
-            scan = await asyncio.to_thread(scan_repositories, self.repositories)
+            try:
+                scan = await self._scan({name})
+            except RemoteRepositoryError as error:  # the model stays as it was: serving, or not
+                raise InternalError(f"failed to load '{name}', {error}") from None
             found = scan.models.get(name)
             if found is None:
                 if name in scan.conflicts:
@@ -141,8 +177,18 @@ class ModelRepository:
                 raise InternalError(f"failed to load '{name}', failed to poll from model repository")
             source = found
             # Loading an ensemble loads the models it uses that are not loaded yet, as Triton does.
-            for composing in await asyncio.to_thread(_composing_models, source) or ():
-                if composing != name and composing in scan.models and not self._serving(composing):
+            wanted = [
+                composing
+                for composing in await asyncio.to_thread(_composing_models, source) or ()
+                if composing != name and not self._serving(composing)
+            ]
+            if wanted and self._mirrors:
+                try:
+                    scan = await self._scan(set(wanted))
+                except RemoteRepositoryError as error:
+                    raise InternalError(f"failed to load '{name}', {error}") from None
+            for composing in wanted:
+                if composing in scan.models:
                     await self._load_source(scan.models[composing])
         model = await self._load_source(source, override)
         if model.reason:
@@ -186,7 +232,10 @@ class ModelRepository:
 
     async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model of the repositories and every one loaded, with its versions' states."""
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        try:
+            scan = await self._scan(())
+        except RemoteRepositoryError as error:
+            raise InternalError(str(error)) from None
         entries: list[dict[str, str]] = []
         for name in sorted(set(scan.models) | set(scan.conflicts) | set(self.models)):
             model = self.models.get(name)
@@ -297,6 +346,8 @@ class ModelRepository:
         await asyncio.gather(*(version.stop(self._stop_timeout_s) for version in versions), *self._retiring)
         for name in list(self._override_dirs):
             self._drop_override_folder(name)
+        if self._mirror_root is not None:
+            shutil.rmtree(self._mirror_root, ignore_errors=True)
 
 
 # Limits of Linux file systems, checked before anything is written: one name, a whole path, and depth.

@@ -1,0 +1,251 @@
+"""Model repositories in S3-compatible object storage, served from a real S3 server (moto's) on a loopback port."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support import GeserveProcess, free_port, write_identity_model
+
+boto3 = pytest.importorskip("boto3")
+
+pytestmark = pytest.mark.e2e
+
+Launch = Callable[..., GeserveProcess]
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class S3Server:
+    """moto's S3 server as its own process, and a boto3 client of it."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self._log = log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2):
+                    break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the S3 server did not start:\n{log.read_text()}") from None
+                time.sleep(0.2)
+        self.client: Any = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{self.port}",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def url(self, bucket: str, prefix: str) -> str:
+        return f"s3://127.0.0.1:{self.port}/{bucket}/{prefix}"
+
+    def upload(self, folder: Path, bucket: str, prefix: str) -> None:
+        """Every file under `folder` as an object under `prefix`/<folder name>/."""
+        base = f"{prefix}/{folder.name}" if prefix else folder.name
+        for path in sorted(folder.rglob("*")):
+            key = f"{base}/{path.relative_to(folder).as_posix()}"
+            if path.is_file():
+                self.client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            elif not any(path.iterdir()):  # an empty version folder, as S3 consoles make them
+                self.client.put_object(Bucket=bucket, Key=f"{key}/")
+
+    def delete_prefix(self, bucket: str, prefix: str) -> None:
+        listed = self.client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        for item in listed.get("Contents", ()):
+            self.client.delete_object(Bucket=bucket, Key=item["Key"])
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    server.stop()
+
+
+def _bucket(s3: S3Server, name: str, tmp_path: Path, *models: str) -> str:
+    """A bucket whose prefix `repo` holds identity models named `models` (FP32 [-1], version 1)."""
+    s3.client.create_bucket(Bucket=name)
+    for model in models:
+        s3.upload(write_identity_model(tmp_path / "source", model), name, "repo")
+    return s3.url(name, "repo")
+
+
+def _echo(url: str, model: str, values: list[float]) -> None:
+    data = np.array([values], dtype=np.float32)
+    with httpclient.InferenceServerClient(url) as client:
+        tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer(model, [tensor]).as_numpy("OUTPUT0"), data)
+
+
+def _echo_grpc(server: GeserveProcess, model: str, values: list[float]) -> None:
+    data = np.array([values], dtype=np.float32)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer(model, [tensor]).as_numpy("OUTPUT0"), data)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.2)
+
+
+def test_a_repository_in_s3_serves_its_models_over_http_and_grpc(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
+    url = _bucket(s3, "startup", tmp_path, "echo", "other")
+    server = launch(f"--model-repository={url}", env=CREDENTIALS).wait_live()
+    _echo(server.url, "echo", [1.0, 2.0, 3.0])
+    _echo(server.url, "other", [4.0])
+    _echo_grpc(server, "echo", [5.0, 6.0])
+    with httpclient.InferenceServerClient(server.url) as client:
+        index = {(entry["name"], entry.get("state")) for entry in client.get_model_repository_index()}
+    assert index == {("echo", "READY"), ("other", "READY")}
+
+
+def test_a_repository_at_the_top_of_a_bucket_and_several_repositories(
+    launch: Launch, s3: S3Server, tmp_path: Path
+) -> None:
+    s3.client.create_bucket(Bucket="top")
+    s3.upload(write_identity_model(tmp_path / "source", "at_top"), "top", "")
+    (tmp_path / "local").mkdir()
+    write_identity_model(tmp_path / "local", "local_echo")
+    remote = f"s3://127.0.0.1:{s3.port}/top"
+    server = launch(
+        f"--model-repository={remote}", f"--model-repository={tmp_path / 'local'}", env=CREDENTIALS
+    ).wait_live()
+    _echo(server.url, "at_top", [1.0])
+    _echo(server.url, "local_echo", [2.0])
+
+
+def test_polling_sees_a_model_appear_change_and_leave(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
+    url = _bucket(s3, "polled", tmp_path, "echo")
+    server = launch(
+        f"--model-repository={url}", "--model-control-mode=poll", "--repository-poll-secs=1", env=CREDENTIALS
+    ).wait_live()
+    _echo(server.url, "echo", [1.0])
+    with httpclient.InferenceServerClient(server.url) as client:
+        s3.upload(write_identity_model(tmp_path / "later", "added"), "polled", "repo")
+        _wait_for(lambda: client.is_model_ready("added"))
+        _echo(server.url, "added", [3.0])
+
+        # A new version folder (and a config serving every version) changes the model: it is reloaded.
+        changed = write_identity_model(tmp_path / "changed", "echo", versions=(1, 2))
+        config = (changed / "config.pbtxt").read_text() + "version_policy: { all: {} }\n"
+        (changed / "config.pbtxt").write_text(config)
+        s3.upload(changed, "polled", "repo")
+        _wait_for(lambda: client.is_model_ready("echo", "2"))
+        assert client.is_model_ready("echo", "1")
+
+        s3.delete_prefix("polled", "repo/added/")
+        _wait_for(lambda: not client.is_model_ready("added"))
+        _echo(server.url, "echo", [4.0])
+
+
+def test_explicit_load_downloads_only_the_model_it_names(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
+    url = _bucket(s3, "explicit", tmp_path, "echo", "idle")
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    env = {**CREDENTIALS, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
+    server = launch(
+        f"--model-repository={url}", "--model-control-mode=explicit", "--load-model=echo", env=env
+    ).wait_live()
+    copies = next(mount.iterdir())
+    assert (copies / "echo" / "config.pbtxt").is_file()
+    assert not (copies / "idle" / "config.pbtxt").exists()  # listed, not downloaded: nobody loaded it
+    with httpclient.InferenceServerClient(server.url) as client:
+        names = {entry["name"] for entry in client.get_model_repository_index()}
+        assert names == {"echo", "idle"}
+        s3.upload(write_identity_model(tmp_path / "later", "uploaded"), "explicit", "repo")
+        client.load_model("uploaded")
+        _echo(server.url, "uploaded", [7.0])
+        assert not (copies / "idle" / "config.pbtxt").exists()
+
+        # A config override with file: contents works as for a local repository.
+        override = {"name": "inline", "backend": "identity", "max_batch_size": 8}
+        override |= {"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
+        override |= {"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
+        client.load_model("inline", config=json.dumps(override), files={"file:1/placeholder": b""})
+        _echo(server.url, "inline", [8.0])
+
+        with pytest.raises(InferenceServerException) as missing:
+            client.load_model("missing")
+        assert "failed to load 'missing', failed to poll from model repository" in str(missing.value)
+        _echo(server.url, "echo", [9.0])
+
+
+def test_a_credential_file_that_breaks_fails_the_load_and_keeps_the_models_serving(
+    launch: Launch, s3: S3Server, tmp_path: Path
+) -> None:
+    url = _bucket(s3, "credentials", tmp_path, "echo", "second")
+    credentials = tmp_path / "cloud_credential.json"
+    entry = {"key_id": "testing", "secret_key": "testing", "region": "us-east-1", "session_token": "", "profile": ""}
+    credentials.write_text(json.dumps({"s3": {url: entry}}))
+    # Only the file's credentials: none in the environment.
+    env = {"TRITON_CLOUD_CREDENTIAL_PATH": str(credentials), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    server = launch(
+        f"--model-repository={url}", "--model-control-mode=explicit", "--load-model=echo", env=env
+    ).wait_live()
+    _echo(server.url, "echo", [1.0])
+    credentials.write_text("{not json")
+    with httpclient.InferenceServerClient(server.url) as client:
+        with pytest.raises(InferenceServerException) as broken:
+            client.load_model("second")
+        assert "failed to load 'second'" in str(broken.value)
+        assert "cloud credential file" in str(broken.value)
+        _echo(server.url, "echo", [2.0])
+        credentials.write_text(json.dumps({"s3": {"": entry}}))
+        client.load_model("second")
+        _echo(server.url, "second", [3.0])
+
+
+def test_a_bucket_that_does_not_exist_stops_the_start_naming_the_url(launch: Launch, s3: S3Server) -> None:
+    url = s3.url("no-such-bucket", "repo")
+    server = launch(f"--model-repository={url}", env=CREDENTIALS)
+    assert server.wait_exit() != 0
+    assert f"failed to read model repository '{url}'" in server.log()
+    assert "NoSuchBucket" in server.log()
+
+
+@pytest.mark.parametrize(
+    ("location", "store"),
+    [
+        ("gs://bucket/models", "Google Cloud Storage (gs://)"),
+        ("as://account/container/models", "Azure Storage (as://)"),
+    ],
+)
+def test_other_object_stores_are_refused_naming_the_scheme(launch: Launch, location: str, store: str) -> None:
+    server = launch(f"--model-repository={location}")
+    assert server.wait_exit() == 2
+    assert f"model repository '{location}': {store} repositories are not supported" in server.log()
+
+
+def test_a_malformed_s3_url_is_refused(launch: Launch) -> None:
+    server = launch("--model-repository=s3://Bad_Bucket:port/models")
+    assert server.wait_exit() == 2
+    assert "model repository 's3://Bad_Bucket:port/models': not an S3 URL" in server.log()
