@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -122,7 +122,7 @@ class Partial:
     refs: tuple[TensorRef, ...]
     error: GeserveError | None
     final: bool
-    parameters: Parameters = EMPTY_PARAMETERS  # the response's own, as the model set them
+    parameters: Parameters = field(default_factory=dict)  # the response's own, as the model set them
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +210,7 @@ class BlsReply:
     outputs: tuple[TensorRef, ...]
     error: GeserveError | None
     final: bool
-    parameters: Parameters = EMPTY_PARAMETERS  # the response's own
+    parameters: Parameters = field(default_factory=dict)  # the response's own
 
 
 @dataclass(frozen=True, slots=True)
