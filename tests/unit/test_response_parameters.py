@@ -26,7 +26,7 @@ def _response(parameters: dict[str, Any]) -> InferResponse:
 
 def test_pb_utils_takes_a_dict_or_its_json_text() -> None:
     assert json.loads(pb_utils.InferenceResponse(parameters=PARAMETERS).parameters()) == PARAMETERS
-    assert pb_utils.InferenceResponse(parameters=json.dumps(PARAMETERS)).parameter_values() == PARAMETERS
+    assert json.loads(pb_utils.InferenceResponse(parameters=json.dumps(PARAMETERS)).parameters()) == PARAMETERS
     assert pb_utils.InferenceResponse().parameters() == "{}"
 
 

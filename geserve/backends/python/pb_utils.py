@@ -148,8 +148,7 @@ class InferenceResponse:
     ) -> None:
         self._tensors = list(output_tensors or [])
         self._error = error
-        self._values = response_parameters(parameters)
-        self._parameters = json.dumps(self._values)
+        self._parameters = json.dumps(_checked_parameters(parameters))
 
     def output_tensors(self) -> list[Tensor]:
         return self._tensors
@@ -163,15 +162,11 @@ class InferenceResponse:
     def parameters(self) -> str:
         return self._parameters
 
-    def parameter_values(self) -> dict[str, bool | int | str]:
-        """The parameters as checked values (not part of Triton's API)."""
-        return self._values
-
 
 _INT64 = range(-(1 << 63), 1 << 63)
 
 
-def response_parameters(parameters: Any) -> dict[str, bool | int | str]:
+def _checked_parameters(parameters: Any) -> dict[str, bool | int | str]:
     """A response's parameters checked as Triton's python backend checks them: a dict (or its JSON text)
     of str keys to bool, int or str values, the only types a response parameter has in Triton."""
     if isinstance(parameters, str):
