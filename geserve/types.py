@@ -22,6 +22,30 @@ SCHEDULING_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "prior
 SERVER_PARAMETERS = frozenset((*SCHEDULING_PARAMETERS, "binary_data_output"))
 
 
+class ModelOutputs(dict[str, np.ndarray]):
+    """A response's output arrays by name with the response parameters its model set (a python model's
+    `InferenceResponse(parameters=...)`); they ride with the arrays from the worker to the front-end."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], parameters: Parameters) -> None:
+        super().__init__(arrays)
+        self.parameters = parameters
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ModelOutputs, (dict(self), dict(self.parameters)))
+
+
+def response_parameters(outputs: object) -> Parameters:
+    """The response parameters that came with `outputs` (none for a plain dict, None or an error)."""
+    return outputs.parameters if isinstance(outputs, ModelOutputs) else EMPTY_PARAMETERS
+
+
+def with_parameters(outputs: dict[str, np.ndarray], parameters: Parameters) -> dict[str, np.ndarray]:
+    """`outputs` carrying `parameters`; the plain dict itself when there are none."""
+    return ModelOutputs(outputs, parameters) if parameters else outputs
+
+
 @dataclass(frozen=True, slots=True)
 class InferInput:
     """One input tensor as decoded by a front-end.

@@ -20,7 +20,16 @@ from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_versi
 from geserve.core.stats import ModelStats
 from geserve.core.trace import StepTrace, traced_steps
 from geserve.errors import GeserveError, InternalError, ModelLoadError
-from geserve.types import SCHEDULING_PARAMETERS, InferInput, InferRequest, InstanceStatus, Parameters, RequestTiming
+from geserve.types import (
+    SCHEDULING_PARAMETERS,
+    InferInput,
+    InferRequest,
+    InstanceStatus,
+    Parameters,
+    RequestTiming,
+    response_parameters,
+    with_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +314,8 @@ class EnsembleScheduler:
         missing = [name for name in request.output_names if name not in tensors]
         if missing:
             raise InternalError(f"ensemble '{self._name}' did not produce output(s) {missing}")
-        return {name: tensors[name] for name in request.output_names}
+        # The response parameters are those of the step that ran last, whose response completed the ensemble's.
+        return with_parameters({name: tensors[name] for name in request.output_names}, response_parameters(tensors))
 
     async def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamedOutputs]:
         """A decoupled ensemble: every response of a decoupled step runs the steps after it, and each time the
@@ -314,7 +324,8 @@ class EnsembleScheduler:
         forwarded = _forwarded(request.parameters)
         try:
             async for tensors in self._flow(dict(request.inputs), self._steps, forwarded, request.request_id, None):
-                yield {name: tensors[name] for name in request.output_names if name in tensors}, None, False
+                outputs = {name: tensors[name] for name in request.output_names if name in tensors}
+                yield with_parameters(outputs, response_parameters(tensors)), None, False
         except GeserveError as error:
             self._stats.record_failure("OTHER", time.monotonic_ns() - started)
             yield None, error, True
@@ -433,7 +444,7 @@ def _with(tensors: dict[str, np.ndarray], step: Step, outputs: Mapping[str, np.n
     for model_output, tensor in step.outputs.items():
         if model_output in outputs:
             merged[tensor] = outputs[model_output]
-    return merged
+    return with_parameters(merged, response_parameters(outputs))  # the latest step's response parameters
 
 
 def _input(name: str, array: np.ndarray) -> InferInput:

@@ -17,7 +17,7 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import ModelLoadError
-from geserve.types import CacheSnapshot
+from geserve.types import CacheSnapshot, response_parameters, with_parameters
 
 if TYPE_CHECKING:
     from geserve.core.models import Model, ModelVersion
@@ -182,7 +182,7 @@ class ResponseCache:
             self.hits += 1
             self._entries.move_to_end(key)
         self.lookup_ns += time.monotonic_ns() - started_ns
-        return None if found is None else dict(found[0])
+        return None if found is None else with_parameters(dict(found[0]), response_parameters(found[0]))
 
     def insert(self, key: bytes, outputs: dict[str, np.ndarray], size: int) -> bool:
         """Store outputs the cache owns (see `frozen_copy`) under `key`; False when they are larger than the cache."""
@@ -264,7 +264,8 @@ class ResponseCache:
 
 
 def _owned(outputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
-    return frozen_copy(outputs), entry_bytes(outputs)
+    # The response parameters are part of the cached response: a hit answers with them too.
+    return with_parameters(frozen_copy(outputs), response_parameters(outputs)), entry_bytes(outputs)
 
 
 # A BYTES tensor with more elements than this counts as large without summing its elements' lengths.

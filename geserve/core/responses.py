@@ -9,7 +9,7 @@ from geserve.core.classification import classification_count, classify
 from geserve.core.models import ModelVersion
 from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryManager
 from geserve.offload import COPY_BYTES, off_loop
-from geserve.types import InferRequest, InferResponse, OutputTensor, Parameters
+from geserve.types import InferRequest, InferResponse, OutputTensor, Parameters, response_parameters
 
 
 class ResponseBuilder:
@@ -27,7 +27,7 @@ class ResponseBuilder:
         if request.outputs:
             asked = {output.name: output.parameters for output in request.outputs}
             tensors = [await self._post_process(model, tensor, asked.get(tensor.name, {})) for tensor in tensors]
-        return InferResponse(model.name, model.version_str, tuple(tensors), request.id)
+        return InferResponse(model.name, model.version_str, tuple(tensors), request.id, response_parameters(outputs))
 
     async def _post_process(self, model: ModelVersion, tensor: OutputTensor, asked: Parameters) -> OutputTensor:
         if "classification" in asked:

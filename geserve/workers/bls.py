@@ -113,7 +113,8 @@ def _response(reply: BlsReply) -> Any:
     if reply.error is not None:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error.message))
     outputs = take_tensors(reply.outputs)
-    return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in outputs.items()])
+    tensors = [pb_utils.Tensor(name, array) for name, array in outputs.items()]
+    return pb_utils.InferenceResponse(tensors, parameters=dict(reply.parameters))
 
 
 def connect(send: Callable[[object], None], run: RunId) -> BlsClient:

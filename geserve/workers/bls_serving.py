@@ -11,7 +11,7 @@ import numpy as np
 
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, UnavailableError
-from geserve.types import InferInput, InferRequest, RequestedOutput
+from geserve.types import InferInput, InferRequest, RequestedOutput, response_parameters
 from geserve.workers.messages import BlsCall, BlsReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, write_tensors
@@ -43,7 +43,8 @@ async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[
             await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run), timeout_s)
             return
         outputs = await asyncio.wait_for(caller.call_model(request), timeout_s)
-        reply(BlsReply(call.call_id, write_tensors(outputs, run.segment_name("blsout")), None, True))
+        refs = write_tensors(outputs, run.segment_name("blsout"))
+        reply(BlsReply(call.call_id, refs, None, True, response_parameters(outputs)))
     except TimeoutError:
         reply(BlsReply(call.call_id, (), UnavailableError(TIMEOUT_EXPIRED), True))
     except GeserveError as error:
@@ -71,7 +72,8 @@ async def _stream(
 ) -> None:
     final = False
     async for outputs, error, final in caller.stream_model(request):
-        reply(BlsReply(call_id, write_tensors(outputs or {}, run.segment_name("blsout")), error, final))
+        refs = write_tensors(outputs or {}, run.segment_name("blsout"))
+        reply(BlsReply(call_id, refs, error, final, response_parameters(outputs)))
     if not final:
         reply(BlsReply(call_id, (), None, True))
 

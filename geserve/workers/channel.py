@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
 
 from geserve.errors import GeserveError
-from geserve.types import InstanceStatus
+from geserve.types import InstanceStatus, with_parameters
 from geserve.workers.batch import Cancellable
 from geserve.workers.messages import (
     BatchPlaced,
@@ -231,6 +231,8 @@ class WorkerChannel:
         outputs = message.outputs
         if message.refs:
             outputs = take_tensors(message.refs)  # also unlinks the response's own segment
+        if message.parameters:
+            outputs = with_parameters(dict(outputs or {}), message.parameters)
         stream = self._streams.pop(message.stream_id, None) if message.final else self._streams.get(message.stream_id)
         if stream is not None:
             stream.put(outputs, message.error, message.final)

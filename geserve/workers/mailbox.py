@@ -14,6 +14,7 @@ import numpy as np
 
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError
+from geserve.types import response_parameters
 from geserve.workers.messages import BlsReply, Cancel, Partial, RequestInfo, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import write_tensors
@@ -53,12 +54,14 @@ class Outbox:
     def _partial(
         self, stream_id: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool
     ) -> Partial:
-        if not outputs:
+        parameters = response_parameters(outputs)
+        if outputs is None or not (outputs or parameters):
             return Partial(stream_id, None, (), error, final)
         arrays = {name: np.asarray(array) for name, array in outputs.items()}
         if sum(array.nbytes for array in arrays.values()) <= _INLINE_BYTES:
-            return Partial(stream_id, arrays, (), error, final)
-        return Partial(stream_id, None, write_tensors(arrays, self.run.segment_name("stream")), error, final)
+            return Partial(stream_id, arrays, (), error, final, parameters)
+        refs = write_tensors(arrays, self.run.segment_name("stream"))
+        return Partial(stream_id, None, refs, error, final, parameters)
 
 
 class Inbox:

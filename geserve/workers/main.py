@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
+from geserve.types import response_parameters
 from geserve.workers.mailbox import Inbox, Outbox
 from geserve.workers.messages import (
     BatchPlaced,
@@ -130,7 +131,11 @@ class _Segments:
                 if isinstance(error, OSError):
                     error = UnavailableError(f"the batch's outputs cannot be placed in shared memory: {error}")
                 blocks, placed = OutputBlocks(runner.output_datatypes, placement), (error,) * len(message.requests)
-            return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns)
+            parameters = tuple(response_parameters(outcome) for outcome in result.results)
+            kept = parameters if any(parameters) else ()
+            return BatchPlaced(
+                message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns, kept
+            )
         finally:
             _close(running.extra)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -124,6 +124,7 @@ class Partial:
     refs: tuple[TensorRef, ...]
     error: GeserveError | None
     final: bool
+    parameters: Parameters = field(default_factory=dict)  # the response's own, as the model set them
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +167,13 @@ class BatchPlaced:
     results: tuple[PlacedResult, ...]
     infer_start_ns: int
     infer_end_ns: int
+    # Each request's response parameters, as the model set them; empty when no request has any.
+    parameters: tuple[Parameters, ...] = ()
 
     def __reduce__(self) -> tuple[type[BatchPlaced], tuple[object, ...]]:
         # Sent once per batch: rebuilt from its fields, not through the dataclass's generic state.
-        return BatchPlaced, (self.batch_id, self.blocks, self.results, self.infer_start_ns, self.infer_end_ns)
+        fields = (self.batch_id, self.blocks, self.results, self.infer_start_ns, self.infer_end_ns)
+        return BatchPlaced, (*fields, self.parameters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +212,7 @@ class BlsReply:
     outputs: tuple[TensorRef, ...]
     error: GeserveError | None
     final: bool
+    parameters: Parameters = field(default_factory=dict)  # the response's own
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.settings import DEFAULT_ARENA_BYTES
-from geserve.types import InstanceStatus
+from geserve.types import InstanceStatus, with_parameters
 from geserve.workers.arenas import Arenas
 from geserve.workers.batch import Batch, Cancellable
 from geserve.workers.bls_serving import BlsServer, ModelCaller
@@ -159,6 +159,11 @@ class ProcessWorker:
                 results = await self._arenas.collect(placed.blocks, placed.results)
             collected = True
             failed = {index for index in stream_ids if isinstance(results[index], GeserveError)}
+            if placed.parameters:
+                results = tuple(
+                    outcome if isinstance(outcome, GeserveError) else with_parameters(outcome, parameters)
+                    for outcome, parameters in zip(results, placed.parameters, strict=True)
+                )
             return BatchResult(results, placed.infer_start_ns, placed.infer_end_ns)
         except (OSError, ValueError):
             # The pipe broke (or was closed on EOF) before the exit was reaped: the worker is gone.

@@ -27,7 +27,7 @@ from geserve.backends.base import (
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.repository.sequence import read_states
-from geserve.types import CustomMetric, DeviceUsage, InstanceStatus
+from geserve.types import CustomMetric, DeviceUsage, InstanceStatus, response_parameters, with_parameters
 from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
 from geserve.workers.states import SlotStates
 
@@ -289,7 +289,7 @@ class InstanceRunner:
                     self._check_output(name, np.asarray(array))
         except GeserveError as error:
             return error
-        return dict(result)
+        return with_parameters(dict(result), response_parameters(result))
 
     def _cancelled_flag(self, key: int) -> Callable[[], bool]:
         return lambda: key >= 0 and key in self.cancelled

@@ -34,7 +34,7 @@ from geserve.errors import (
     UnsupportedError,
 )
 from geserve.repository.config import config_to_json
-from geserve.types import SERVER_PARAMETERS, CustomMetric
+from geserve.types import SERVER_PARAMETERS, CustomMetric, with_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -292,4 +292,6 @@ def _unpack(
                 f"model '{model}': a response holds {type(tensor).__name__}, not a pb_utils.Tensor"
             )
         outputs[tensor.name()] = tensor.as_numpy()
-    return outputs, None
+    text = response.parameters()
+    # Checked when the response was made; "{}" (none set) is by far the most common, and costs no parse.
+    return with_parameters(outputs, json.loads(text) if text != "{}" else {}), None

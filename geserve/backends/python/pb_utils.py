@@ -148,7 +148,7 @@ class InferenceResponse:
     ) -> None:
         self._tensors = list(output_tensors or [])
         self._error = error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
+        self._parameters = json.dumps(_checked_parameters(parameters))
 
     def output_tensors(self) -> list[Tensor]:
         return self._tensors
@@ -161,6 +161,33 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return self._parameters
+
+
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def _checked_parameters(parameters: Any) -> dict[str, bool | int | str]:
+    """A response's parameters checked as Triton's python backend checks them: a dict (or its JSON text)
+    of str keys to bool, int or str values, the only types a response parameter has in Triton."""
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters) if parameters else {}
+        except ValueError as error:
+            raise TritonModelException(f"Expect parameters to be a JSON object: {error}") from None
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, Mapping):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    checked: dict[str, bool | int | str] = {}
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+        if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+            raise TritonModelException(f"parameter '{key}' = {value} does not fit in an int64")
+        checked[key] = value
+    return checked
 
 
 # What the worker does with a response: (response or None, final flag).
