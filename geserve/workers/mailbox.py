@@ -14,7 +14,7 @@ import numpy as np
 
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError
-from geserve.workers.messages import BlsReply, Cancel, Partial, RequestInfo, Shutdown
+from geserve.workers.messages import BlsReply, Cancel, ControlReply, Partial, RequestInfo, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import write_tensors
 
@@ -130,7 +130,7 @@ class Inbox:
                 self._bls.close()
                 self._queue.put(self._END)
                 return
-            if isinstance(message, BlsReply):
+            if isinstance(message, BlsReply | ControlReply):
                 self._bls.deliver(message)
             elif isinstance(message, Cancel):
                 self._cancelled.add(message.stream_id)
