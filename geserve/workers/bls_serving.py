@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError, InternalError, UnavailableError
+from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.types import InferInput, InferRequest, RequestedOutput
 from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
@@ -100,7 +100,7 @@ async def serve_control(caller: ModelCaller | None, call: ControlCall, reply: Ca
             # a model may unload itself from execute.
             await caller.unload_model(call.model_name, call.unload_dependents, wait=False)
         elif call.action == "is_model_ready":
-            ready = await caller.model_ready(call.model_name, call.model_version)
+            ready = await _ready(caller, call.model_name, call.model_version)
         else:
             raise InternalError(f"unknown model control call '{call.action}'")
         reply(ControlReply(call.call_id, ready, None))
@@ -109,6 +109,15 @@ async def serve_control(caller: ModelCaller | None, call: ControlCall, reply: Ca
     except Exception as error:  # never leave a model waiting
         logger.exception("%s of model '%s' failed", call.action, call.model_name)
         reply(ControlReply(call.call_id, False, InternalError(f"{type(error).__name__}: {error}")))
+
+
+async def _ready(caller: ModelCaller, name: str, version: str) -> bool:
+    """As Triton's TRITONSERVER_ServerModelIsReady: a model or version the server does not have is not ready,
+    not an error (the health API's model ready endpoint reports those)."""
+    try:
+        return await caller.model_ready(name, version)
+    except (InvalidArgumentError, NotFoundError, UnavailableError):
+        return False
 
 
 class BlsServer:
