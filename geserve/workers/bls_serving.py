@@ -1,5 +1,4 @@
-"""BLS in the front-end: a worker's BlsCall run as a request of the server, answered with BlsReplies; its
-ControlCalls (load_model, unload_model, is_model_ready) run on the server's model repository."""
+"""BLS in the front-end: a worker's BlsCalls run as requests, its ControlCalls on the model repository."""
 
 from __future__ import annotations
 
