@@ -25,6 +25,9 @@ class BlsClient:
         self._ids = itertools.count()
         self._waiting: dict[int, queue.SimpleQueue[Any]] = {}  # BlsReply or ControlReply; None: the end
         self._lock = threading.Lock()
+        # The model this worker is loading, until its initialize returns: loading or unloading it from there
+        # would wait for its own load.
+        self.loading = ""
 
     def deliver(self, reply: BlsReply | ControlReply) -> None:
         with self._lock:
@@ -64,6 +67,11 @@ class BlsClient:
     def control(self, action: str, model_name: str, arguments: Mapping[str, Any]) -> bool:
         """`load_model`, `unload_model` or `is_model_ready`: sent to the server's repository, waited for; raises
         TritonModelException with the server's message when it fails."""
+        if action != "is_model_ready" and model_name == self.loading:
+            raise pb_utils.TritonModelException(
+                f"model '{model_name}' cannot be loaded or unloaded from its own initialize: that waits for "
+                "the load it is part of"
+            )
         call_id = next(self._ids)
         replies: queue.SimpleQueue[ControlReply | None] = queue.SimpleQueue()
         with self._lock:

@@ -68,7 +68,9 @@ class Inbox:
 
     _END = object()
 
-    def __init__(self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool) -> None:
+    def __init__(
+        self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool, loading: str = ""
+    ) -> None:
         self._connection = connection
         self._cancelled = cancelled  # the runner's cancelled streams, which its model reads
         self._bls: BlsClient | None = None
@@ -82,8 +84,14 @@ class Inbox:
             from geserve.workers import bls
 
             self._bls = bls.connect(outbox.send, outbox.run)
+            self._bls.loading = loading  # the model whose initialize runs next
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()
+
+    def loaded(self) -> None:
+        """The model's initialize has returned: it may load and unload any model from now on."""
+        if self._bls is not None:
+            self._bls.loading = ""
 
     @property
     def threaded(self) -> bool:

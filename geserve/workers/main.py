@@ -178,7 +178,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
 
     def open_inbox(threaded: bool) -> None:
         # Before the model's initialize runs: it may wait for the server's answers (BLS, load_model).
-        inboxes.append(Inbox(connection, runner.cancelled_streams, outbox, threaded=threaded))
+        inboxes.append(Inbox(connection, runner.cancelled_streams, outbox, threaded, loading=spec.model_name))
 
     try:
         segments = _Segments(spec)
@@ -189,8 +189,9 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     except OSError as error:
         outbox.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
-    outbox.send(Loaded(config.SerializeToString()))
     inbox = inboxes[0] if inboxes else Inbox(connection, runner.cancelled_streams, outbox, threaded=False)
+    inbox.loaded()
+    outbox.send(Loaded(config.SerializeToString()))
     # The batch launched on the device. While it runs, the next one (already sent when the front-end
     # pipelines) is staged, so the device starts it as soon as this one is answered.
     running: _Running | None = None

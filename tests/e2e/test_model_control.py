@@ -46,7 +46,7 @@ IDENTITY_JSON = json.dumps(
 def _repository(root: Path) -> Path:
     repository = root / "models"
     repository.mkdir()
-    for name in ("model_control", "loads_in_init"):
+    for name in ("model_control", "loads_in_init", "loads_itself"):
         shutil.copytree(PYTHON_MODELS / name, repository / name)
     for name in ("loaded_by_init", "echo", "spare"):
         write_identity_model(repository, name, max_batch_size=0)
@@ -150,6 +150,15 @@ def test_load_errors_reach_the_model_and_it_serves_on(explicit_server: GeservePr
         assert not _ready(client, module, "echo")
 
 
+def test_a_model_loading_itself_from_initialize_fails_instead_of_waiting(explicit_server: GeserveProcess) -> None:
+    for client, module in _clients(explicit_server):
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("loads_itself")
+        assert "model 'loads_itself' cannot be loaded or unloaded from its own initialize" in error.value.message()
+        assert not client.is_model_ready("loads_itself")
+        assert _ready(client, module, "loaded_by_init")
+
+
 def test_logger_levels_on_the_class(explicit_server: GeserveProcess) -> None:
     for client, module in _clients(explicit_server):
         assert bool(_control(client, module, "log", "", f"said by {module.__name__}").as_numpy("READY")[0])
@@ -188,6 +197,7 @@ def test_gpu_memory_and_unknown_keywords_are_refused(explicit_server: GeservePro
 def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
     repository = _repository(tmp_path)
     shutil.rmtree(repository / "loads_in_init")
+    shutil.rmtree(repository / "loads_itself")  # its load fails, which stops a server loading everything
     server = GeserveProcess(tmp_path / "geserve.log", f"--model-repository={repository}").wait_live()
     try:
         for client, module in _clients(server):
