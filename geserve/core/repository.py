@@ -194,18 +194,18 @@ class ModelRepository:
         if model.reason:
             raise InvalidArgumentError(f"failed to load '{name}', {model.reason}")
 
-    async def unload(self, name: str, unload_dependents: bool = False, api: bool = True) -> None:
-        """Stop serving `name`: requests already admitted finish first. With `unload_dependents`, an
-        ensemble's composing models go too, unless another loaded ensemble still uses them."""
+    async def unload(self, name: str, unload_dependents: bool = False, api: bool = True, wait: bool = True) -> None:
+        """Stop serving `name`: requests already admitted finish first (before this returns, with `wait`). With
+        `unload_dependents`, an ensemble's composing models go too, unless another loaded ensemble still uses them."""
         if api and self.mode is not ControlMode.EXPLICIT:
             raise UnavailableError(EXPLICIT_ONLY)
         check_model_name(name)
         composing = self._composing_of(name) if unload_dependents else ()
-        await self._unload_one(name)
+        await self._unload_one(name, wait)
         for dependent in composing:
             users = [other for other in self.models if other != name and dependent in self._composing_of(other)]
             if not users:
-                await self._unload_one(dependent)
+                await self._unload_one(dependent, wait)
 
     def _serving(self, name: str) -> bool:
         model = self.models.get(name)
@@ -220,13 +220,21 @@ class ModelRepository:
             dict.fromkeys(step.model_name for version in model.versions.values() for step in steps_of(version.config))
         )
 
-    async def _unload_one(self, name: str) -> None:
+    async def _unload_one(self, name: str, wait: bool = True) -> None:
         async with self._lock(name):
             old = self.models.get(name)
             if old is None or (old.unloaded and not old.versions):
                 return
             self.models[name] = Model(name, unloaded=True, unloaded_versions=tuple(sorted(old.versions)))
             self._fingerprints.pop(name, None)
+        if wait:
+            await self._finish_unload(name, old)
+            return
+        task = asyncio.get_running_loop().create_task(self._finish_unload(name, old))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _finish_unload(self, name: str, old: Model) -> None:
         await self._retire(old, wait=True)
         self._drop_override_folder(name)
 

@@ -117,8 +117,10 @@ class InferenceService:
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         await self._repository.load(name, parameters)
 
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        await self._repository.unload(name, unload_dependents)
+    async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        """Stop serving `name`; with `wait` False, return once it stops admitting requests (a python model's
+        unload_model, which Triton does not make wait for the model's requests)."""
+        await self._repository.unload(name, unload_dependents, wait=wait)
 
     # -- the shared-memory extensions -----------------------------------------------------
 

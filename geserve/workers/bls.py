@@ -6,11 +6,11 @@ import itertools
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from geserve.backends.python import pb_utils
-from geserve.workers.messages import BlsCall, BlsReply
+from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, unlink_quietly, write_tensors
 
@@ -23,17 +23,21 @@ class BlsClient:
         self._send = send
         self._run = run  # whose id the names of the calls' segments carry
         self._ids = itertools.count()
-        self._waiting: dict[int, queue.SimpleQueue[BlsReply | None]] = {}
+        self._waiting: dict[int, queue.SimpleQueue[Any]] = {}  # BlsReply or ControlReply; None: the end
         self._lock = threading.Lock()
+        # The model this worker is loading, until its initialize returns: loading or unloading it from there
+        # would wait for its own load.
+        self.loading = ""
 
-    def deliver(self, reply: BlsReply) -> None:
+    def deliver(self, reply: BlsReply | ControlReply) -> None:
         with self._lock:
             waiting = self._waiting.get(reply.call_id)
         if waiting is not None:
             waiting.put(reply)
             return
-        for name in {ref.segment for ref in reply.outputs}:  # a call the model stopped listening to
-            unlink_quietly(name)
+        if isinstance(reply, BlsReply):
+            for name in {ref.segment for ref in reply.outputs}:  # a call the model stopped listening to
+                unlink_quietly(name)
 
     def close(self) -> None:
         """The front-end is gone: every waiting call ends."""
@@ -59,6 +63,39 @@ class BlsClient:
             return _response(self._next(replies))
         finally:
             self._forget(call_id)
+
+    def control(self, action: str, model_name: str, arguments: Mapping[str, Any]) -> bool:
+        """`load_model`, `unload_model` or `is_model_ready`: sent to the server's repository, waited for; raises
+        TritonModelException with the server's message when it fails."""
+        if action != "is_model_ready" and model_name == self.loading:
+            raise pb_utils.TritonModelException(
+                f"model '{model_name}' cannot be loaded or unloaded from its own initialize: that waits for "
+                "the load it is part of"
+            )
+        call_id = next(self._ids)
+        replies: queue.SimpleQueue[ControlReply | None] = queue.SimpleQueue()
+        with self._lock:
+            self._waiting[call_id] = replies
+        try:
+            self._send(
+                ControlCall(
+                    call_id,
+                    action,
+                    model_name,
+                    str(arguments.get("model_version", "")),
+                    str(arguments.get("config", "")),
+                    dict(arguments.get("files") or {}),
+                    bool(arguments.get("unload_dependents", False)),
+                )
+            )
+            reply = replies.get()
+        finally:
+            self._forget(call_id)
+        if reply is None:
+            raise pb_utils.TritonModelException("the server went away")
+        if reply.error is not None:
+            raise pb_utils.TritonModelException(reply.error.message)
+        return reply.ready
 
     def _responses(self, call_id: int, replies: queue.SimpleQueue[BlsReply | None]) -> Iterator[Any]:
         try:
@@ -121,5 +158,5 @@ def connect(send: Callable[[object], None], run: RunId) -> BlsClient:
     """A BlsClient sending through `send`, made the one that python models' `exec` calls in this process;
     its calls' segments are named for `run`."""
     client = BlsClient(send, run)
-    pb_utils.set_bls_caller(client.call)
+    pb_utils.set_bls_caller(client.call, client.control)
     return client

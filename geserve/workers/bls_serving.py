@@ -1,18 +1,18 @@
-"""BLS in the front-end: a worker's BlsCall run as a request of the server, answered with BlsReplies."""
+"""BLS in the front-end: a worker's BlsCalls run as requests, its ControlCalls on the model repository."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError, InternalError, UnavailableError
+from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.types import InferInput, InferRequest, RequestedOutput, response_parameters
-from geserve.workers.messages import BlsCall, BlsReply
+from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, write_tensors
 from geserve.workers.streams import StreamItem
@@ -29,6 +29,12 @@ class ModelCaller(Protocol):
     async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]: ...
 
     def stream_model(self, request: InferRequest) -> AsyncIterator[StreamItem]: ...
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None: ...
+
+    async def model_ready(self, name: str, version: str = "") -> bool: ...
 
 
 async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[[BlsReply], None], run: RunId) -> None:
@@ -78,6 +84,43 @@ async def _stream(
         reply(BlsReply(call_id, (), None, True))
 
 
+async def serve_control(caller: ModelCaller | None, call: ControlCall, reply: Callable[[ControlReply], None]) -> None:
+    """Run one ControlCall on the server's repository and answer it: Triton's errors (a mode other than explicit
+    refuses load and unload) go back to the model as they are."""
+    try:
+        if caller is None:
+            raise UnavailableError("the model repository cannot be reached from this worker")
+        ready = False
+        if call.action == "load_model":
+            parameters: dict[str, Any] = dict(call.files)
+            if call.config:
+                parameters["config"] = call.config
+            await caller.load_model(call.model_name, parameters)
+        elif call.action == "unload_model":
+            # As Triton's TRITONSERVER_ServerUnloadModel: the model stops serving, its requests finish later, so
+            # a model may unload itself from execute.
+            await caller.unload_model(call.model_name, call.unload_dependents, wait=False)
+        elif call.action == "is_model_ready":
+            ready = await _ready(caller, call.model_name, call.model_version)
+        else:
+            raise InternalError(f"unknown model control call '{call.action}'")
+        reply(ControlReply(call.call_id, ready, None))
+    except GeserveError as error:
+        reply(ControlReply(call.call_id, False, error))
+    except Exception as error:  # never leave a model waiting
+        logger.exception("%s of model '%s' failed", call.action, call.model_name)
+        reply(ControlReply(call.call_id, False, InternalError(f"{type(error).__name__}: {error}")))
+
+
+async def _ready(caller: ModelCaller, name: str, version: str) -> bool:
+    """As Triton's TRITONSERVER_ServerModelIsReady: a model or version the server does not have is not ready,
+    not an error (the health API's model ready endpoint reports those)."""
+    try:
+        return await caller.model_ready(name, version)
+    except (InvalidArgumentError, NotFoundError, UnavailableError):
+        return False
+
+
 class BlsServer:
     """Serves the BLS calls of one instance's workers on the server (`caller`, asked at each call, as the
     server comes up after its first models), each answered through the reply it came with."""
@@ -87,7 +130,11 @@ class BlsServer:
         self._run = run
         self._tasks: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
 
-    def __call__(self, call: BlsCall, reply: Callable[[BlsReply], None]) -> None:
-        task = asyncio.get_running_loop().create_task(serve_call(self._caller(), call, reply, self._run))
+    def __call__(self, call: BlsCall | ControlCall, reply: Callable[[BlsReply | ControlReply], None]) -> None:
+        if isinstance(call, ControlCall):
+            work = serve_control(self._caller(), call, reply)
+        else:
+            work = serve_call(self._caller(), call, reply, self._run)
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -20,6 +20,8 @@ from geserve.workers.messages import (
     BlsCall,
     BlsReply,
     Cancel,
+    ControlCall,
+    ControlReply,
     Loaded,
     LoadFailed,
     Partial,
@@ -36,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 # What the worker says about its own life (loaded, could not load, exiting on purpose): its supervisor's business.
 Lifecycle = Loaded | LoadFailed | Retiring
-# Serves one BLS call of the model, answering through the callback (as often as the call is answered).
-BlsHandler = Callable[[BlsCall, Callable[[BlsReply], None]], None]
+# Serves one BLS or model control call of the model, answering through the callback (as often as the call is answered).
+BlsHandler = Callable[[BlsCall | ControlCall, Callable[[BlsReply | ControlReply], None]], None]
 
 # How long a status read waits for the worker, which answers between batches.
 STATUS_TIMEOUT_S = 10.0
@@ -180,9 +182,9 @@ class WorkerChannel:
         while self._reply_segments:
             unlink_quietly(self._reply_segments.popleft())
 
-    def reply(self, answer: BlsReply) -> None:
+    def reply(self, answer: BlsReply | ControlReply) -> None:
         """Answer a BLS call of the worker; outputs nobody will read (the connection is gone) are unlinked."""
-        names = {ref.segment for ref in answer.outputs}
+        names = {ref.segment for ref in answer.outputs} if isinstance(answer, BlsReply) else set()
         if self._open and self._send_quietly(answer):
             self._reply_segments.extend(names)
             return
@@ -216,7 +218,7 @@ class WorkerChannel:
                 answer.set_result(message)
         elif isinstance(message, Partial):
             self._on_partial(message)
-        elif isinstance(message, BlsCall):
+        elif isinstance(message, BlsCall | ControlCall):
             self._serve_bls(message, self.reply)
         elif isinstance(message, StatusReport):
             if self._status is not None and not self._status.done():

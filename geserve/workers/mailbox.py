@@ -15,7 +15,7 @@ import numpy as np
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError
 from geserve.types import response_parameters
-from geserve.workers.messages import BlsReply, Cancel, Partial, RequestInfo, Shutdown
+from geserve.workers.messages import BlsReply, Cancel, ControlReply, Partial, RequestInfo, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import write_tensors
 
@@ -71,7 +71,9 @@ class Inbox:
 
     _END = object()
 
-    def __init__(self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool) -> None:
+    def __init__(
+        self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool, loading: str = ""
+    ) -> None:
         self._connection = connection
         self._cancelled = cancelled  # the runner's cancelled requests, which its model reads
         self._bls: BlsClient | None = None
@@ -85,8 +87,14 @@ class Inbox:
             from geserve.workers import bls
 
             self._bls = bls.connect(outbox.send, outbox.run)
+            self._bls.loading = loading  # the model whose initialize runs next
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._read, name="geserve-inbox", daemon=True).start()
+
+    def loaded(self) -> None:
+        """The model's initialize has returned: it may load and unload any model from now on."""
+        if self._bls is not None:
+            self._bls.loading = ""
 
     @property
     def threaded(self) -> bool:
@@ -133,7 +141,7 @@ class Inbox:
                 self._bls.close()
                 self._queue.put(self._END)
                 return
-            if isinstance(message, BlsReply):
+            if isinstance(message, BlsReply | ControlReply):
                 self._bls.deliver(message)
             elif isinstance(message, Cancel):
                 self._cancelled.add(message.stream_id)

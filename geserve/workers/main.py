@@ -179,17 +179,24 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     runner = InstanceRunner(spec)
     # Started by hand (not by a ProcessWorker), the worker is the top of its own run.
     outbox = Outbox(connection, spec.run or RunId.current())
+    inboxes: list[Inbox] = []
+
+    def open_inbox(threaded: bool) -> None:
+        # Before the model's initialize runs: it may wait for the server's answers (BLS, load_model).
+        inboxes.append(Inbox(connection, runner.cancelled, outbox, threaded, loading=spec.model_name))
+
     try:
         segments = _Segments(spec)
-        config = runner.load()
+        config = runner.load(open_inbox)
     except ModelLoadError as error:
-        connection.send(LoadFailed(error.message))
+        outbox.send(LoadFailed(error.message))
         return
     except OSError as error:
-        connection.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
+        outbox.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
-    connection.send(Loaded(config.SerializeToString()))
-    inbox = Inbox(connection, runner.cancelled, outbox, threaded=runner.runs_model_code)
+    inbox = inboxes[0] if inboxes else Inbox(connection, runner.cancelled, outbox, threaded=False)
+    inbox.loaded()
+    outbox.send(Loaded(config.SerializeToString()))
     # The batch launched on the device. While it runs, the next one (already sent when the front-end
     # pipelines) is staged, so the device starts it as soon as this one is answered.
     running: _Running | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -213,6 +213,29 @@ class BlsReply:
     error: GeserveError | None
     final: bool
     parameters: Parameters = field(default_factory=dict)  # the response's own
+
+
+@dataclass(frozen=True, slots=True)
+class ControlCall:
+    """A python model's `load_model` / `unload_model` / `is_model_ready` for the server's model repository;
+    answered by one ControlReply."""
+
+    call_id: int  # from the same counter as the worker's BlsCalls
+    action: str  # "load_model", "unload_model" or "is_model_ready"
+    model_name: str
+    model_version: str = ""  # is_model_ready: "" for the latest
+    config: str = ""  # load_model: the model config as JSON, "" for the repository's
+    files: Mapping[str, bytes] = field(default_factory=dict)  # load_model: "file:<path>" -> contents
+    unload_dependents: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReply:
+    """The answer to a ControlCall: whether the model is ready (is_model_ready), or the error the call met."""
+
+    call_id: int
+    ready: bool
+    error: GeserveError | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,8 +60,10 @@ class InstanceRunner:
         self.cancelled: set[int] = set()
         self._states = SlotStates(())
 
-    def load(self) -> mc.ModelConfig:
-        """Load the backend and return the config it serves; raises ModelLoadError."""
+    def load(self, on_created: Callable[[bool], None] | None = None) -> mc.ModelConfig:
+        """Load the backend and return the config it serves; raises ModelLoadError. `on_created` hears, once
+        the backend exists and before it loads, whether it runs the model's own code (which may call the
+        server from `initialize`)."""
         spec = self.spec
         config = mc.ModelConfig.FromString(spec.config)
         created: Capabilities | None = None
@@ -69,6 +71,8 @@ class InstanceRunner:
             created = registry.by_name(spec.backend).create_typed()
             if created.model is not None:
                 created.model.describe_instance(spec.instance_name, spec.kind)
+            if on_created is not None:
+                on_created(created.model is not None)
             created.backend.load(config, Path(spec.model_path), spec.device_id)
             created.backend.complete_config(config, spec.auto_complete)
             self._states = SlotStates(read_states(config, Path(spec.model_directory)))

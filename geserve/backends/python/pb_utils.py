@@ -21,6 +21,17 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+# PreferredMemory's kinds, with the python backend's values (pb_preferred_memory.h: GPU, CPU, DEFAULT); CPU_PINNED,
+# which the python backend does not export, is named too so that a model asking for pinned host memory gets CPU
+# memory rather than an AttributeError.
+TRITONSERVER_MEMORY_GPU = 0
+TRITONSERVER_MEMORY_CPU = 1
+TRITONSERVER_MEMORY_CPU_PINNED = 3
+_MEMORY_NAMES = {
+    TRITONSERVER_MEMORY_GPU: "TRITONSERVER_MEMORY_GPU",
+    TRITONSERVER_MEMORY_CPU: "TRITONSERVER_MEMORY_CPU",
+    TRITONSERVER_MEMORY_CPU_PINNED: "TRITONSERVER_MEMORY_CPU_PINNED",
+}
 
 _logger = logging.getLogger("geserve.python_model")
 
@@ -217,14 +228,42 @@ class InferenceResponseSender:
         return self._cancelled()
 
 
+class PreferredMemory:
+    """Where a BLS request would like its outputs; geserve's are always in CPU memory, so GPU is refused."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        if preferred_memory_type not in _MEMORY_NAMES:
+            raise TypeError(
+                f"PreferredMemory(): unknown memory type {preferred_memory_type!r}; "
+                "use pb_utils.TRITONSERVER_MEMORY_CPU or TRITONSERVER_MEMORY_CPU_PINNED"
+            )
+        self._type = int(preferred_memory_type)
+        self._device_id = int(preferred_device_id)
+
+
+class InferenceTrace:
+    """A request's trace as a BLS request passes it on; geserve keeps no OpenTelemetry context, so it is None."""
+
+    def __init__(self, context: str | None = None) -> None:
+        self._context = context or None
+
+    def get_context(self) -> str | None:
+        return self._context
+
+
 # How a BLS request reaches the server: set in a worker process (BlsClient.call); None elsewhere.
 BlsCaller = Callable[["InferenceRequest", bool], Any]
+# How load_model / unload_model / is_model_ready reach the server: (action, model name, arguments) -> readiness.
+ModelControl = Callable[[str, str, Mapping[str, Any]], bool]
 _bls_callers: list[BlsCaller] = []
+_model_controls: list[ModelControl] = []
 
 
-def set_bls_caller(caller: BlsCaller | None) -> None:
-    """Where `InferenceRequest.exec` sends requests (geserve's worker sets it; not part of Triton's API)."""
+def set_bls_caller(caller: BlsCaller | None, control: ModelControl | None = None) -> None:
+    """Where `InferenceRequest.exec` sends requests and the model control functions their calls (geserve's worker
+    sets them; not part of Triton's API)."""
     _bls_callers[:] = [caller] if caller is not None else []
+    _model_controls[:] = [control] if control is not None else []
 
 
 class InferenceRequest:
@@ -241,8 +280,18 @@ class InferenceRequest:
         timeout: int = 0,
         parameters: Mapping[str, Any] | str | None = None,
         model_version: int = -1,
-        **_: Any,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
     ) -> None:
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TypeError("InferenceRequest(): preferred_memory must be a pb_utils.PreferredMemory")
+        if preferred_memory is not None and preferred_memory._type == TRITONSERVER_MEMORY_GPU:
+            raise TritonModelException(
+                f"InferenceRequest(): preferred_memory TRITONSERVER_MEMORY_GPU (device {preferred_memory._device_id}) "
+                "is not supported by geserve: BLS outputs are in CPU memory; use pb_utils.TRITONSERVER_MEMORY_CPU"
+            )
+        if trace is not None and not isinstance(trace, InferenceTrace):
+            raise TypeError("InferenceRequest(): trace must be a pb_utils.InferenceTrace")
         self._model_name = model_name
         self._model_version = int(model_version)
         self._inputs = list(inputs)
@@ -254,6 +303,8 @@ class InferenceRequest:
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(dict(parameters or {}))
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Callable[[], bool] = lambda: False
+        self._preferred_memory = preferred_memory
+        self._trace = trace or InferenceTrace()
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -266,6 +317,12 @@ class InferenceRequest:
 
     def flags(self) -> int:
         return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def timeout(self) -> int:
         return self._timeout
@@ -345,6 +402,12 @@ class Logger:
         ERROR = 2
         VERBOSE = 3
 
+    # Triton exports the levels on the class too (pybind's export_values): Logger.log(msg, Logger.INFO).
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
     @staticmethod
     def log(message: str, level: int = 0) -> None:
         levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
@@ -365,6 +428,53 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _logger.debug("%s", message)
+
+
+# -- model control (Triton 23.07+: load_model, unload_model, is_model_ready) --------------------------
+
+
+def _control(action: str, what: str, model_name: str, arguments: Mapping[str, Any]) -> bool:
+    if not isinstance(model_name, str):
+        raise TypeError(f"{action}(): model_name must be a str")
+    if not _model_controls:
+        raise TritonModelException(f"{action}() needs a model served by geserve's workers")
+    try:
+        return _model_controls[0](action, model_name, arguments)
+    except TritonModelException as error:
+        raise TritonModelException(f"Failed to {what}: {error}") from None
+
+
+def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+    """Load (or reload) a model as the repository extension's load does: `config` a model config as JSON, `files`
+    "file:<path>" -> contents of the model's files. Returns once the model is loaded."""
+    if not isinstance(config, str):
+        raise TypeError("load_model(): config must be a str")
+    if files is not None and not isinstance(files, Mapping):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents"
+        )
+    contents = dict(files or {})
+    for key, value in contents.items():
+        if not isinstance(key, str) or not isinstance(value, bytes):
+            raise TypeError("load_model(): files maps str paths to bytes contents")
+    _control("load_model", "load model", model_name, {"config": config, "files": contents})
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model; as Triton's, returns once the model stops serving, without waiting for its requests."""
+    _control("unload_model", "unload model", model_name, {"unload_dependents": bool(unload_dependents)})
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the model (version, "" for the latest) is ready to serve."""
+    if not isinstance(model_version, str):
+        raise TypeError("is_model_ready(): model_version must be a str")
+    if model_version and (not model_version.isdigit() or not model_version.isascii()):
+        raise TritonModelException(
+            f"Failed to check model readiness: failed to get model version from specified version string "
+            f"'{model_version}', version should be an integral value > 0"
+        )
+    return _control("is_model_ready", "check model readiness", model_name, {"model_version": model_version})
 
 
 # -- custom metrics --------------------------------------------------------------------------------
