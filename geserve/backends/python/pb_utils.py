@@ -21,16 +21,12 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-# PreferredMemory's kinds, with the python backend's values (pb_preferred_memory.h: GPU, CPU, DEFAULT); CPU_PINNED,
-# which the python backend does not export, is named too so that a model asking for pinned host memory gets CPU
-# memory rather than an AttributeError.
+# PreferredMemory's kinds, the two the python backend exports, with its values (pb_preferred_memory.h).
 TRITONSERVER_MEMORY_GPU = 0
 TRITONSERVER_MEMORY_CPU = 1
-TRITONSERVER_MEMORY_CPU_PINNED = 3
 _MEMORY_NAMES = {
     TRITONSERVER_MEMORY_GPU: "TRITONSERVER_MEMORY_GPU",
     TRITONSERVER_MEMORY_CPU: "TRITONSERVER_MEMORY_CPU",
-    TRITONSERVER_MEMORY_CPU_PINNED: "TRITONSERVER_MEMORY_CPU_PINNED",
 }
 
 _logger = logging.getLogger("geserve.python_model")
@@ -235,7 +231,7 @@ class PreferredMemory:
         if preferred_memory_type not in _MEMORY_NAMES:
             raise TypeError(
                 f"PreferredMemory(): unknown memory type {preferred_memory_type!r}; "
-                "use pb_utils.TRITONSERVER_MEMORY_CPU or TRITONSERVER_MEMORY_CPU_PINNED"
+                "use pb_utils.TRITONSERVER_MEMORY_CPU"
             )
         self._type = int(preferred_memory_type)
         self._device_id = int(preferred_device_id)

@@ -1,7 +1,7 @@
 """Runs ACTION on model TARGET with ARGUMENT from execute: pb_utils.load_model (ARGUMENT the config JSON),
 load_files (a python model written from ARGUMENT, its model.py, with a config), unload_model, is_model_ready
 (ARGUMENT the version), log (Logger.log with the levels on the class), and BLS calls to TARGET (INPUT0 ->
-OUTPUT0, FP32) with a preferred memory (ARGUMENT: cpu, cpu_pinned or gpu), the request's trace (an InferenceTrace) and flags set,
+OUTPUT0, FP32) with a preferred memory (ARGUMENT: cpu or gpu), the request's trace (an InferenceTrace) and flags set,
 or with an unknown keyword (bogus). Errors are raised, so the client sees them."""
 
 import json
@@ -17,7 +17,6 @@ PASSTHROUGH_CONFIG = {
 }
 MEMORY = {
     "cpu": pb_utils.TRITONSERVER_MEMORY_CPU,
-    "cpu_pinned": pb_utils.TRITONSERVER_MEMORY_CPU_PINNED,
     "gpu": pb_utils.TRITONSERVER_MEMORY_GPU,
 }
 
