@@ -1,12 +1,14 @@
-"""Model repositories in S3-compatible object storage, served from a real S3 server (moto's) on a loopback port."""
+"""Model repositories in S3-compatible object storage, served from a real S3 server (moto's, checking every
+request's signature) on a loopback port."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,18 @@ boto3 = pytest.importorskip("boto3")
 pytestmark = pytest.mark.e2e
 
 Launch = Callable[..., GeserveProcess]
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+REGION = "us-east-1"
+WRONG_KEY = {
+    "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0",
+    "AWS_SECRET_ACCESS_KEY": "wrong",
+    "AWS_DEFAULT_REGION": REGION,
+}
+# moto checks signatures once this many requests have run: those that make the test user and its key.
+UNSIGNED_REQUESTS = 3
 
 
 class S3Server:
-    """moto's S3 server as its own process, and a boto3 client of it."""
+    """moto's S3 server as its own process, a user with a valid key (`credentials`), and a boto3 client of it."""
 
     def __init__(self, log: Path) -> None:
         self.port = free_port()
@@ -37,22 +46,37 @@ class S3Server:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(UNSIGNED_REQUESTS)},
         )
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2):
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2):  # a request would count
                     break
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the S3 server did not start:\n{log.read_text()}") from None
                 time.sleep(0.2)
+        endpoint = f"http://127.0.0.1:{self.port}"
+        iam = boto3.client(
+            "iam", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+        )
+        iam.create_user(UserName="geserve")
+        policy = '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
+        iam.put_user_policy(UserName="geserve", PolicyName="all", PolicyDocument=policy)
+        key = iam.create_access_key(UserName="geserve")["AccessKey"]
+        self.key_id, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+        self.credentials = {
+            "AWS_ACCESS_KEY_ID": self.key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": REGION,
+        }
         self.client: Any = boto3.client(
             "s3",
-            endpoint_url=f"http://127.0.0.1:{self.port}",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
+            endpoint_url=endpoint,
+            aws_access_key_id=self.key_id,
+            aws_secret_access_key=self.secret_key,
+            region_name=REGION,
         )
 
     def url(self, bucket: str, prefix: str) -> str:
@@ -119,7 +143,7 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
 
 def test_a_repository_in_s3_serves_its_models_over_http_and_grpc(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
     url = _bucket(s3, "startup", tmp_path, "echo", "other")
-    server = launch(f"--model-repository={url}", env=CREDENTIALS).wait_live()
+    server = launch(f"--model-repository={url}", env=s3.credentials).wait_live()
     _echo(server.url, "echo", [1.0, 2.0, 3.0])
     _echo(server.url, "other", [4.0])
     _echo_grpc(server, "echo", [5.0, 6.0])
@@ -137,7 +161,7 @@ def test_a_repository_at_the_top_of_a_bucket_and_several_repositories(
     write_identity_model(tmp_path / "local", "local_echo")
     remote = f"s3://127.0.0.1:{s3.port}/top"
     server = launch(
-        f"--model-repository={remote}", f"--model-repository={tmp_path / 'local'}", env=CREDENTIALS
+        f"--model-repository={remote}", f"--model-repository={tmp_path / 'local'}", env=s3.credentials
     ).wait_live()
     _echo(server.url, "at_top", [1.0])
     _echo(server.url, "local_echo", [2.0])
@@ -145,14 +169,20 @@ def test_a_repository_at_the_top_of_a_bucket_and_several_repositories(
 
 def test_polling_sees_a_model_appear_change_and_leave(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
     url = _bucket(s3, "polled", tmp_path, "echo")
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    env = {**s3.credentials, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
     server = launch(
-        f"--model-repository={url}", "--model-control-mode=poll", "--repository-poll-secs=1", env=CREDENTIALS
+        f"--model-repository={url}", "--model-control-mode=poll", "--repository-poll-secs=1", env=env
     ).wait_live()
     _echo(server.url, "echo", [1.0])
+    copied = next(mount.iterdir()) / "echo" / "config.pbtxt"
+    copied_ns = copied.stat().st_mtime_ns
     with httpclient.InferenceServerClient(server.url) as client:
         s3.upload(write_identity_model(tmp_path / "later", "added"), "polled", "repo")
         _wait_for(lambda: client.is_model_ready("added"))
         _echo(server.url, "added", [3.0])
+        assert copied.stat().st_mtime_ns == copied_ns  # polls download only what changed
 
         # A new version folder (and a config serving every version) changes the model: it is reloaded.
         changed = write_identity_model(tmp_path / "changed", "echo", versions=(1, 2))
@@ -171,7 +201,7 @@ def test_explicit_load_downloads_only_the_model_it_names(launch: Launch, s3: S3S
     url = _bucket(s3, "explicit", tmp_path, "echo", "idle")
     mount = tmp_path / "mount"
     mount.mkdir()
-    env = {**CREDENTIALS, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
+    env = {**s3.credentials, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
     server = launch(
         f"--model-repository={url}", "--model-control-mode=explicit", "--load-model=echo", env=env
     ).wait_live()
@@ -199,26 +229,50 @@ def test_explicit_load_downloads_only_the_model_it_names(launch: Launch, s3: S3S
         _echo(server.url, "echo", [9.0])
 
 
-def test_a_credential_file_that_breaks_fails_the_load_and_keeps_the_models_serving(
+def test_a_wrong_key_stops_the_start_naming_the_url(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
+    url = _bucket(s3, "wrong-key", tmp_path, "echo")
+    server = launch(f"--model-repository={url}", env=WRONG_KEY)
+    assert server.wait_exit() != 0
+    assert f"failed to read model repository '{url}'" in server.log()
+    assert "InvalidAccessKeyId" in server.log()
+
+
+def test_the_credential_file_wins_over_the_environment(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
+    url = _bucket(s3, "file-wins", tmp_path, "echo")
+    credentials = tmp_path / "cloud_credential.json"
+    entry = {"key_id": s3.key_id, "secret_key": s3.secret_key, "region": REGION, "session_token": "", "profile": ""}
+    wrong = {**entry, "key_id": WRONG_KEY["AWS_ACCESS_KEY_ID"]}
+    # The longest key that prefixes the URL wins: the wrong default entry is not used for this bucket.
+    credentials.write_text(json.dumps({"s3": {"": wrong, url.removesuffix("repo"): entry}}))
+    env = {**WRONG_KEY, "TRITON_CLOUD_CREDENTIAL_PATH": str(credentials)}
+    server = launch(f"--model-repository={url}", env=env).wait_live()
+    _echo(server.url, "echo", [1.0, 2.0])
+
+
+def test_a_key_that_goes_wrong_fails_the_load_and_the_models_keep_serving(
     launch: Launch, s3: S3Server, tmp_path: Path
 ) -> None:
     url = _bucket(s3, "credentials", tmp_path, "echo", "second")
     credentials = tmp_path / "cloud_credential.json"
-    entry = {"key_id": "testing", "secret_key": "testing", "region": "us-east-1", "session_token": "", "profile": ""}
+    entry = {"key_id": s3.key_id, "secret_key": s3.secret_key, "region": REGION, "session_token": "", "profile": ""}
     credentials.write_text(json.dumps({"s3": {url: entry}}))
-    # Only the file's credentials: none in the environment.
     env = {"TRITON_CLOUD_CREDENTIAL_PATH": str(credentials), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
     server = launch(
         f"--model-repository={url}", "--model-control-mode=explicit", "--load-model=echo", env=env
     ).wait_live()
     _echo(server.url, "echo", [1.0])
-    credentials.write_text("{not json")
     with httpclient.InferenceServerClient(server.url) as client:
-        with pytest.raises(InferenceServerException) as broken:
-            client.load_model("second")
-        assert "failed to load 'second'" in str(broken.value)
-        assert "cloud credential file" in str(broken.value)
-        _echo(server.url, "echo", [2.0])
+        for broken, words in (
+            ({"s3": {url: {**entry, "secret_key": "wrong"}}}, f"failed to read model repository '{url}'"),
+            ("{not json", "cannot read the cloud credential file"),
+        ):
+            credentials.write_text(broken if isinstance(broken, str) else json.dumps(broken))
+            with pytest.raises(InferenceServerException) as failed:
+                client.load_model("second")
+            assert "failed to load 'second', " in str(failed.value)
+            assert words in str(failed.value)
+            _echo(server.url, "echo", [2.0])
+            _echo_grpc(server, "echo", [2.5])
         credentials.write_text(json.dumps({"s3": {"": entry}}))
         client.load_model("second")
         _echo(server.url, "second", [3.0])
@@ -226,7 +280,7 @@ def test_a_credential_file_that_breaks_fails_the_load_and_keeps_the_models_servi
 
 def test_a_bucket_that_does_not_exist_stops_the_start_naming_the_url(launch: Launch, s3: S3Server) -> None:
     url = s3.url("no-such-bucket", "repo")
-    server = launch(f"--model-repository={url}", env=CREDENTIALS)
+    server = launch(f"--model-repository={url}", env=s3.credentials)
     assert server.wait_exit() != 0
     assert f"failed to read model repository '{url}'" in server.log()
     assert "NoSuchBucket" in server.log()
