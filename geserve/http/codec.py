@@ -74,7 +74,8 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _flatten(data: Any) -> list[Any]:
+def flatten(data: Any) -> list[Any]:
+    """A JSON value's leaves in order: nested lists flattened, a scalar as a list of one."""
     if not isinstance(data, list):
         return [data]
     flat: list[Any] = []
@@ -103,7 +104,7 @@ def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], n
         )
     count = math.prod(shape)
     if datatype.wire == "BYTES":
-        flat = _flatten(data)
+        flat = flatten(data)
         if not all(isinstance(item, str) for item in flat):
             raise InvalidArgumentError(f"unable to parse 'data' of input '{name}': BYTES elements must be strings")
         array = np.empty(len(flat), dtype=np.object_)
@@ -113,7 +114,7 @@ def _json_tensor(data: Any, datatype: dtypes.DataType, shape: tuple[int, ...], n
             parsed = np.asarray(data)
         except ValueError as error:
             raise InvalidArgumentError(f"unable to parse 'data' of input '{name}': {error}") from None
-        if parsed.dtype.kind in "iuf" and any(isinstance(item, bool) for item in _flatten(data)):
+        if parsed.dtype.kind in "iuf" and any(isinstance(item, bool) for item in flatten(data)):
             parsed = parsed.astype(np.bool_)  # numpy read [1, true] as integers: refused below as booleans
         if parsed.size and parsed.dtype.kind not in _ACCEPTS[datatype.numpy.kind]:
             raise InvalidArgumentError(

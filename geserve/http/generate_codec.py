@@ -11,6 +11,7 @@ import orjson
 
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, InvalidArgumentError
+from geserve.http.codec import flatten
 from geserve.types import InferInput, InferRequest, InferResponse, ModelMetadata, OutputTensor, ParameterValue
 
 # The one key Triton's generate schema reserves: an object whose members map as the top level's do.
@@ -93,7 +94,7 @@ class _RequestBuilder:
         wire, dims = self._specs[name]
         datatype = dtypes.from_wire(wire)
         items = value if isinstance(value, list) else [value]
-        if datatype.wire == "BYTES" and not all(isinstance(item, str) for item in _flat(items)):
+        if datatype.wire == "BYTES" and not all(isinstance(item, str) for item in flatten(items)):
             raise InternalError(f"Unable to parse JSON bytes array: {_NOT_STRING}")
         shape = _shape(dims, len(items), name)
         self.inputs[name] = InferInput(name, datatype.wire, shape, _array(items, datatype, name).reshape(shape))
@@ -139,20 +140,6 @@ def _shape(dims: tuple[int, ...], count: int, name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _flat(items: list[Any]) -> list[Any]:
-    flat: list[Any] = []
-    stack = [iter(items)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            flat.append(item)
-        else:
-            stack.pop()
-    return flat
-
-
 def _array(items: list[Any], datatype: dtypes.DataType, name: str) -> np.ndarray:
     """The values of one input as a flat array, each checked as Triton reads it; integers that do not fit
     the datatype are refused (Triton would wrap them around)."""
@@ -161,7 +148,7 @@ def _array(items: list[Any], datatype: dtypes.DataType, name: str) -> np.ndarray
             f"receiving {datatype.wire} data via JSON is not supported. Please use the binary data format for "
             f"input {name}"
         )
-    flat = _flat(items)
+    flat = flatten(items)
     if len(flat) != len(items):  # nested arrays count as one element each in Triton's reading
         raise InternalError(_SHAPE_MISMATCH)
     if datatype.wire == "BYTES":
