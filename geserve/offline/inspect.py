@@ -61,6 +61,8 @@ def describe_text(om: OmDescription, path: Path) -> str:
     tensors = sorted((*om.inputs, *([om.dynamic_input] if om.dynamic_input else [])), key=lambda t: t.index)
     for tensor in tensors:
         note = "  (filled by the runtime with the gear)" if tensor is om.dynamic_input else ""
+        if tensor.dims_v1:
+            note = f"  (static AIPP: the image is {list(tensor.dims_v1)}, aclmdlGetInputDims)"
         lines.append(
             f"  {tensor.index}: {tensor.name}  {type_name(tensor.acl_type)}  {list(tensor.dims)}  {tensor.format}{note}"
         )

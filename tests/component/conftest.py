@@ -21,7 +21,13 @@ FAKES = Path(__file__).resolve().parents[1] / "fakes"
 def acl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The simulator, importable as `acl` for this test only, in a fresh state."""
     monkeypatch.syspath_prepend(str(FAKES))
-    for name in ("ACL_SIM_RUN_MODE", "ACL_SIM_FAULT_FILE", "ACL_SIM_REPORT_DIR", "ASCEND_RT_VISIBLE_DEVICES"):
+    for name in (
+        "ACL_SIM_RUN_MODE",
+        "ACL_SIM_FAULT_FILE",
+        "ACL_SIM_REPORT_DIR",
+        "ACL_SIM_SOC_NAME",
+        "ASCEND_RT_VISIBLE_DEVICES",
+    ):
         monkeypatch.delenv(name, raising=False)
     import acl as simulator
     from acl._state import RUNTIME

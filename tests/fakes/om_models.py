@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from geserve.backends.acl.description import DYNAMIC_TENSOR_NAME
+from geserve.backends.acl.description import DYNAMIC_AIPP_TENSOR_NAME, DYNAMIC_TENSOR_NAME
 from tests.fakes.acl.om import twin_path
 from tests.fakes.om_writer import write_om
 
@@ -92,3 +92,35 @@ def resnet50_description(gears: list[int], name: str = "resnet50") -> dict[str, 
         "outputs": [{"name": "Gemm_174:0:output", "dtype": "float32", "dims": [max(gears), 1000], "format": "ND"}],
         "dynamic": {"dynamic_batch": gears, "data_name_order": ["input"]},
     }
+
+
+def aipp_description(height: int = 16, width: int = 16, soc_version: str = "Ascend310P3") -> dict[str, Any]:
+    """A classifier compiled with a static AIPP config (`input_format: YUV420SP_U8`, `src_image_size_h/w`):
+    its input takes the YUV420SP image as uint8 bytes. get_input_dims reports the image's n,h,w,c and
+    get_input_dims_v2 the buffer's n,h*1.5,w,1, whose product is get_input_size_by_index (CANN docs,
+    aclmdlGetInputDimsV2, table 1)."""
+    return {
+        "name": "aipp_classifier",
+        "soc_version": soc_version,
+        "inputs": [
+            {
+                "name": "image",
+                "dtype": "uint8",
+                "dims": [1, height, width, 3],
+                "dims_v2": [1, height * 3 // 2, width, 1],
+                "format": "NHWC",
+            }
+        ],
+        "outputs": [{"name": "prob:0", "dtype": "float32", "dims": [1, 10], "format": "ND"}],
+        "dynamic": None,
+    }
+
+
+def dynamic_aipp_description(soc_version: str = "Ascend310P3") -> dict[str, Any]:
+    """A model compiled with a dynamic AIPP config: ATC adds the `ascend_dynamic_aipp_data` input, which
+    pyACL fills from an aclmdlAIPP object (its dims here are this test's; GE sizes it from the config)."""
+    description = aipp_description(soc_version=soc_version)
+    image = description["inputs"][0]
+    del image["dims_v2"]
+    description["inputs"].append({"name": DYNAMIC_AIPP_TENSOR_NAME, "dtype": "uint8", "dims": [1, 256], "format": "ND"})
+    return description

@@ -1,10 +1,12 @@
 """Writes real-format `.om` files (IMOD header, partition table, MODEL_INOUT_INFO, MODEL_DEF) for tests.
 
 It takes a description with the keys of shared/om-samples/expected.json and lays it out as ATC
-does (om-format.md): Data ops with `index` and `_mbatch_origin_input_dims`, the
+does (om-format.md): Data ops with `index` and `_mbatch_origin_input_dims` (and, for an input with
+`dims_v2`, static AIPP's `input_dims` and the buffer's size), the
 `ascend_mbatch_shape_data` input and a `Case` op carrying the gears, a NetOutput whose inputs are
 the outputs, and `attr_model_out_nodes_name` holding their ATC names. Whatever it writes, the
-reader must describe exactly as asked; tests check that for every sample too. It writes no
+reader must describe exactly as asked (an AIPP input by its `dims_v2`, the dims its size has); tests
+check that for every sample too. It writes no
 weights or kernels: these files describe models, the simulator runs them.
 """
 
@@ -97,6 +99,7 @@ def om2_bytes(description: dict[str, Any]) -> bytes:
             "name": tensor["name"],
             "shape": _max_gear_dims(tensor["dims"], dynamic),
             "origin_input_dims": tensor["dims"],
+            "shape_v2": tensor.get("dims_v2", _max_gear_dims(tensor["dims"], dynamic)),
             "data_type": _ACL_TYPES[tensor["dtype"]],
             "format": FORMAT_VALUES[tensor["format"]],
             "size": 0,
@@ -135,6 +138,10 @@ def model_def(description: dict[str, Any]) -> om.OmModelDef:
         op.output_desc.append(desc)
         if any(d < 0 for d in tensor["dims"]):
             op.attr["_mbatch_origin_input_dims"].list.i.extend(tensor["dims"])
+        if "dims_v2" in tensor:  # static AIPP: the buffer's dims, and the Data's size is the buffer's
+            op.attr["input_dims"].list.i.extend(tensor["dims_v2"])
+            desc.size = _nbytes(tensor, tensor["dims_v2"], dynamic)
+            op.input_desc[0].size = op.output_desc[0].size = desc.size
     kind = next((key for key in _GEAR_KEYS if key in dynamic), None)
     if kind is not None:
         case = graph.op.add(name="ascend_mbatch_shape_case", type="Case")
@@ -207,13 +214,19 @@ def _tensors(tensors: list[dict[str, Any]], dynamic: dict[str, Any]) -> bytes:
         name = tensor["name"].encode()
         dims = tensor["dims"]
         acl_type = _ACL_TYPES[tensor["dtype"]]
-        datatype = dtypes.from_acl(acl_type)
-        size = (datatype.itemsize or 0) if datatype is not None else 0
-        for d in _max_gear_dims(dims, dynamic):
-            size *= d
-        packed = struct.pack(f"<{len(dims)}q", *dims)
+        dims_v2 = tensor.get("dims_v2", dims)  # static AIPP inputs differ (GE CreateInputDimsInfo)
+        size = _nbytes(tensor, dims_v2, dynamic)
+        packed, packed_v2 = struct.pack(f"<{len(dims)}q", *dims), struct.pack(f"<{len(dims_v2)}q", *dims_v2)
         header = struct.pack(
-            "<QiiIIII", size, FORMAT_VALUES[tensor["format"]], acl_type, len(name), 8 * len(dims), 8 * len(dims), 0
+            "<QiiIIII", size, FORMAT_VALUES[tensor["format"]], acl_type, len(name), len(packed), len(packed_v2), 0
         )
-        out.append(header + name + packed + packed)
+        out.append(header + name + packed + packed_v2)
     return b"".join(out)
+
+
+def _nbytes(tensor: dict[str, Any], dims: list[int], dynamic: dict[str, Any]) -> int:
+    datatype = dtypes.from_acl(_ACL_TYPES[tensor["dtype"]])
+    size = (datatype.itemsize or 0) if datatype is not None else 0
+    for d in _max_gear_dims(dims, dynamic):
+        size *= d
+    return size

@@ -27,6 +27,7 @@ from geserve.backends.acl.runtime import (
     Acl,
     import_acl,
 )
+from geserve.backends.acl.soc import check_soc
 from geserve.backends.base import OutputAllocator
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import DeviceUsage
@@ -132,6 +133,7 @@ class AclBackend:
             self._copy_in = self._copy_out = MEMCPY_DEVICE_TO_DEVICE
         soc = str(module.get_soc_name() or "")
         self._memory_attribute = MEM_HBM if soc.startswith("Ascend910") else MEM_DDR
+        check_soc(acl.model_name, self._model_file, soc)
         self._model_id = acl.out("acl.mdl.load_from_file", module.mdl.load_from_file(self._model_file))
         self._desc = acl.handle("acl.mdl.create_desc", module.mdl.create_desc())
         acl.check("acl.mdl.get_desc", module.mdl.get_desc(self._desc, self._model_id))

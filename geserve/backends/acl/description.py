@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from geserve.codecs import dtypes
@@ -11,6 +11,8 @@ from geserve.errors import ModelLoadError
 
 # The name ATC gives the runtime-filled gear input (ACL_DYNAMIC_TENSOR_NAME in acl_mdl.h).
 DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+# The input ATC adds for dynamic AIPP (ACL_DYNAMIC_AIPP_NAME in acl_mdl.h; GE ge_aipp_op.cc kDynamicAippData).
+DYNAMIC_AIPP_TENSOR_NAME = "ascend_dynamic_aipp_data"
 GEAR_BATCH, GEAR_IMAGE_SIZE, GEAR_DIMS = "batch", "image_size", "dims"
 _GEAR_OPTIONS = {
     GEAR_BATCH: "--dynamic_batch_size",
@@ -51,6 +53,10 @@ class OmTensor:
     dims: tuple[int, ...]
     size: int  # bytes at the largest gear
     format: str = "ND"
+    # What aclmdlGetInputDims and aclmdlGetInputDimsV2 report, kept only where the two differ (static AIPP);
+    # `dims` is then whichever of them multiplies out to `size` (see resolve_input_dims).
+    dims_v1: tuple[int, ...] = ()
+    dims_v2: tuple[int, ...] = ()
 
     @property
     def datatype(self) -> dtypes.DataType | None:
@@ -138,9 +144,40 @@ def tensor_size(acl_type: int, dims: tuple[int, ...], largest_batch: int) -> int
     return math.prod(resolved) * datatype.itemsize
 
 
+def resolve_input_dims(tensor: OmTensor, largest_batch: int) -> OmTensor:
+    """`tensor` as read (`dims` from aclmdlGetInputDims, `dims_v2` from aclmdlGetInputDimsV2, `dims_v1` not
+    yet set), serving the dims that match its size.
+
+    With static AIPP (ATC --insert_op_conf) the two differ: aclmdlGetInputDims gives the image's n,h,w,c and
+    aclmdlGetInputDimsV2 the buffer's (YUV420SP_U8: n,h*1.5,w,1), and only the latter multiplies out to
+    aclmdlGetInputSizeByIndex (CANN docs, aclmdlGetInputDimsV2). GE writes them from the Data op's shape and
+    its `input_dims` attr (G1 model_introduction.cc CreateInputDimsInfo)."""
+    if tensor.dims_v1:
+        return tensor  # resolved already
+    dims_v1, dims_v2 = tensor.dims, tensor.dims_v2
+    if not dims_v2 or dims_v2 == dims_v1:
+        return replace(tensor, dims_v2=()) if dims_v2 else tensor
+
+    def fits(dims: tuple[int, ...]) -> bool:
+        return tensor_size(tensor.acl_type, dims, largest_batch) == tensor.size
+
+    # An unsized input (size 0) takes V2, the dims the documentation sizes buffers by.
+    served = dims_v2 if not tensor.size or fits(dims_v2) else dims_v1 if fits(dims_v1) else dims_v2
+    return replace(tensor, dims=served, dims_v1=dims_v1, dims_v2=dims_v2)
+
+
 def check_servable(om: OmDescription, model: str, model_file: str) -> None:
     """Refuse what geserve cannot serve correctly, saying what it is."""
     where = f"model '{model}': '{model_file}'"
+    if any(t.name == DYNAMIC_AIPP_TENSOR_NAME for t in om.inputs):
+        raise ModelLoadError(
+            f"{where}: dynamic AIPP is not supported: the model takes its preprocessing parameters (source "
+            "image size, input format, colour conversion, crop, padding, per batch item) in its "
+            f"'{DYNAMIC_AIPP_TENSOR_NAME}' input, which pyACL fills from an aclmdlAIPP object "
+            "(acl.mdl.set_input_aipp) in a layout that only GE's internal headers define, so geserve can take it "
+            "neither from a config nor from a client; compile the model with a static AIPP "
+            "config (aipp_mode: static in ATC --insert_op_conf) or without AIPP"
+        )
     if om.gear_kind and om.gear_kind != GEAR_BATCH:
         raise ModelLoadError(
             f"{where} was compiled with {om.gear_kind.replace('_', ' ')} gears (ATC {_GEAR_OPTIONS[om.gear_kind]}: "
@@ -164,3 +201,10 @@ def check_servable(om: OmDescription, model: str, model_file: str) -> None:
                     f"{where}: {kind} '{tensor.name}' has dims {dims} in a model with batch gears {list(om.gears)}; "
                     f"its first dim must be the batch ({'-1' if kind == 'input' else f'-1 or {largest}'})"
                 )
+    for tensor in om.inputs:
+        if tensor.dims_v1 and tensor.size and tensor_size(tensor.acl_type, tensor.dims, largest) != tensor.size:
+            raise ModelLoadError(
+                f"{where}: input '{tensor.name}' is {tensor.size} bytes, which neither its dims {list(tensor.dims_v1)} "
+                f"(aclmdlGetInputDims) nor its dims {list(tensor.dims_v2)} (aclmdlGetInputDimsV2, static AIPP) "
+                f"make as {type_name(tensor.acl_type)}; geserve cannot tell clients what shape to send"
+            )

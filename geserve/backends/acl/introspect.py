@@ -12,6 +12,7 @@ from geserve.backends.acl.description import (
     OmDescription,
     OmTensor,
     format_name,
+    resolve_input_dims,
     tensor_size,
 )
 from geserve.backends.acl.runtime import Acl
@@ -60,9 +61,25 @@ def _tensor(acl: Acl, desc: int, index: int, largest: int, *, inputs: bool) -> O
     size = int(getattr(mdl, f"get_{side}_size_by_index")(desc, index))
     reader = getattr(mdl, f"get_{side}_format", None)
     fmt = format_name(int(reader(desc, index))) if reader is not None else "ND"
+    v2_reader = getattr(mdl, "get_input_dims_v2", None) if inputs else None  # older pyACL builds lack it
+    if v2_reader is not None:
+        tensor = resolve_input_dims(
+            OmTensor(name, index, acl_type, dims, size, fmt, dims_v2=_dims(acl, v2_reader(desc, index), "_v2")),
+            largest,
+        )
+        if tensor.dims_v1:  # static AIPP: the size is the buffer's, and check_servable holds the dims to it
+            return tensor
     # Trust the dims over the reported size (which may include format padding), and never allocate
     # less than the dims need.
     return OmTensor(name, index, acl_type, dims, max(size, tensor_size(acl_type, dims, largest)), fmt)
+
+
+def _dims(acl: Acl, result: tuple[Any, ...], suffix: str = "") -> tuple[int, ...]:
+    dims_info = acl.out(f"acl.mdl.get_input_dims{suffix}", result)
+    raw = dims_info.get("dims", [])
+    dims = tuple(int(d) for d in (raw if isinstance(raw, list | tuple) else []))
+    count = dims_info.get("dimCount")
+    return dims[:count] if isinstance(count, int) else dims
 
 
 def _other_gears(mdl: Any, desc: int, inputs: list[OmTensor]) -> tuple[str, tuple[tuple[int, ...], ...]]:

@@ -26,6 +26,7 @@ from geserve.backends.acl.description import (
     OmDescription,
     OmTensor,
     format_name,
+    resolve_input_dims,
 )
 from geserve.backends.acl.om_graph import parse_model_def
 from geserve.backends.acl.om_records import Cursor, OmContents, OmFormatError, parse_inout_info
@@ -185,7 +186,6 @@ def _looks_encrypted(sample: bytes) -> bool:
 def assemble(contents: OmContents, name: str, header_version: int | None) -> OmDescription:
     """One description from what the file says: the gear input set apart, batch gears sorted."""
     dynamic = next((t for t in contents.inputs if t.name == DYNAMIC_TENSOR_NAME), None)
-    inputs = tuple(t for t in contents.inputs if t.name != DYNAMIC_TENSOR_NAME)
     gears: tuple[int, ...] = ()
     if contents.gear_kind == GEAR_BATCH:
         if any(len(shape) != 1 for shape in contents.gear_shapes):
@@ -193,6 +193,8 @@ def assemble(contents: OmContents, name: str, header_version: int | None) -> OmD
         gears = tuple(sorted(shape[0] for shape in contents.gear_shapes))
         if not gears or gears[0] <= 0:
             raise OmFormatError(f"batch gears {list(gears)} are not positive sizes")
+    largest = max(gears, default=0)
+    inputs = tuple(resolve_input_dims(t, largest) for t in contents.inputs if t.name != DYNAMIC_TENSOR_NAME)
     return OmDescription(
         inputs,
         tuple(contents.outputs),
@@ -249,6 +251,10 @@ def _om2_tensor(entry: Any, index: int) -> OmTensor:
     if not isinstance(entry, dict):
         raise OmFormatError("a tensor entry of model_meta.json is not an object")
     dims = entry.get("origin_input_dims") or entry.get("shape") or []
+    # "shape_v2" is the static-AIPP `input_dims` attr where there is one, else the (largest gear's) shape
+    # (G1 om2 packager): only a value other than the shape says anything.
+    shape_v2 = entry.get("shape_v2") or []
+    dims_v2 = tuple(int(d) for d in shape_v2) if shape_v2 != entry.get("shape") else ()
     return OmTensor(
         str(entry["name"]),
         index,
@@ -256,6 +262,7 @@ def _om2_tensor(entry: Any, index: int) -> OmTensor:
         tuple(int(d) for d in dims),
         int(entry.get("size", 0)),
         format_name(int(entry.get("format", 2))),
+        dims_v2=dims_v2,
     )
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from google.protobuf.message import DecodeError
 
@@ -56,7 +57,14 @@ def parse_model_def(data: bytes) -> OmContents:
             raise OmFormatError(f"input op '{op.name}' has no tensor description")
         desc = op.input_desc[0] if op.input_desc else op.output_desc[0]
         dims = _ints(op.attr, "_dynamic_aipp_input_dims") or _ints(op.attr, "_mbatch_origin_input_dims")
-        contents.inputs.append(_tensor(op.name, index, desc, dims or tuple(desc.shape.dim), largest))
+        tensor = _tensor(op.name, index, desc, dims or tuple(desc.shape.dim), largest)
+        aipp_dims = _ints(op.attr, "input_dims")  # static AIPP: the buffer's dims (aclmdlGetInputDimsV2)
+        if aipp_dims:
+            # The Data's size is the AIPP buffer's, which its image dims do not give (GE
+            # util_insert_aipp_op.cc UpdatePrevNodeByAipp sets it from the Aipp op's input).
+            size = desc.size if desc.size > 0 else tensor_size(tensor.acl_type, aipp_dims, largest)
+            tensor = replace(tensor, size=size, dims_v2=aipp_dims)
+        contents.inputs.append(tensor)
     outputs = [op for op in graph.op if op.type == "NetOutput"]
     if len(outputs) != 1:
         raise OmFormatError(f"the root graph has {len(outputs)} NetOutput ops, not one")

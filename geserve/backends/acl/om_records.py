@@ -109,6 +109,7 @@ def _tensors(cursor: Cursor) -> list[OmTensor]:
         size, fmt, dtype, name_len, dims_len, dims_v2_len, range_len = cursor.unpack(_TENSOR_HEADER)
         name = cursor.text(name_len)
         dims = cursor.i64s(dims_len)
-        cursor.take(dims_v2_len + range_len)  # dims v2 differ only with static AIPP; ranges: not served
-        tensors.append(OmTensor(name, index, dtype, dims, size, format_name(fmt)))
+        dims_v2 = cursor.i64s(dims_v2_len)  # differs from dims only with static AIPP (resolve_input_dims)
+        cursor.take(range_len)  # shape ranges: not served
+        tensors.append(OmTensor(name, index, dtype, dims, size, format_name(fmt), dims_v2=dims_v2))
     return tensors

@@ -10,6 +10,8 @@ geserve's offline reader (`om.py`); `FIDELITY.md` gives the source behind each s
 
 from __future__ import annotations
 
+import os
+
 from . import mdl, rt, util
 from ._state import REPEAT_FINALIZE, REPEAT_INITIALIZE, RUNTIME, SUCCESS, api
 
@@ -50,7 +52,8 @@ def get_version() -> tuple[int, int, int, int]:
 
 @api("get_soc_name", value="")
 def get_soc_name() -> str:
-    return "Ascend310P3"
+    """The chip, named as ATC's --soc_version names it; tests set it with ACL_SIM_SOC_NAME."""
+    return os.environ.get("ACL_SIM_SOC_NAME", "Ascend310P3")
 
 
 @api("data_type_size", value=0)

@@ -15,6 +15,7 @@ from the environment, since the simulator runs inside geserve's worker processes
                          (renames it away) and fails with that code; the device then stays faulty
 - ACL_SIM_REPORT_DIR     where each process writes `acl-sim-<pid>.json` (calls, executions, leaks)
 - ACL_SIM_UTILIZATION_UNKNOWN  1: get_device_utilization_rate reads -1 (unsupported) for the AI Core fields
+- ACL_SIM_SOC_NAME       what get_soc_name answers (default Ascend310P3), named as ATC --soc_version names chips
 """
 
 from __future__ import annotations

@@ -181,7 +181,15 @@ def get_output_size_by_index(desc: int, index: int) -> int:
 @api("mdl.get_input_dims", out=({},))
 def get_input_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     tensor = _tensor(desc, index, True)
-    return _dims(tensor, list(tensor["dims"])), SUCCESS
+    return _dims(tensor, list(tensor.get("dims_v1", tensor["dims"]))), SUCCESS
+
+
+@api("mdl.get_input_dims_v2", out=({},))
+def get_input_dims_v2(desc: int, index: int) -> tuple[dict[str, Any], int]:
+    """The same as get_input_dims but for static-AIPP inputs, where these are the dims that multiply out to
+    get_input_size_by_index (CANN docs, aclmdlGetInputDimsV2)."""
+    tensor = _tensor(desc, index, True)
+    return _dims(tensor, list(tensor.get("dims_v2", tensor["dims"]))), SUCCESS
 
 
 @api("mdl.get_output_dims", out=({},))

@@ -48,6 +48,9 @@ def load(path: Path) -> OmModel:
         raise ValueError(error.message) from None
     tensors = sorted((*om.inputs, *([om.dynamic_input] if om.dynamic_input else [])), key=lambda t: t.index)
     inputs = [_tensor(t.name, t.acl_type, t.format, t.dims) for t in tensors]
+    for tensor, described in zip(inputs, tensors, strict=True):
+        if described.dims_v1:  # static AIPP: "dims" are the buffer's, which the two dims calls report apart
+            tensor["dims_v1"], tensor["dims_v2"] = list(described.dims_v1), list(described.dims_v2)
     outputs = [_tensor(t.name, t.acl_type, t.format, t.dims) for t in om.outputs]
     session, twin_outputs = None, []
     twin = twin_path(path)
