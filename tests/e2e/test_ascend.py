@@ -31,7 +31,8 @@ GEARS = [1, 2, 4, 8]
 BACKEND_CALLS = {
     "init", "rt.set_device", "rt.create_context", "rt.create_stream", "rt.get_run_mode", "get_soc_name",
     "mdl.load_from_file", "mdl.create_desc", "mdl.get_desc", "mdl.get_dynamic_batch", "mdl.get_num_inputs",
-    "mdl.get_input_name_by_index", "mdl.get_input_dims", "mdl.get_input_data_type", "mdl.get_input_size_by_index",
+    "mdl.get_input_name_by_index", "mdl.get_input_dims", "mdl.get_input_dims_v2", "mdl.get_input_data_type",
+    "mdl.get_input_size_by_index",
     "mdl.get_num_outputs", "mdl.get_output_name_by_index", "mdl.get_output_dims", "mdl.get_output_data_type",
     "mdl.get_output_size_by_index", "mdl.create_dataset", "rt.malloc", "create_data_buffer",
     "mdl.add_dataset_buffer", "rt.memcpy", "rt.memset", "update_data_buffer", "mdl.set_dynamic_batch_size",
