@@ -107,8 +107,8 @@ def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
 def test_ascend_values_request_npus_and_mount_the_driver_only() -> None:
     deployment = by_kind(render_chart("values-ascend.yaml"), "Deployment")[0]
     container = containers_of(deployment)[0]
-    assert container["resources"]["requests"]["huawei.com/Ascend910"] == 1
-    assert container["resources"]["limits"]["huawei.com/Ascend910"] == 1
+    assert container["resources"]["requests"]["huawei.com/Ascend310P"] == 1
+    assert container["resources"]["limits"]["huawei.com/Ascend310P"] == 1
     driver = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "ascend-driver")
     assert driver["hostPath"]["path"] == "/usr/local/Ascend/driver"
     mount = next(m for m in container["volumeMounts"] if m["name"] == "ascend-driver")
