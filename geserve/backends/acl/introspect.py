@@ -64,7 +64,7 @@ def _tensor(acl: Acl, desc: int, index: int, largest: int, *, inputs: bool) -> O
     v2_reader = getattr(mdl, "get_input_dims_v2", None) if inputs else None  # older pyACL builds lack it
     if v2_reader is not None:
         tensor = resolve_input_dims(
-            OmTensor(name, index, acl_type, dims, size, fmt, dims_v2=_dims(acl, v2_reader(desc, index), "_v2")),
+            OmTensor(name, index, acl_type, dims, size, fmt, dims_v2=_dims_v2(acl, v2_reader(desc, index))),
             largest,
         )
         if tensor.dims_v1:  # static AIPP: the size is the buffer's, and check_servable holds the dims to it
@@ -74,8 +74,8 @@ def _tensor(acl: Acl, desc: int, index: int, largest: int, *, inputs: bool) -> O
     return OmTensor(name, index, acl_type, dims, max(size, tensor_size(acl_type, dims, largest)), fmt)
 
 
-def _dims(acl: Acl, result: tuple[Any, ...], suffix: str = "") -> tuple[int, ...]:
-    dims_info = acl.out(f"acl.mdl.get_input_dims{suffix}", result)
+def _dims_v2(acl: Acl, result: tuple[Any, ...]) -> tuple[int, ...]:
+    dims_info = acl.out("acl.mdl.get_input_dims_v2", result)
     raw = dims_info.get("dims", [])
     dims = tuple(int(d) for d in (raw if isinstance(raw, list | tuple) else []))
     count = dims_info.get("dimCount")
