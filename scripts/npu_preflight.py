@@ -129,12 +129,15 @@ def check_set_env(environ: Dict[str, str]) -> List[Check]:
         ]
     home = home.rstrip("/")
     checks = [Check("set_env.sh", "ASCEND_TOOLKIT_HOME=" + home)]
-    for variable, wanted in (("LD_LIBRARY_PATH", home + "/lib64"), ("PYTHONPATH", home + "/python/site-packages")):
+    # Older toolkits keep their libraries and pyACL elsewhere under the home (acllib/lib64, pyACL/python/...):
+    # any directory of the toolkit will do, set_env.sh's usual one is what the message names.
+    for variable, usual in (("LD_LIBRARY_PATH", home + "/lib64"), ("PYTHONPATH", home + "/python/site-packages")):
         entries = [entry.rstrip("/") for entry in environ.get(variable, "").split(":") if entry]
-        if wanted in entries:
-            checks.append(Check(variable, "holds " + wanted))
+        ours = [entry for entry in entries if entry == home or entry.startswith(home + "/")]
+        if ours:
+            checks.append(Check(variable, "holds " + ours[0]))
         else:
-            checks.append(Check(variable, "", variable + " lacks " + wanted, SOURCE_FIX))
+            checks.append(Check(variable, "", f"{variable} holds no directory of {home} (such as {usual})", SOURCE_FIX))
     return checks
 
 

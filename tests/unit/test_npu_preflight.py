@@ -82,7 +82,13 @@ def test_a_sourced_set_env_passes_and_a_path_it_should_have_set_is_named() -> No
     # LD_LIBRARY_PATH replaced after sourcing: only that variable is a problem.
     overwritten = preflight.check_set_env({**SOURCED, "LD_LIBRARY_PATH": "/opt/other/lib"})
     assert [check.name for check in _problems(overwritten)] == ["LD_LIBRARY_PATH"]
-    assert f"lacks {HOME}/lib64" in overwritten[1].problem
+    assert f"holds no directory of {HOME} (such as {HOME}/lib64)" in overwritten[1].problem
+    # A toolkit of the older layout: its libraries and pyACL in other directories of the home.
+    older = {**SOURCED, "LD_LIBRARY_PATH": f"{HOME}/acllib/lib64", "PYTHONPATH": f"{HOME}/pyACL/python/site-packages"}
+    assert not _problems(preflight.check_set_env(older))
+    # A directory beside the home is not one of it.
+    beside = preflight.check_set_env({**SOURCED, "LD_LIBRARY_PATH": f"{HOME}-old/lib64"})
+    assert [check.name for check in _problems(beside)] == ["LD_LIBRARY_PATH"]
 
 
 def _states(closed_at: str = "", group: str = "HwHiAiUser") -> list[preflight.PathState]:
