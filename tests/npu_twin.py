@@ -106,27 +106,33 @@ def rows_per_run(twin: Twin, batch: int) -> int:
     if len(fixed) > 1:
         raise ValueError(f"the ONNX twin's inputs fix different batch sizes {sorted(fixed)}")
     rows = fixed.pop()
-    if rows <= 0 or batch % rows:
-        raise ValueError(f"the ONNX twin's batch dim is fixed at {rows}, which does not divide a batch of {batch}")
+    if rows <= 0:
+        raise ValueError(f"the ONNX twin's batch dim is fixed at {rows}")
     return rows
 
 
 def run_twin(twin: Twin, arrays: Mapping[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
     """The twin's outputs for the server's inputs, by the twin's output names, run in slices of rows_per_run rows
-    and joined along the batch dim."""
+    and joined along the batch dim. A last slice shorter than the twin's fixed batch (a batch-8 twin beside gears
+    1..8) is padded with copies of its last row, whose answers are dropped: rows of a batch are independent."""
     feed = twin_feed(twin, arrays)
     output_names = [arg.name for arg in twin.get_outputs()]
     rows = rows_per_run(twin, batch)
     if rows in (0, batch):
         return dict(zip(output_names, (np.asarray(value) for value in twin.run(None, feed)), strict=True))
-    slices = [
-        twin.run(None, {name: value[start : start + rows] for name, value in feed.items()})
-        for start in range(0, batch, rows)
-    ]
-    return {
-        name: np.concatenate([np.asarray(piece[index]) for piece in slices], axis=0)
-        for index, name in enumerate(output_names)
-    }
+    pieces: list[list[np.ndarray]] = [[] for _ in output_names]
+    for start in range(0, batch, rows):
+        taken = min(rows, batch - start)
+        chunk = {name: _padded(value[start : start + taken], rows) for name, value in feed.items()}
+        for index, value in enumerate(twin.run(None, chunk)):
+            pieces[index].append(np.asarray(value)[:taken])
+    return {name: np.concatenate(pieces[index], axis=0) for index, name in enumerate(output_names)}
+
+
+def _padded(rows: np.ndarray, count: int) -> np.ndarray:
+    if len(rows) == count:
+        return rows
+    return np.concatenate([rows, np.repeat(rows[-1:], count - len(rows), axis=0)], axis=0)
 
 
 def by_config_names(config: Mapping[str, Any], values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

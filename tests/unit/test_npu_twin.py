@@ -63,15 +63,22 @@ def test_a_twin_with_a_dynamic_batch_dim_runs_the_batch_at_once(tmp_path: Path) 
     np.testing.assert_allclose(run_twin(twin, {"x": rows}, 5)["y"], rows @ WEIGHTS + BIAS, rtol=1e-6)
 
 
-def test_a_twin_with_a_fixed_batch_runs_in_slices_of_that_size_and_refuses_a_batch_it_does_not_divide(
-    tmp_path: Path,
-) -> None:
+def test_a_twin_with_a_fixed_batch_runs_in_slices_of_that_size(tmp_path: Path) -> None:
     twin = open_twin(str(_affine_twin(tmp_path, 2)))
     assert rows_per_run(twin, 6) == 2
     rows = _rows(6)
     np.testing.assert_allclose(run_twin(twin, {"x": rows}, 6)["y"], rows @ WEIGHTS + BIAS, rtol=1e-6)
-    with pytest.raises(ValueError, match="fixed at 2, which does not divide a batch of 3"):
-        rows_per_run(twin, 3)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_a_batch_the_fixed_size_does_not_divide_is_padded_and_the_padding_dropped(tmp_path: Path, batch: int) -> None:
+    twin = open_twin(str(_affine_twin(tmp_path, 4)))
+    rows = _rows(batch)
+    with pytest.raises(Exception, match="dimension"):
+        twin.run(None, {"x": rows[:1]})
+    outputs = run_twin(twin, {"x": rows}, batch)
+    assert outputs["y"].shape == (batch, 2)
+    np.testing.assert_allclose(outputs["y"], rows @ WEIGHTS + BIAS, rtol=1e-6)
 
 
 def test_a_model_without_a_batch_dim_runs_whole(tmp_path: Path) -> None:
