@@ -9,15 +9,15 @@ import numpy as np
 
 from geserve.backends.acl import names
 
-# ATC compiles with --precision_mode=force_fp16 unless told otherwise (the default for inference: "force_fp16:
-# 表示算子支持fp16和fp32时,强制选择fp16 ... 其他推理场景: force_fp16",
-# https://hiascend.com/document/detail/zh/canncommercial/63RC2/devtools/auxiliarydevtool/aoepar_16_046.html, and
-# "force_fp16(默认值)" in CANN 9.0's ATC reference,
-# https://www.hiascend.com/document/detail/zh/canncommercial/latest/devaids/atctool/atlasatcparam_16_0068.html).
-# Some SoCs default to allow_fp32_to_fp16, which still runs matrix ops in fp16. So every weight, input and
-# intermediate result may be rounded to fp16's 11-bit significand (2^-11 ~ 4.9e-4 per rounding), and a network
-# compounds tens of roundings and fp16 accumulations: 2 % of the value, the margin ATC-compiled models are
-# usually held to against their fp32 source.
+# ATC compiles in fp16 unless told otherwise. --precision_mode's default for inference is force_fp16, "算子支持
+# fp16和fp32时,强制选择fp16" ("其他推理场景: force_fp16", CANN 6.3's option reference,
+# https://hiascend.com/document/detail/zh/canncommercial/63RC2/devtools/auxiliarydevtool/aoepar_16_046.html; still
+# "force_fp16(默认值)" in CANN 9.0's, .../canncommercial/900/devaids/aoe/aoepar_16_042.html, for the option ATC
+# documents at .../canncommercial/latest/devaids/atctool/atlasatcparam_16_0068.html), and --precision_mode_v2's
+# is fp16 (CANN 7.0 ATC, .../CANNCommunityEdition/700alpha003/infacldevg/atctool/atlasatc_16_0097.html). Training
+# SoCs default to allow_fp32_to_fp16, which still runs matrix ops in fp16. So weights, inputs and intermediate
+# results may each be rounded to fp16's 11-bit significand (2^-11 ~ 4.9e-4 per rounding), and a network compounds
+# tens of such roundings and fp16 accumulations: 2 % of the value is the margin held here.
 FP16_RTOL = 2e-2
 # Elements near zero (a logit, a sum of terms that cancel) keep the error of the larger terms they were made of,
 # which scales with the tensor, not with the element: the absolute margin is 2 % of the tensor's largest value.
