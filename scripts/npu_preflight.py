@@ -299,7 +299,12 @@ def check_model_file(variable: str, path: Optional[str], head: Optional[bytes], 
             return Check(variable, "", "GESERVE_NPU_OM is unset", "make npu-check GESERVE_NPU_OM=/path/to/model.om")
         return Check(variable, "unset (outputs are checked for shape and finiteness only)")
     if not os.path.isfile(path):
-        return Check(variable, path, path + " is not a file", "name the file with an absolute path")
+        return Check(
+            variable,
+            path,
+            path + " is not a file",
+            f"point {variable} at the file (relative paths start at the repository)",
+        )
     if head is None:
         return Check(variable, path, path + " is not readable by this user", "chmod o+r, or copy it somewhere readable")
     if magics and not any(head.startswith(magic) for magic in magics):
