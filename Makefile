@@ -97,8 +97,19 @@ chaos: $(STAMP_TEST)
 
 # On an Ascend host, after `source /usr/local/Ascend/ascend-toolkit/set_env.sh`:
 #   make npu-check GESERVE_NPU_OM=/path/model.om [GESERVE_NPU_ONNX=/path/model.onnx] [GESERVE_NPU_DEVICES=0,1]
-npu-check: $(STAMP_TEST)
-	@test -n "$(GESERVE_NPU_OM)" || { echo "make npu-check: set GESERVE_NPU_OM=/path/to/model.om" >&2; exit 2; }
+#                  [PYTHON=python3.11]
+# scripts/npu_preflight.py runs first, on $(PYTHON), and lists every problem it finds (Python version, set_env.sh,
+# CANN permissions, pyACL, devices, the .om) before anything is installed; then only the npu-check extra is
+# installed into $(VENV), not the whole test extra.
+STAMP_NPU := $(VENV)/.installed-npu-check
+
+$(STAMP_NPU): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[npu-check]'
+	touch $@
+
+npu-check:
+	$(PYTHON) scripts/npu_preflight.py --venv $(VENV)
+	$(MAKE) --no-print-directory $(STAMP_NPU)
 	$(BIN)/geserve inspect "$(GESERVE_NPU_OM)"
 	GESERVE_NPU_REQUIRED=1 GESERVE_NPU_OM="$(GESERVE_NPU_OM)" $(BIN)/python -m pytest -m npu -p no:cacheprovider \
 		-o timeout=1800 -v -rs tests/e2e/test_npu.py

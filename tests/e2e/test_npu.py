@@ -3,7 +3,9 @@
 `make npu-check GESERVE_NPU_OM=/path/model.om [GESERVE_NPU_ONNX=/path/model.onnx]
 [GESERVE_NPU_DEVICES=0,1]` after sourcing CANN's set_env.sh. With GESERVE_NPU_ONNX (the model the
 .om was compiled from) outputs are compared with onnxruntime's, by the config's names, to fp16
-tolerance. `make npu-check` sets GESERVE_NPU_REQUIRED=1, which turns every skip into a failure.
+tolerance (tests/npu_twin.py: a twin with a fixed batch dim runs row by row, fp16 inputs are cast to the
+twin's fp32). `make npu-check` runs scripts/npu_preflight.py first and sets GESERVE_NPU_REQUIRED=1, which turns
+every skip into a failure.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import triton_to_np_dtype
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.backends.acl import names
 from geserve.backends.acl.om_file import read_description
+from tests.npu_twin import assert_matches_twin, by_config_names, first_device_id, open_twin, run_twin
 from tests.support import GeserveProcess
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
@@ -65,7 +67,8 @@ def test_pyacl_describes_the_om_as_the_offline_reader_does() -> None:
 
     path = Path(os.environ["GESERVE_NPU_OM"])
     backend = AclBackend()
-    backend.load(mc.ModelConfig(name="npu_model"), path, 0)
+    # The device make npu-check was pointed at: device 0 may be another user's, or not this container's.
+    backend.load(mc.ModelConfig(name="npu_model"), path, first_device_id(os.environ.get("GESERVE_NPU_DEVICES", "")))
     try:
         runtime = backend._require_model()
     finally:
@@ -101,31 +104,12 @@ def _batches(config: dict[str, Any]) -> list[int]:
     return list(range(1, config["max_batch_size"] + 1))
 
 
-def _twin_outputs(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The ONNX model's outputs, keyed by the config's output names."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(os.environ["GESERVE_NPU_ONNX"], providers=["CPUExecutionProvider"])
-    onnx_names = [o.name for o in session.get_outputs()]
-    values = dict(zip(onnx_names, session.run(None, arrays), strict=True))
-    by_config = {}
-    for index, output in enumerate(config["output"]):
-        name = output["name"]
-        full = config.get("parameters", {}).get(names.FULL_NAME_PARAMETER.format(name), {}).get("string_value", name)
-        for candidate in (name, names.short_name(full)):
-            if candidate in values:
-                by_config[name] = values[candidate]
-                break
-        else:
-            by_config[name] = values[onnx_names[index]]
-    return by_config
-
-
 def test_every_gear_over_http_and_grpc_matches_the_onnx_twin(npu_server: GeserveProcess) -> None:
     http = httpclient.InferenceServerClient(npu_server.url, network_timeout=600)
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{npu_server.grpc_port}")
     config = http.get_model_config("npu_model")
     metadata = http.get_model_metadata("npu_model")
+    twin = open_twin(os.environ["GESERVE_NPU_ONNX"]) if os.environ.get("GESERVE_NPU_ONNX") else None
     rng = np.random.default_rng(0)
     for batch in _batches(config):
         arrays = {}
@@ -150,7 +134,7 @@ def test_every_gear_over_http_and_grpc_matches_the_onnx_twin(npu_server: Geserve
             grpc_input.set_data_from_numpy(arrays[grpc_input.name()])
         results.append(http.infer("npu_model", http_inputs))
         results.append(grpc.infer("npu_model", grpc_inputs))
-        reference = _twin_outputs(config, arrays) if os.environ.get("GESERVE_NPU_ONNX") else {}
+        reference = by_config_names(config, run_twin(twin, arrays, batch)) if twin is not None else {}
         for result in results:
             for tensor in metadata["outputs"]:
                 output = result.as_numpy(tensor["name"])
@@ -158,7 +142,7 @@ def test_every_gear_over_http_and_grpc_matches_the_onnx_twin(npu_server: Geserve
                 if np.issubdtype(output.dtype, np.floating):
                     assert np.all(np.isfinite(output))
                 if tensor["name"] in reference:
-                    np.testing.assert_allclose(output, reference[tensor["name"]], rtol=2e-2, atol=2e-2)
+                    assert_matches_twin(tensor["name"], output, reference[tensor["name"]])
 
 
 def test_npu_metrics_are_exported(npu_server: GeserveProcess) -> None:

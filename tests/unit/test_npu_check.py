@@ -29,11 +29,35 @@ def test_required_npu_tests_fail_on_the_simulator_and_skip_otherwise(tmp_path: P
     assert "skipped" in optional.stdout
 
 
-def test_make_npu_check_needs_the_om_file() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "GESERVE_NPU_OM"}
+def test_make_npu_check_lists_every_problem_before_installing_anything(tmp_path: Path) -> None:
+    """Without CANN, devices or GESERVE_NPU_OM, the preflight fails the target at once: the venv it would
+    install into is never made (so the target does not depend on the test extra's install either)."""
+    kept = ("ASCEND", "GESERVE_NPU", "LD_LIBRARY_PATH", "PYTHONPATH", "MAKEFLAGS", "MFLAGS")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(kept)}
+    venv = tmp_path / "venv"
     result = subprocess.run(
-        ["make", "--no-print-directory", "-o", ".venv/.installed-test", "npu-check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        ["make", "--no-print-directory", f"VENV={venv}", f"PYTHON={sys.executable}", "npu-check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert result.returncode == 2
-    assert "make npu-check: set GESERVE_NPU_OM=/path/to/model.om" in result.stderr
+    assert result.returncode != 0
+    assert "PROBLEM  GESERVE_NPU_OM: GESERVE_NPU_OM is unset -- fix: make npu-check GESERVE_NPU_OM=" in result.stdout
+    assert "PROBLEM  set_env.sh: " in result.stdout
+    assert "PROBLEM  pyACL: " in result.stdout
+    assert "problem(s), nothing was installed" in result.stdout
+    assert not venv.exists()
+    assert "pip install" not in result.stdout + result.stderr
+
+
+def test_make_npu_check_installs_the_npu_check_extra_only_after_the_preflight(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", f"VENV={venv}", "GESERVE_NPU_OM=/models/m.om", "npu-check"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.splitlines()
+    preflight = next(i for i, line in enumerate(commands) if "scripts/npu_preflight.py" in line)
+    install = next(i for i, line in enumerate(commands) if "pip install" in line and "-e" in line)
+    assert preflight < install
+    assert commands[install].endswith("-e '.[npu-check]'")
+    assert not any("'.[test]'" in line for line in commands)
