@@ -20,8 +20,7 @@ from tests.support import ROOT, GeserveProcess
 
 pytestmark = pytest.mark.e2e
 
-SAMPLES = ROOT.parent / "shared" / "om-samples"
-needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"the real .om samples are not here ({SAMPLES})")
+SAMPLES = ROOT / "tests" / "data" / "om-samples"
 
 DDNET_SHORT_NAMES = """
 name: "ddnet_short"
@@ -78,13 +77,12 @@ def _readme_config() -> str:
 
 def _repository(root: Path) -> Path:
     repository = root / "models"
-    if SAMPLES.is_dir():
-        for name, file in (("synthetic", "synthetic_dynbatch.om"), ("ddnet_auto", "ddnet_out.om")):
-            (repository / name / "1").mkdir(parents=True)
-            shutil.copy(SAMPLES / file, repository / name / "1" / "model.om")
-        (repository / "ddnet_short" / "1").mkdir(parents=True)
-        shutil.copy(SAMPLES / "ddnet_out.om", repository / "ddnet_short" / "1" / "model.om")
-        (repository / "ddnet_short" / "config.pbtxt").write_text(DDNET_SHORT_NAMES)
+    for name, file in (("synthetic", "synthetic_dynbatch.om"), ("ddnet_auto", "ddnet_out.om")):
+        (repository / name / "1").mkdir(parents=True)
+        shutil.copy(SAMPLES / file, repository / name / "1" / "model.om")
+    (repository / "ddnet_short" / "1").mkdir(parents=True)
+    shutil.copy(SAMPLES / "ddnet_out.om", repository / "ddnet_short" / "1" / "model.om")
+    (repository / "ddnet_short" / "config.pbtxt").write_text(DDNET_SHORT_NAMES)
     write_om(repository / "resnet50_v2" / "resnet50_v2.om", resnet50_description([1, 2, 4, 8, 16], "resnet50_v2"))
     (repository / "resnet50_v2" / "1").mkdir(parents=True)
     (repository / "resnet50_v2" / "config.pbtxt").write_text(GE_BACKEND_CONFIG)
@@ -123,7 +121,6 @@ def _infer_both(server: GeserveProcess, model: str, inputs: dict[str, np.ndarray
     ]
 
 
-@needs_samples
 def test_synthetic_gear_model_at_every_gear_and_between(files_server: GeserveProcess) -> None:
     config = httpclient.InferenceServerClient(files_server.url).get_model_config("synthetic")
     assert config["max_batch_size"] == 8
@@ -137,7 +134,6 @@ def test_synthetic_gear_model_at_every_gear_and_between(files_server: GeservePro
             np.testing.assert_allclose(answer, np.repeat(_row_sums(x)[:, None], 1000, axis=1), rtol=1e-6)
 
 
-@needs_samples
 @pytest.mark.parametrize("model", ["ddnet_short", "ddnet_auto"])
 def test_ddnet_with_short_names_and_without_a_config(files_server: GeserveProcess, model: str) -> None:
     http = httpclient.InferenceServerClient(files_server.url)
