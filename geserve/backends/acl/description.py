@@ -114,7 +114,7 @@ class OmDescription:
         return self.rows
 
     def to_json(self) -> dict[str, Any]:
-        """The keys of om-samples/expected.json."""
+        """The keys of tests/data/om-samples/expected.json."""
         dynamic: dict[str, Any] | None = None
         if self.gear_kind:
             key = {GEAR_BATCH: "dynamic_batch", GEAR_IMAGE_SIZE: "dynamic_image_size", GEAR_DIMS: "dynamic_dims"}
