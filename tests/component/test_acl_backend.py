@@ -343,7 +343,6 @@ def test_device_memory_is_reached_only_through_memcpy(acl: Any) -> None:
     assert ret == 0
     host = np.arange(16, dtype=np.float32)
     back = np.zeros(16, dtype=np.float32)
-    assert acl.rt.memcpy(device, 64, host.ctypes.data, 64, 2) == 107000  # wrong kind for these pointers
     assert acl.rt.memcpy(device, 32, host.ctypes.data, 64, 1) == 100000  # count > dest_max
     assert acl.rt.memcpy(device, 64, host.ctypes.data, 64, 1) == 0
     assert acl.util.ptr_to_bytes(device, 64) == b""  # reading device memory on the host fails

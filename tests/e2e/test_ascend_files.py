@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -20,8 +21,7 @@ from tests.support import ROOT, GeserveProcess
 
 pytestmark = pytest.mark.e2e
 
-SAMPLES = ROOT.parent / "shared" / "om-samples"
-needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"the real .om samples are not here ({SAMPLES})")
+SAMPLES = ROOT / "tests" / "data" / "om-samples"
 
 DDNET_SHORT_NAMES = """
 name: "ddnet_short"
@@ -78,13 +78,15 @@ def _readme_config() -> str:
 
 def _repository(root: Path) -> Path:
     repository = root / "models"
-    if SAMPLES.is_dir():
-        for name, file in (("synthetic", "synthetic_dynbatch.om"), ("ddnet_auto", "ddnet_out.om")):
-            (repository / name / "1").mkdir(parents=True)
-            shutil.copy(SAMPLES / file, repository / name / "1" / "model.om")
-        (repository / "ddnet_short" / "1").mkdir(parents=True)
-        shutil.copy(SAMPLES / "ddnet_out.om", repository / "ddnet_short" / "1" / "model.om")
-        (repository / "ddnet_short" / "config.pbtxt").write_text(DDNET_SHORT_NAMES)
+    # The synthetic sample as the writer lays it out, with the `_dynamic_output_dims` GE writes.
+    synthetic = json.loads((SAMPLES / "expected.json").read_text())["synthetic_dynbatch.om"]
+    write_om(repository / "synthetic_written" / "1" / "model.om", synthetic)
+    for name, file in (("synthetic", "synthetic_dynbatch.om"), ("ddnet_auto", "ddnet_out.om")):
+        (repository / name / "1").mkdir(parents=True)
+        shutil.copy(SAMPLES / file, repository / name / "1" / "model.om")
+    (repository / "ddnet_short" / "1").mkdir(parents=True)
+    shutil.copy(SAMPLES / "ddnet_out.om", repository / "ddnet_short" / "1" / "model.om")
+    (repository / "ddnet_short" / "config.pbtxt").write_text(DDNET_SHORT_NAMES)
     write_om(repository / "resnet50_v2" / "resnet50_v2.om", resnet50_description([1, 2, 4, 8, 16], "resnet50_v2"))
     (repository / "resnet50_v2" / "1").mkdir(parents=True)
     (repository / "resnet50_v2" / "config.pbtxt").write_text(GE_BACKEND_CONFIG)
@@ -123,21 +125,41 @@ def _infer_both(server: GeserveProcess, model: str, inputs: dict[str, np.ndarray
     ]
 
 
-@needs_samples
-def test_synthetic_gear_model_at_every_gear_and_between(files_server: GeserveProcess) -> None:
-    config = httpclient.InferenceServerClient(files_server.url).get_model_config("synthetic")
+@pytest.mark.parametrize("model", ["synthetic", "synthetic_written"])
+def test_synthetic_gear_model_is_configured_from_its_gears(files_server: GeserveProcess, model: str) -> None:
+    config = httpclient.InferenceServerClient(files_server.url).get_model_config(model)
     assert config["max_batch_size"] == 8
     assert config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4, 8]
     assert [(t["name"], t["dims"]) for t in config["output"]] == [("prob", [1000])]
     assert config["parameters"]["om_output_name.prob"]["string_value"] == "prob:0:prob"
+
+
+def test_synthetic_gear_model_at_every_gear_and_between(files_server: GeserveProcess) -> None:
+    """The synthetic sample's model as the writer lays it out, GE's `_dynamic_output_dims` included."""
     for rows in range(1, 9):
         x = np.random.default_rng(rows).normal(size=(rows, 3, 224, 224)).astype(np.float32)
-        for answer in _infer_both(files_server, "synthetic", {"input": x}, "prob"):
+        for answer in _infer_both(files_server, "synthetic_written", {"input": x}, "prob"):
             assert answer.shape == (rows, 1000)  # padding rows never reach the client
             np.testing.assert_allclose(answer, np.repeat(_row_sums(x)[:, None], 1000, axis=1), rtol=1e-6)
 
 
-@needs_samples
+def test_the_synthetic_samples_own_dynamic_output_dims_fail_its_batches_clearly(files_server: GeserveProcess) -> None:
+    """The sample's NetOutput names no dims for output 0 at any gear (its `_dynamic_output_dims` are not
+    laid out as GE's "<gear>,<output>,<dims>"), so get_cur_output_dims fails once a gear is set, as
+    aclmdlGetCurOutputDims would; the request says so and the other models keep serving."""
+    x = np.zeros((2, 3, 224, 224), dtype=np.float32)
+    request = httpclient.InferInput("input", list(x.shape), "FP32")
+    request.set_data_from_numpy(x, binary_data=True)
+    with pytest.raises(
+        InferenceServerException,
+        match=r"get_cur_output_dims failed with error 500001: .*_dynamic_output_dims has no entry for output 0",
+    ):
+        httpclient.InferenceServerClient(files_server.url).infer("synthetic", [request])
+    y = np.random.default_rng(3).normal(size=(2, 3, 224, 224)).astype(np.float32)
+    answer = _infer_both(files_server, "synthetic_written", {"input": y}, "prob")[0]
+    np.testing.assert_allclose(answer, np.repeat(_row_sums(y)[:, None], 1000, axis=1), rtol=1e-6)
+
+
 @pytest.mark.parametrize("model", ["ddnet_short", "ddnet_auto"])
 def test_ddnet_with_short_names_and_without_a_config(files_server: GeserveProcess, model: str) -> None:
     http = httpclient.InferenceServerClient(files_server.url)

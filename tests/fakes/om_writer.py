@@ -1,13 +1,16 @@
 """Writes real-format `.om` files (IMOD header, partition table, MODEL_INOUT_INFO, MODEL_DEF) for tests.
 
-It takes a description with the keys of shared/om-samples/expected.json and lays it out as ATC
+It takes a description with the keys of tests/data/om-samples/expected.json and lays it out as ATC
 does (om-format.md): Data ops with `index` and `_mbatch_origin_input_dims` (and, for an input with
 `dims_v2`, static AIPP's `input_dims` and the buffer's size), the
 `ascend_mbatch_shape_data` input and a `Case` op carrying the gears, a NetOutput whose inputs are
-the outputs, and `attr_model_out_nodes_name` holding their ATC names. Whatever it writes, the
-reader must describe exactly as asked (an AIPP input by its `dims_v2`, the dims its size has); tests
-check that for every sample too. It writes no
-weights or kernels: these files describe models, the simulator runs them.
+the outputs and which carries `_dynamic_output_dims` for gear models, and `attr_model_out_nodes_name`
+holding their ATC names. Whatever it writes, the reader must describe exactly as asked (an AIPP input
+by its `dims_v2`, the dims its size has); tests check that for every sample too. It writes no weights
+or kernels: these files describe models, the simulator runs them. In their place the TASK_INFO
+partition holds the writer's own record of what it was asked to write (`SIM_RECORD_MAGIC`, then the
+description as JSON), which the simulator describes the model from, so that pyACL's answers in tests
+never come from geserve's reader.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ _ACL_TYPES = {name: value for value, name in TYPE_NAMES.items()}
 _GRAPH_TYPES = {0: 1, 1: 2, 2: 3, 4: 4, 6: 5, 7: 6, 3: 7, 9: 8, 8: 9, 10: 10, 12: 11, 11: 12, 13: 13, 27: 27}
 _GEAR_KEYS = {"dynamic_batch": (1, 2), "dynamic_image_size": (2, 3), "dynamic_dims": (3, 4)}  # type, TLV
 _GRAPH_API_NAME = re.compile(r"^output_(\d+)_(.+)_(\d+)$")
+# The simulator's record in TASK_INFO: this magic, a u32 length, then JSON {"description", "dynamic_output_dims"}.
+SIM_RECORD_MAGIC = b"GESERVE-OM-WRITER-RECORD\0"
+_DEFAULT = object()
 
 
 def om_bytes(
@@ -40,16 +46,23 @@ def om_bytes(
     inout_info: bool = True,
     platform_version: str = "1.11.z.0",
     sub_models: tuple[dict[str, Any], ...] = (),
+    dynamic_output_dims: Any = _DEFAULT,
 ) -> bytes:
     """A whole `.om` file. `wide_table` (64-bit partition entries) defaults to on for v2 headers;
     `inout_info` adds the MODEL_INOUT_INFO partition newer ATC versions write; `sub_models` follow
-    the root model as a dynamic-shape root model's do (one table and its partitions each)."""
+    the root model as a dynamic-shape root model's do (one table and its partitions each).
+    `dynamic_output_dims` replaces the NetOutput's `_dynamic_output_dims` strings (None: leave the
+    attribute out, as a file GE did not build would); by default they are GE's for batch gears."""
     wide = header_version == VERSION_2 if wide_table is None else wide_table
     if wide and header_version != VERSION_2:
         raise ValueError("64-bit partition tables need a v2 header")
     if sub_models and header_version != VERSION_2:
         raise ValueError("sub-models need a v2 header (model_num)")
-    body = b"".join(_model_body(model, wide, inout_info) for model in (description, *sub_models))
+    output_dims = default_dynamic_output_dims(description) if dynamic_output_dims is _DEFAULT else dynamic_output_dims
+    body = b"".join(
+        _model_body(model, wide, inout_info, output_dims if index == 0 else default_dynamic_output_dims(model))
+        for index, model in enumerate((description, *sub_models))
+    )
     header = bytearray(256)
     struct.pack_into("<III", header, 0, 0x444F4D49, 256, header_version)
     struct.pack_into("<I", header, 76, 0 if wide else len(body))
@@ -66,11 +79,12 @@ def om_bytes(
     return bytes(header) + body
 
 
-def _model_body(description: dict[str, Any], wide: bool, inout_info: bool) -> bytes:
+def _model_body(description: dict[str, Any], wide: bool, inout_info: bool, output_dims: list[str] | None) -> bytes:
     """One model's partition table and its partitions, back to back."""
-    partitions = [(0, model_def(description).SerializeToString()), (1, b""), (3, b""), (2, b"")]
+    definition = model_def(description, output_dims).SerializeToString()
+    partitions = [(0, definition), (1, b""), (3, b""), (2, sim_record(description, output_dims))]
     if inout_info:
-        partitions.insert(0, (8, inout_records(description)))
+        partitions.insert(0, (8, inout_records(description, output_dims)))
     table = io.BytesIO()
     table.write(struct.pack("<II", len(partitions), 0) if wide else struct.pack("<I", len(partitions)))
     offset = 0
@@ -121,10 +135,39 @@ def om2_bytes(description: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def sim_record(description: dict[str, Any], output_dims: list[str] | None) -> bytes:
+    """What the simulator reads back: the description as asked and the `_dynamic_output_dims` written."""
+    record = json.dumps({"description": description, "dynamic_output_dims": output_dims}).encode()
+    return SIM_RECORD_MAGIC + struct.pack("<I", len(record)) + record
+
+
+def default_dynamic_output_dims(description: dict[str, Any]) -> list[str] | None:
+    """The NetOutput's `_dynamic_output_dims` as ATC writes it for batch gears: `"<gear index>,<output
+    index>,<dims at that gear>"` for each output the gear branches produce, gear index in the order of
+    the Case op's `_pred_value_<i>`, then `"-1,<output index>,<dims>"` for outputs that do not come from
+    the branches (G1 compiler/graph/preprocess/multi_batch_copy_graph.cc `GetDynamicShapeByGraph`,
+    `GetDirectOutputShape`, `kStaticOutput = -1`; dims joined by commas as `GeShape::ToString` does).
+    Here an output comes from the branches when its first dim is the largest gear."""
+    gears = (description.get("dynamic") or {}).get("dynamic_batch")
+    if not gears:
+        return None
+    largest = max(gears)
+    batched = [i for i, t in enumerate(description["outputs"]) if t["dims"] and t["dims"][0] == largest]
+    entries = [
+        ",".join(str(v) for v in (gear_index, i, gear, *description["outputs"][i]["dims"][1:]))
+        for i in batched
+        for gear_index, gear in enumerate(gears)
+    ]
+    entries += [
+        ",".join(str(v) for v in (-1, i, *t["dims"])) for i, t in enumerate(description["outputs"]) if i not in batched
+    ]
+    return entries
+
+
 # -- MODEL_DEF -------------------------------------------------------------------------------
 
 
-def model_def(description: dict[str, Any]) -> om.OmModelDef:
+def model_def(description: dict[str, Any], output_dims: list[str] | None = None) -> om.OmModelDef:
     model = om.OmModelDef(name=str(description.get("name", "")), version=1)
     if description.get("soc_version"):
         model.attr["soc_version"].s = str(description["soc_version"]).encode()
@@ -154,6 +197,8 @@ def model_def(description: dict[str, Any]) -> om.OmModelDef:
         case.attr["mbatch-inserted-node"].b = True
         case.attr["user_designate_shape_order"].list.s.extend(n.encode() for n in dynamic.get("data_name_order", []))
     net_output = graph.op.add(name="Node_Output", type="NetOutput")
+    if output_dims is not None:
+        net_output.attr["_dynamic_output_dims"].list.s.extend(entry.encode() for entry in output_dims)
     out_nodes = []
     for index, tensor in enumerate(description["outputs"]):
         net_output.input_desc.append(_desc(tensor, tensor["dims"]))
@@ -191,7 +236,7 @@ def _max_gear_dims(dims: list[int], dynamic: dict[str, Any]) -> list[int]:
 # -- MODEL_INOUT_INFO ------------------------------------------------------------------------
 
 
-def inout_records(description: dict[str, Any]) -> bytes:
+def inout_records(description: dict[str, Any], output_dims: list[str] | None = None) -> bytes:
     dynamic = description.get("dynamic") or {}
     records = [(0, _tensors(description["inputs"], dynamic)), (1, _tensors(description["outputs"], dynamic))]
     kind = next((key for key in _GEAR_KEYS if key in dynamic), None)
@@ -202,9 +247,13 @@ def inout_records(description: dict[str, Any]) -> bytes:
         gears = dynamic[kind]
         parts = struct.pack(f"<I{len(gears)}I", len(gears), *(len(g) for g in gears))
         records.append((_GEAR_KEYS[kind][1], parts + b"".join(struct.pack(f"<{len(g)}q", *g) for g in gears)))
-    order = [n.encode() for n in dynamic.get("data_name_order", [])]
-    if order:
-        records.append((6, struct.pack(f"<I{len(order)}I", len(order), *(len(n) for n in order)) + b"".join(order)))
+    # DYNAMIC_OUTPUT_SHAPE (5) holds the NetOutput's `_dynamic_output_dims` (G1 model_introduction.cc
+    # `ConstructDynamicOutShape`); like every record, it is left out when empty.
+    for kind, strings in ((5, output_dims or []), (6, dynamic.get("data_name_order", []))):
+        encoded = [n.encode() for n in strings]
+        if encoded:
+            lengths = struct.pack(f"<I{len(encoded)}I", len(encoded), *(len(n) for n in encoded))
+            records.append((kind, lengths + b"".join(encoded)))
     return b"".join(struct.pack("<iI", kind, len(value)) + value for kind, value in records)
 
 

@@ -11,11 +11,9 @@ from geserve.cli import main
 from tests.fakes.om_models import write_affine_om
 from tests.support import ROOT, copy_model
 
-SAMPLES = ROOT.parent / "shared" / "om-samples"
-needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"the real .om samples are not here ({SAMPLES})")
+SAMPLES = ROOT / "tests" / "data" / "om-samples"
 
 
-@needs_samples
 def test_inspect_json_has_the_keys_and_values_of_expected_json(capsys: pytest.CaptureFixture[str]) -> None:
     expected = json.loads((SAMPLES / "expected.json").read_text())
     for name in ("synthetic_dynbatch.om", "ddnet_out.om"):
@@ -23,7 +21,6 @@ def test_inspect_json_has_the_keys_and_values_of_expected_json(capsys: pytest.Ca
         assert json.loads(capsys.readouterr().out) == expected[name]
 
 
-@needs_samples
 def test_inspect_prints_a_config_that_serves_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(SAMPLES / "synthetic_dynbatch.om"), "--name", "classifier"]) == 0
     out = capsys.readouterr().out
@@ -34,7 +31,6 @@ def test_inspect_prints_a_config_that_serves_the_file(capsys: pytest.CaptureFixt
     assert 'name: "classifier"' in out and "max_batch_size: 8" in out and 'name: "prob"' in out
 
 
-@needs_samples
 def test_inspect_refuses_the_encrypted_sample(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(SAMPLES / "modelbox_2d_2048_w_stage1_pad0_en.om")]) == 1
     assert "no IMOD magic (encrypted by the application that shipped it)" in capsys.readouterr().err

@@ -88,6 +88,10 @@ class OmDescription:
     gear_kind: str = ""  # GEAR_BATCH, GEAR_IMAGE_SIZE, GEAR_DIMS, or "" for a static model
     gear_shapes: tuple[tuple[int, ...], ...] = ()  # every gear's values, for any kind
     data_name_order: tuple[str, ...] = ()  # the inputs the gears apply to, in order
+    # The NetOutput's `_dynamic_output_dims`: "<gear index>,<output index>,<dims>" each, the gear index -1
+    # for an output every gear shares (GE's multi_batch_copy_graph.cc); what aclmdlGetCurOutputDims
+    # answers from once a gear is set. Not readable through pyACL, so only the file reader fills it.
+    dynamic_output_dims: tuple[str, ...] = ()
 
     @property
     def input_count(self) -> int:
@@ -116,7 +120,7 @@ class OmDescription:
         return self.rows
 
     def to_json(self) -> dict[str, Any]:
-        """The keys of om-samples/expected.json."""
+        """The keys of tests/data/om-samples/expected.json."""
         dynamic: dict[str, Any] | None = None
         if self.gear_kind:
             key = {GEAR_BATCH: "dynamic_batch", GEAR_IMAGE_SIZE: "dynamic_image_size", GEAR_DIMS: "dynamic_dims"}

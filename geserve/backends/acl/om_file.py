@@ -108,6 +108,9 @@ def _describe(stream: BinaryIO, size: int) -> OmDescription:
     if MODEL_INOUT_INFO in partitions:
         contents = parse_inout_info(_read(stream, *partitions[MODEL_INOUT_INFO]))
         contents.soc_version = graph.soc_version if graph is not None else None
+        if not contents.dynamic_output_dims and graph is not None:
+            # GE writes the record from the NetOutput's attribute; a file with only the attribute still has it.
+            contents.dynamic_output_dims = graph.dynamic_output_dims
     else:
         assert graph is not None
         contents = graph
@@ -206,6 +209,7 @@ def assemble(contents: OmContents, name: str, header_version: int | None) -> OmD
         gear_kind=contents.gear_kind,
         gear_shapes=tuple(tuple(shape) for shape in contents.gear_shapes),
         data_name_order=tuple(contents.data_name_order),
+        dynamic_output_dims=tuple(contents.dynamic_output_dims),
     )
 
 

@@ -69,6 +69,10 @@ def parse_model_def(data: bytes) -> OmContents:
     if len(outputs) != 1:
         raise OmFormatError(f"the root graph has {len(outputs)} NetOutput ops, not one")
     contents.outputs = _outputs(model, outputs[0], largest)
+    # What aclmdlGetCurOutputDims answers from once a gear is set (GE's GetModelAttr reads it here).
+    contents.dynamic_output_dims = [
+        s.decode("utf-8", "replace") for s in _list(outputs[0].attr, "_dynamic_output_dims").s
+    ]
     return contents
 
 

@@ -31,6 +31,7 @@ class OmContents:
     gear_shapes: list[tuple[int, ...]] = field(default_factory=list)
     data_name_order: list[str] = field(default_factory=list)
     soc_version: str | None = None
+    dynamic_output_dims: list[str] = field(default_factory=list)  # the NetOutput's `_dynamic_output_dims`
 
 
 class Cursor:
@@ -96,10 +97,14 @@ def parse_inout_info(data: bytes) -> OmContents:
             contents.gear_kind = GEAR_IMAGE_SIZE if kind == DYNAMIC_HW else GEAR_DIMS
             parts = [value.u32() for _ in range(value.count(4))]
             contents.gear_shapes = [value.i64s(8 * part) for part in parts]
-        elif kind == DESIGNATE_SHAPE_ORDER:
+        elif kind in (DESIGNATE_SHAPE_ORDER, DYNAMIC_OUTPUT_SHAPE):
             lengths = [value.u32() for _ in range(value.count(4))]
-            contents.data_name_order = [value.text(length) for length in lengths]
-        # DYNAMIC_OUTPUT_SHAPE and record types added later say nothing the description needs.
+            strings = [value.text(length) for length in lengths]
+            if kind == DESIGNATE_SHAPE_ORDER:
+                contents.data_name_order = strings
+            else:  # written from the NetOutput's `_dynamic_output_dims` (model_introduction.cc)
+                contents.dynamic_output_dims = strings
+        # Record types added later say nothing the description needs.
     return contents
 
 

@@ -4,8 +4,9 @@ pyACL and NPUs do not exist on these machines; tests that need them put `tests/f
 `sys.path` (or PYTHONPATH of a geserve process) so that `import acl` finds this package. It follows
 `shared/reference/pyacl.md`: plain-int handles, `(value, ..., ret)` tuples, separate host and device
 address spaces, per-thread contexts, datasets and data buffers, dynamic-batch gears, the real error
-codes for misuse, and a leak report at `acl.finalize`. Models are real-format `.om` files, described by
-geserve's offline reader (`om.py`); `FIDELITY.md` gives the source behind each simulated behaviour.
+codes for misuse, and a leak report at `acl.finalize`. Models are real-format `.om` files, described from
+the vendored samples' expected.json or the test writer's record, never by geserve's reader (`om.py`);
+`FIDELITY.md` gives the source behind each simulated behaviour.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from . import om as om_files
 from ._state import (
     DESERIALIZE_MODEL,
     DYNAMIC_TENSOR_NAME,
+    FAILURE,
     GE_DYNAMIC_BATCH_SIZE_INVALID,
     INVALID_MODEL_ID,
     INVALID_PARAM,
@@ -53,7 +54,7 @@ def load_from_file(path: str) -> tuple[int, int]:
         raise RUNTIME.fail(READ_MODEL_FAILURE, f"cannot read model file {path}")
     try:
         loaded = om_files.load(Path(path))
-    except ValueError as error:
+    except ValueError as error:  # what the runtime says of a file it cannot parse (100012)
         raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: {error}") from None
     except Exception as error:  # the twin does not load
         raise RUNTIME.fail(DESERIALIZE_MODEL, f"{path}: the ONNX twin does not load: {error}") from None
@@ -154,8 +155,18 @@ def _nbytes(model: Model, tensor: dict[str, Any], batch: int | None = None) -> i
     return math.prod(dims) * np.dtype(NUMPY_TYPES[tensor["dtype"]]).itemsize
 
 
-def _dims(tensor: dict[str, Any], dims: list[int]) -> dict[str, Any]:
-    return {"name": tensor["name"], "dimCount": len(dims), "dims": dims}
+# aclmdlIODims.name is char[ACL_MAX_TENSOR_NAME_LEN = 128] (acl_mdl.h): a name that does not fit with its NUL
+# is given there as `acl_modelId_<model id>_<input|output>_<index>` (hicann/ge api/acl/acl_model/model/
+# model_common.cpp `GetTensorDescNameToDims`, `GetConvertTensorName`; `TransConvertTensorNameToLegal` appends
+# `_<letters>` only if that collides with a real tensor name). get_*_name_by_index keep the real name.
+MAX_TENSOR_NAME_LEN = 128
+
+
+def _dims(desc: int, side: str, index: int, tensor: dict[str, Any], dims: list[int]) -> dict[str, Any]:
+    name = str(tensor["name"])
+    if len(name) + 1 > MAX_TENSOR_NAME_LEN:
+        name = f"acl_modelId_{RUNTIME.descs[desc]}_{side}_{index}"
+    return {"name": name, "dimCount": len(dims), "dims": dims}
 
 
 @api("mdl.get_num_inputs", value=0)
@@ -181,7 +192,7 @@ def get_output_size_by_index(desc: int, index: int) -> int:
 @api("mdl.get_input_dims", out=({},))
 def get_input_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     tensor = _tensor(desc, index, True)
-    return _dims(tensor, list(tensor.get("dims_v1", tensor["dims"]))), SUCCESS
+    return _dims(desc, "input", index, tensor, list(tensor.get("dims_v1", tensor["dims"]))), SUCCESS
 
 
 @api("mdl.get_input_dims_v2", out=({},))
@@ -189,21 +200,39 @@ def get_input_dims_v2(desc: int, index: int) -> tuple[dict[str, Any], int]:
     """The same as get_input_dims but for static-AIPP inputs, where these are the dims that multiply out to
     get_input_size_by_index (CANN docs, aclmdlGetInputDimsV2)."""
     tensor = _tensor(desc, index, True)
-    return _dims(tensor, list(tensor.get("dims_v2", tensor["dims"]))), SUCCESS
+    return _dims(desc, "input", index, tensor, list(tensor.get("dims_v2", tensor["dims"]))), SUCCESS
 
 
 @api("mdl.get_output_dims", out=({},))
 def get_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     tensor = _tensor(desc, index, False)
-    return _dims(tensor, list(tensor["dims"])), SUCCESS
+    return _dims(desc, "output", index, tensor, list(tensor["dims"])), SUCCESS
+
+
+MAX_DIM_CNT = 128  # ACL_MAX_DIM_CNT
 
 
 @api("mdl.get_cur_output_dims", out=({},))
 def get_cur_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
-    """The dims for the gear set last (the largest gear when none was set)."""
+    """As hicann/ge api/acl/acl_model/model/model.cpp `aclmdlGetCurOutputDimsImpl` answers: the output
+    dims (the largest gear's) while no gear is set; once one is, the `_dynamic_output_dims` entry for
+    that gear's index (or -1) and this output (model_common.cpp `GetCurOuputShapeInfo`), and
+    ACL_ERROR_FAILURE when the model's NetOutput carries no such entry."""
     model = _described(desc)
     tensor = _tensor(desc, index, False)
-    return _dims(tensor, _shape(model, tensor, model.batch)), SUCCESS
+    if model.batch is None:  # GetCurShape gives nothing: a static model, or no gear set yet
+        return _dims(desc, "output", index, tensor, list(tensor["dims"])), SUCCESS
+    gear_index = model.gears.index(model.batch)
+    for entry in model.om.dynamic_output_dims:
+        if not 2 <= len(entry) <= 2 + MAX_DIM_CNT:
+            raise RUNTIME.fail(FAILURE, f"output shape info size[{len(entry)}] is invalid, range is [2, 130]")
+        if entry[0] in (gear_index, -1) and entry[1] == index:
+            return _dims(desc, "output", index, tensor, list(entry[2:])), SUCCESS
+    raise RUNTIME.fail(
+        FAILURE,
+        f"get current output shape info failed: the model's _dynamic_output_dims has no entry for output {index} "
+        f"at gear index {gear_index} (batch {model.batch})",
+    )
 
 
 @api("mdl.get_input_name_by_index", value="")
@@ -262,24 +291,24 @@ def get_dynamic_batch(desc: int) -> tuple[dict[str, Any], int]:
 
 
 def _gear_shapes(desc: int, kind: str) -> list[list[int]]:
-    om = _described(desc).om.description
+    om = _described(desc).om
     return [list(shape) for shape in om.gear_shapes] if om.gear_kind == kind else []
 
 
 @api("mdl.get_dynamic_hw", out=({},))
 def get_dynamic_hw(desc: int, index: int) -> tuple[dict[str, Any], int]:
-    shapes = _gear_shapes(desc, "image_size")
+    shapes = _gear_shapes(desc, "dynamic_image_size")
     return {"hwCount": len(shapes), "hw": shapes}, SUCCESS
 
 
 @api("mdl.get_input_dynamic_gear_count", out=(0,))
 def get_input_dynamic_gear_count(desc: int, index: int) -> tuple[int, int]:
-    return len(_gear_shapes(desc, "dims")), SUCCESS
+    return len(_gear_shapes(desc, "dynamic_dims")), SUCCESS
 
 
 @api("mdl.get_input_dynamic_dims", out=([],))
 def get_input_dynamic_dims(desc: int, index: int, count: int) -> tuple[list[dict[str, Any]], int]:
-    shapes = _gear_shapes(desc, "dims")[:count]
+    shapes = _gear_shapes(desc, "dynamic_dims")[:count]
     return [{"name": "", "dimCount": len(shape), "dims": shape} for shape in shapes], SUCCESS
 
 
