@@ -28,6 +28,7 @@ from geserve.backends.acl.runtime import (
     import_acl,
 )
 from geserve.backends.base import OutputAllocator
+from geserve.codecs import visible_devices
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import DeviceUsage
 
@@ -431,9 +432,10 @@ class AclBackend:
 def visible_index(device_id: int) -> int:
     """The id to give acl.rt.set_device. A worker's environment names its one NPU in
     ASCEND_RT_VISIBLE_DEVICES (the loader sets it), and pyACL re-indexes the visible devices from 0;
-    otherwise `device_id` is already a logical id of this process."""
-    visible = [item for item in os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if item.strip()]
-    return 0 if len(visible) == 1 else device_id
+    otherwise `device_id` is already a logical id of this process. The variable is read as the runtime
+    reads it (no spaces stripped), so the count is the runtime's."""
+    value = os.environ.get(visible_devices.VARIABLE)
+    return 0 if value is not None and len(visible_devices.parse(value).kept) == 1 else device_id
 
 
 def create_backend() -> AclBackend:
