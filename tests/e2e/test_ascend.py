@@ -35,7 +35,7 @@ BACKEND_CALLS = {
     "mdl.get_num_outputs", "mdl.get_output_name_by_index", "mdl.get_output_dims", "mdl.get_output_data_type",
     "mdl.get_output_size_by_index", "mdl.create_dataset", "rt.malloc", "create_data_buffer",
     "mdl.add_dataset_buffer", "rt.memcpy", "rt.memset", "update_data_buffer", "mdl.set_dynamic_batch_size",
-    "mdl.execute_async", "rt.synchronize_stream", "mdl.get_cur_output_dims", "rt.get_mem_info", "rt.get_device_utilization_rate",
+    "mdl.execute_async", "rt.synchronize_stream_with_timeout", "mdl.get_cur_output_dims", "rt.get_mem_info", "rt.get_device_utilization_rate",
     "destroy_data_buffer", "rt.free", "mdl.destroy_dataset", "mdl.unload", "mdl.destroy_desc",
     "rt.destroy_stream", "rt.destroy_context", "rt.reset_device", "finalize",
 }  # fmt: skip
