@@ -125,6 +125,31 @@ def test_a_cpu_instance_group_of_a_ge_model_is_refused_naming_the_field(tmp_path
     assert [(spec.kind, spec.on_device) for spec in specs] == [("CPU", False), ("CPU", False)]
 
 
+async def test_a_worker_given_a_list_the_runtime_cuts_short_opens_the_one_device_it_sees(
+    tmp_path: Path, simulated_container: Path
+) -> None:
+    """'1, 0' shows the runtime device 1 alone (the space stops the list), as its device 0: the backend counts
+    the visible devices as the runtime does, so it opens device 0 rather than the logical id it was given."""
+    model_dir = tmp_path / "models" / "affine"
+    write_affine_om(model_dir / "1" / "model.om", gears=[1, 2, 4])
+    config = parse_config_text(CONFIG, "affine")
+    config.default_model_filename = "model.om"
+    settings = WorkerSettings(device_ids=(0, 1))
+    spec = instance_specs(ModelSource("affine", model_dir), config, _ge_backend(), 1, settings)[1]
+    worker = ProcessWorker(replace(spec, environment=(("ASCEND_RT_VISIBLE_DEVICES", "1, 0"),)))
+    try:
+        await worker.start()
+        x = np.ones((1, FEATURES), dtype=np.float32)
+        executed = await worker.execute(Batch({"x": [x]}, ("y",), [RequestInfo(1, ("y",))]))
+        (outputs,) = executed.results
+        assert isinstance(outputs, dict)
+        np.testing.assert_array_equal(outputs["y"], affine_reference(x)["y"])
+    finally:
+        await worker.stop(timeout_s=10)
+    (report,) = _reports(simulated_container)
+    assert report["device_count"] == 1 and report["executions"] == 1
+
+
 @pytest.fixture
 def simulated_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Worker processes import the pyACL simulator; the runtime sees the container's two chips."""
