@@ -2,15 +2,48 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import json
+import logging
 import os
 import re
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from geserve.codecs.digits import is_decimal
+from geserve.codecs import visible_devices
+
+logger = logging.getLogger(__name__)
 
 # /dev/davinciN are the physical chips mapped into this container; davinci_manager and friends are not chips.
 _DEVICE_FILE = re.compile(r"^davinci(\d+)$")
-VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+VISIBLE_DEVICES = visible_devices.VARIABLE
+# acl.init loads the driver; a healthy one answers in a few seconds, a wedged one never does.
+PROBE_TIMEOUT_S = 30.0
+# Run in a process of its own, so that this one (which forks and watches the workers) never initialises ACL.
+# Device logs would otherwise hold acl.finalize up to 2 s (pyacl.md §1.1).
+_PROBE = """
+import json, os, sys
+os.environ.setdefault("ASCEND_LOG_DEVICE_FLUSH_TIMEOUT", "0")
+try:
+    import acl
+except Exception as error:
+    print(json.dumps({"error": f"'import acl' failed: {type(error).__name__}: {error}"}))
+    sys.exit(0)
+ret = acl.init()
+if ret not in (0, 100002):
+    print(json.dumps({"error": f"acl.init failed with error {ret}: {acl.get_recent_err_msg()}"}))
+    sys.exit(0)
+count, ret = acl.rt.get_device_count()
+answer = {"count": count} if ret == 0 else {"error": f"acl.rt.get_device_count failed with error {ret}"}
+acl.finalize()
+print(json.dumps(answer))
+"""
+
+
+class DeviceProbeError(Exception):
+    """The runtime could not be asked how many devices it sees; the message says why."""
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:
@@ -21,23 +54,63 @@ def parse_device_ids(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
-def visible_entries(environ: dict[str, str] | None = None) -> list[str] | None:
-    """ASCEND_RT_VISIBLE_DEVICES as the runtime reads it: ids up to the first one that is not a number."""
+def visible_entries(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """ASCEND_RT_VISIBLE_DEVICES as the runtime reads it (codecs.visible_devices), None when unset."""
     value = (os.environ if environ is None else environ).get(VISIBLE_DEVICES)
-    if value is None:
-        return None
-    entries = []
-    for item in value.split(","):
-        if not is_decimal(item.strip()):
-            break
-        entries.append(item.strip())
-    return entries
+    return None if value is None else list(visible_devices.parse(value).kept)
 
 
-def discover_devices(dev: Path = Path("/dev"), environ: dict[str, str] | None = None) -> tuple[int, ...]:
-    """Logical NPU ids 0..n-1, as acl.rt.set_device takes them: n visible devices when
-    ASCEND_RT_VISIBLE_DEVICES is set, else n /dev/davinciN chips (whatever their physical numbers)."""
+def pyacl_importable() -> bool:
+    """Whether a worker's `import acl` would find a module: the workers start with this process's sys.path.
+    The path finder, not importlib.util.find_spec, which answers from sys.modules."""
+    return importlib.machinery.PathFinder.find_spec("acl", sys.path) is not None
+
+
+def runtime_device_count(environ: Mapping[str, str] | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> int:
+    """acl.rt.get_device_count() (the devices ASCEND_RT_VISIBLE_DEVICES leaves visible, pyacl.md §5), asked
+    in a short-lived process of this interpreter, with this process's sys.path and environment as a worker
+    gets them."""
+    env = dict(os.environ if environ is None else environ)
+    env["PYTHONPATH"] = os.pathsep.join([entry for entry in sys.path if entry] + [env.get("PYTHONPATH", "")])
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise DeviceProbeError(f"the runtime did not answer within {timeout_s:g} s (a wedged driver?)") from None
+    except OSError as error:
+        raise DeviceProbeError(f"the probe process could not start: {error}") from None
+    lines = result.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if "count" in answer:
+        return int(answer["count"])
+    reason = answer.get("error") or f"the probe exited with {result.returncode}: {result.stderr.strip()[-500:]}"
+    raise DeviceProbeError(str(reason))
+
+
+def discover_devices(
+    dev: Path = Path("/dev"),
+    environ: Mapping[str, str] | None = None,
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
+) -> tuple[int, ...]:
+    """Logical NPU ids 0..n-1, as acl.rt.set_device takes them. n is what the runtime counts when pyACL is
+    importable; else, or when asking it fails (with a warning saying why), the ids ASCEND_RT_VISIBLE_DEVICES
+    keeps when it is set, else the /dev/davinciN chips (whatever their physical numbers)."""
+    environ = os.environ if environ is None else environ
     entries = visible_entries(environ)
+    _warn_dropped(environ)
+    if pyacl_importable():
+        try:
+            return tuple(range(runtime_device_count(environ, probe_timeout_s)))
+        except DeviceProbeError as error:
+            logger.warning(
+                "could not count NPUs with pyACL (acl.rt.get_device_count): %s; counting %s instead",
+                error,
+                f"the ids of {VISIBLE_DEVICES}" if entries is not None else f"the davinci chips in {dev}",
+            )
     if entries is not None:
         return tuple(range(len(entries)))
     try:
@@ -47,7 +120,23 @@ def discover_devices(dev: Path = Path("/dev"), environ: dict[str, str] | None = 
     return tuple(range(len(chips)))
 
 
-def worker_visible_devices(logical_id: int, environ: dict[str, str] | None = None) -> str:
+def _warn_dropped(environ: Mapping[str, str]) -> None:
+    value = environ.get(VISIBLE_DEVICES)
+    if value is None:
+        return
+    parsed = visible_devices.parse(value)
+    if parsed.dropped:
+        logger.warning(
+            "%s=%r: the Ascend runtime reads only the ids before %r (ids are ascending decimal numbers separated "
+            "by commas, with no spaces or other characters), so the NPUs visible are %s",
+            VISIBLE_DEVICES,
+            value,
+            parsed.dropped,
+            list(parsed.kept) or "none",
+        )
+
+
+def worker_visible_devices(logical_id: int, environ: Mapping[str, str] | None = None) -> str:
     """The ASCEND_RT_VISIBLE_DEVICES a worker for `logical_id` gets, so that it sees that NPU alone
     (as its device 0). The variable takes ids of this process's view: a logical id, or the entry at
     that position when this process was itself restricted."""

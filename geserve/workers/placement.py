@@ -24,6 +24,10 @@ _KIND_NAMES = {
 }
 
 
+# Backends whose every instance runs on an NPU, whatever its group's kind.
+_NPU_ONLY_BACKENDS = ("ge",)
+
+
 def default_kind(settings: WorkerSettings) -> int:
     """KIND_AUTO resolves to the accelerators when there are any."""
     return mc.ModelInstanceGroup.KIND_GPU if settings.device_ids else mc.ModelInstanceGroup.KIND_CPU
@@ -83,7 +87,8 @@ def instance_specs(
     model_path = model_file_path(source, config, backend, version)
     environment = _execution_environment(source, config, backend, settings)
     specs = []
-    for group in config.instance_group:
+    for position, group in enumerate(config.instance_group):
+        _check_kind(config.name, backend, group, position, settings)
         placements: list[tuple[int, tuple[tuple[str, str], ...]]] = [(0, ())]
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             placements = [
@@ -128,6 +133,26 @@ def _execution_environment(
             "interpreter, in processes of their own; this server runs backends on its own threads"
         )
     return execution_env.prepare(config, source.path)
+
+
+def _check_kind(
+    model: str, backend: registry.BackendSpec, group: mc.ModelInstanceGroup, position: int, settings: WorkerSettings
+) -> None:
+    """The ge backend opens an NPU whatever the group says: a KIND_CPU group would land on NPU 0 unasked.
+    (A ge model that is served by ONNX Runtime on a host without NPUs was given another backend before this.)"""
+    if backend.name not in _NPU_ONLY_BACKENDS or group.kind != mc.ModelInstanceGroup.KIND_CPU:
+        return
+    hint = (
+        "; this server has no NPUs (none found, and no --device-ids), so KIND_AUTO means KIND_CPU here"
+        if not settings.device_ids
+        else ""
+    )
+    named = f" ('{group.name}')" if group.name else ""
+    raise ModelLoadError(
+        f"model '{model}': instance_group[{position}]{named} has kind KIND_CPU, but the "
+        f"'{backend.name}' backend runs .om models on Ascend NPUs only: use KIND_GPU (the NPUs, chosen by "
+        f"'gpus') or KIND_AUTO{hint}"
+    )
 
 
 def _group_devices(model: str, group: mc.ModelInstanceGroup, settings: WorkerSettings) -> list[int]:

@@ -163,7 +163,10 @@ def test_injected_device_fault_fails_the_batch_as_a_device_fault(
     with pytest.raises(DeviceFaultError) as error:
         backend.execute({"x": _rows(2)}, ["y"])
     # launched asynchronously: the runtime reports the fault when the stream is synchronized
-    assert "acl.rt.synchronize_stream failed with error 507011 (ACL_ERROR_RT_MODEL_EXECUTE)" in error.value.message
+    assert (
+        "acl.rt.synchronize_stream_with_timeout failed with error 507011 (ACL_ERROR_RT_MODEL_EXECUTE)"
+        in error.value.message
+    )
     assert "injected fault 507011" in error.value.message  # acl.get_recent_err_msg()
     assert not fault.exists()
     backend.unload()

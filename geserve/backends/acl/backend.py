@@ -24,17 +24,23 @@ from geserve.backends.acl.runtime import (
     MEMCPY_HOST_TO_DEVICE,
     REPEAT_INITIALIZE,
     RUN_MODE_DEVICE,
+    SYNC_TIMEOUTS,
     Acl,
     import_acl,
 )
 from geserve.backends.acl.soc import check_soc
-from geserve.backends.base import OutputAllocator
+from geserve.backends.base import DeviceFaultError, OutputAllocator
+from geserve.codecs import visible_devices
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import DeviceUsage
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_FILENAME = "model.om"
+# How long a batch may run on the NPU before the instance counts it as hung (config parameter, ms).
+SYNC_TIMEOUT_PARAMETER = "sync_timeout_ms"
+DEFAULT_SYNC_TIMEOUT_MS = 60000
+_INT32_MAX = 2**31 - 1  # aclrtSynchronizeStreamWithTimeout takes an int32_t
 
 
 @dataclass(slots=True)
@@ -99,6 +105,8 @@ class AclBackend:
         self._sides = 0
         self._outputs: dict[str, _DeviceBuffer] = {}
         self._launched: _Staged | None = None
+        self._sync_timeout_ms = DEFAULT_SYNC_TIMEOUT_MS
+        self._hung = False  # a synchronize timed out: work may still run on the device
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -108,6 +116,7 @@ class AclBackend:
         if not model_path.is_file():
             raise ModelLoadError(f"model '{config.name}': model file '{model_path}' does not exist")
         self._model_file = str(model_path)
+        self._sync_timeout_ms = sync_timeout_ms(config)
         # finalize otherwise waits up to 2 s to flush device logs, on every unload and restart
         os.environ.setdefault("ASCEND_LOG_DEVICE_FLUSH_TIMEOUT", "0")
         acl = self._acl = Acl(import_acl(config.name), config.name)
@@ -255,7 +264,7 @@ class AclBackend:
         try:
             # A thread uses the runtime in the context it sets; the stream belongs to the instance's.
             acl.check("acl.rt.set_context", acl.module.rt.set_context(self._context))
-            acl.check("acl.rt.synchronize_stream", acl.module.rt.synchronize_stream(self._stream))
+            self._synchronize(acl)
             staged.waited = True
         except Exception as error:  # raised by `finish`, on the thread that answers the batch
             staged.waited = error
@@ -271,10 +280,25 @@ class AclBackend:
             if isinstance(staged.waited, Exception):
                 raise staged.waited
             if staged.waited is False:
-                acl.check("acl.rt.synchronize_stream", acl.module.rt.synchronize_stream(self._stream))
+                self._synchronize(acl)
         finally:
             self._free_sides.append(staged.side)
         return {name: self._copy_output(acl, name, staged.rows, staged.gear, allocate) for name in output_names}
+
+    def _synchronize(self, acl: Acl) -> None:
+        """Wait for the stream, at most sync_timeout_ms (-1: forever). A device that does not finish in time
+        fails the batch as a device fault, so the worker retires and a fresh one takes the NPU."""
+        call = "acl.rt.synchronize_stream_with_timeout"
+        ret = acl.module.rt.synchronize_stream_with_timeout(self._stream, self._sync_timeout_ms)
+        if ret in SYNC_TIMEOUTS:
+            self._hung = True
+            cause = acl.error(call, ret).args[0].removeprefix(f"model '{acl.model_name}': ")
+            raise DeviceFaultError(
+                f"model '{acl.model_name}': the NPU did not finish the batch within {self._sync_timeout_ms} ms "
+                f"(parameter '{SYNC_TIMEOUT_PARAMETER}'): {cause.removesuffix('; the instance restarts')}; "
+                "the instance restarts"
+            )
+        acl.check(call, ret)
 
     def discard(self, staged: object) -> None:
         assert isinstance(staged, _Staged) and not staged.launched
@@ -385,10 +409,21 @@ class AclBackend:
         acl = self._acl
         if acl is None:
             return
+        if self._hung:
+            # Work may still run on the NPU: freeing its buffers, or reset_device (which waits for pending
+            # tasks), could fault or never return. The process is retiring; its exit releases the device.
+            logger.warning("'%s': the NPU hung; leaving its resources to the process's exit", self._model_file)
+            self._reset()
+            return
         module = acl.module
         steps: list[tuple[str, Any]] = []
         if self._launched is not None:  # nothing may be freed under a running execute
-            steps.append(("acl.rt.synchronize_stream", lambda s=self._stream: module.rt.synchronize_stream(s)))
+            steps.append(
+                (
+                    "acl.rt.synchronize_stream_with_timeout",
+                    lambda s=self._stream: module.rt.synchronize_stream_with_timeout(s, self._sync_timeout_ms),
+                )
+            )
         for buffer in (*self._output_buffers, *self._input_buffers):
             steps.append(("acl.destroy_data_buffer", lambda b=buffer: module.destroy_data_buffer(b.data_buffer)))
             steps.append(("acl.rt.free", lambda b=buffer: module.rt.free(b.address)))
@@ -430,12 +465,31 @@ class AclBackend:
         return self._om
 
 
+def sync_timeout_ms(config: mc.ModelConfig) -> int:
+    """The config's sync_timeout_ms: a positive number of ms, or -1 to wait as long as the device takes."""
+    parameter = config.parameters.get(SYNC_TIMEOUT_PARAMETER)
+    if parameter is None or not parameter.string_value:
+        return DEFAULT_SYNC_TIMEOUT_MS
+    text = parameter.string_value
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value == -1 or 0 < value <= _INT32_MAX:
+        return value
+    raise ModelLoadError(
+        f"model '{config.name}': parameter '{SYNC_TIMEOUT_PARAMETER}' must be a whole number of milliseconds from 1 "
+        f"to {_INT32_MAX}, or -1 to wait without a limit; got '{text}'"
+    )
+
+
 def visible_index(device_id: int) -> int:
     """The id to give acl.rt.set_device. A worker's environment names its one NPU in
     ASCEND_RT_VISIBLE_DEVICES (the loader sets it), and pyACL re-indexes the visible devices from 0;
-    otherwise `device_id` is already a logical id of this process."""
-    visible = [item for item in os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if item.strip()]
-    return 0 if len(visible) == 1 else device_id
+    otherwise `device_id` is already a logical id of this process. The variable is read as the runtime
+    reads it (no spaces stripped), so the count is the runtime's."""
+    value = os.environ.get(visible_devices.VARIABLE)
+    return 0 if value is not None and len(visible_devices.parse(value).kept) == 1 else device_id
 
 
 def create_backend() -> AclBackend:

@@ -2,8 +2,10 @@
 
 # ATC renames outputs (GE's model_introduction.cc; aclmdlGetOutputNameByIndex's doc): an ONNX output
 # `prob` comes out as `prob_node:0:prob`, a TensorFlow one as `dense/Softmax:0`. A config may name an
-# output by its full ATC name, by the ONNX name after the last `:` of a three-part name, or by the
-# node name without `:<index>` of a two-part name.
+# output by its full ATC name, by the ONNX name that follows `<node>:<index>:` in a three-part name, or
+# by the node name without `:<index>` of a two-part name. The ONNX name may itself hold `:` (every
+# tf2onnx export names its outputs `Identity:0`, which ATC makes `Identity_node:0:Identity:0`), so a
+# three-part name splits at its first `:<digits>:`; the node part is ATC's own op name.
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 
 from geserve.errors import ModelLoadError
 
-_THREE_PART = re.compile(r"^(?P<node>.+):(?P<index>\d+):(?P<source>[^:]+)$")
+_THREE_PART = re.compile(r"^(?P<node>.+?):(?P<index>\d+):(?P<source>.+)$")
 _TWO_PART = re.compile(r"^(?P<node>.+):(?P<index>\d+)$")
 # Where auto-complete records an output's full ATC name when the config shows a shorter one.
 FULL_NAME_PARAMETER = "om_output_name.{}"
@@ -41,7 +43,8 @@ def resolve(wanted: str, full_names: Sequence[str], model: str, model_file: str)
         )
     raise ModelLoadError(
         f"model '{model}': config output '{wanted}' is not in '{model_file}', whose outputs are {list(full_names)} "
-        "(a config may use the full ATC name, the ONNX name after the last ':', or the node name without ':<index>')"
+        "(a config may use the full ATC name, the ONNX name after '<node>:<index>:', or the node name without "
+        "':<index>')"
     )
 
 

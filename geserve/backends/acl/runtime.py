@@ -32,6 +32,8 @@ _ERROR_NAMES = {
     107002: "ACL_ERROR_RT_CONTEXT_NULL",
     107003: "ACL_ERROR_RT_STREAM_CONTEXT",
     107004: "ACL_ERROR_RT_MODEL_CONTEXT",
+    107019: "ACL_ERROR_RT_WAIT_TIMEOUT",
+    107020: "ACL_ERROR_RT_TASK_TIMEOUT",
     145013: "ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID",
     148049: "ACL_ERROR_INVALID_OPP_PATH",
     207001: "ACL_ERROR_RT_MEMORY_ALLOCATION",
@@ -42,9 +44,20 @@ _ERROR_NAMES = {
     507014: "ACL_ERROR_RT_AICORE_TIMEOUT",
     507015: "ACL_ERROR_RT_AICORE_EXCEPTION",
     507053: "ACL_ERROR_RT_DEVICE_MEM_ERROR",
+    507046: "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT",
     507054: "ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR",
     507899: "ACL_ERROR_RT_DRV_INTERNAL_ERROR",
 }
+
+
+# What a synchronize that gives up returns: rt_error_codes.h's ACL_ERROR_RT_WAIT_TIMEOUT ("wait timeout") and
+# ACL_ERROR_RT_TASK_TIMEOUT ("task timeout"), and the runtime's ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (hicann/runtime
+# errcode_manage.cc maps its stream-sync timeout there). The synchronize_stream_with_timeout docs say only
+# "non-zero on failure", so which one comes back is not documented: all three mean the device did not finish.
+SYNC_TIMEOUTS = frozenset({107019, 107020, 507046})
+# Codes outside 5xxxxx that still mean the device can no longer be trusted: work still queued on a stream
+# that timed out would write into buffers the next batch uses.
+_DEVICE_FAULTS = frozenset({107019, 107020})
 
 
 def import_acl(model_name: str) -> Any:
@@ -80,7 +93,7 @@ class Acl:
         text = f"model '{self.model_name}': {call} failed with error {describe_code(code)}"
         if message:
             text += f": {message}"
-        if code // 100000 == 5:
+        if code // 100000 == 5 or code in _DEVICE_FAULTS:
             # 5xxxxx: the device or runtime failed; nothing in this process can be trusted any more.
             return DeviceFaultError(text + "; the instance restarts")
         return InternalError(text)

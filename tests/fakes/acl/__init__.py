@@ -12,6 +12,7 @@ the vendored samples' expected.json or the test writer's record, never by geserv
 from __future__ import annotations
 
 import os
+import time
 
 from . import mdl, rt, util
 from ._state import REPEAT_FINALIZE, REPEAT_INITIALIZE, RUNTIME, SUCCESS, api
@@ -23,6 +24,9 @@ _DATA_TYPE_SIZES = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8,
 
 @api("init")
 def init(config_path: str | None = None) -> int:
+    delay_ms = int(os.environ.get("ACL_SIM_INIT_DELAY_MS", "0"))
+    if delay_ms > 0:
+        time.sleep(delay_ms / 1000)  # a driver slow to answer (or wedged): the caller's timeout decides
     if RUNTIME.initialized:
         return REPEAT_INITIALIZE
     if RUNTIME.finalized:

@@ -13,6 +13,10 @@ from the environment, since the simulator runs inside geserve's worker processes
 - ACL_SIM_EXECUTE_US_PER_ROW  k of t(b): device time per row of the gear (or static batch) that runs (default 0)
 - ACL_SIM_FAULT_FILE     a file holding an error code: the next execute in any process takes it
                          (renames it away) and fails with that code; the device then stays faulty
+- ACL_SIM_HANG_FILE      a file holding an error code: the next execute_async in any process takes it and its work
+                         never ends (a hung AI Core); synchronize_stream_with_timeout gives up on it with that
+                         code (default 107019), synchronize_stream waits forever
+- ACL_SIM_INIT_DELAY_MS  acl.init takes this long (default 0): a driver slow or wedged at start
 - ACL_SIM_REPORT_DIR     where each process writes `acl-sim-<pid>.json` (calls, executions, leaks)
 - ACL_SIM_UTILIZATION_UNKNOWN  1: get_device_utilization_rate reads -1 (unsupported) for the AI Core fields
 - ACL_SIM_SOC_NAME       what get_soc_name answers (default Ascend310P3), named as ATC --soc_version names chips
@@ -46,6 +50,8 @@ RT_INVALID_DEVICEID = 107001
 RT_CONTEXT_NULL = 107002
 RT_STREAM_CONTEXT = 107003
 RT_MODEL_CONTEXT = 107004
+NEVER = 1 << 62  # monotonic ns at which a hung execute ends
+WAIT_TIMEOUT = 107019  # ACL_ERROR_RT_WAIT_TIMEOUT (rt_error_codes.h: "wait timeout")
 RT_FEATURE_NOT_SUPPORT = 207000
 RT_MEMORY_ALLOCATION = 207001
 GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
@@ -72,6 +78,7 @@ class Queued:
     buffers: list[tuple[int, int]]  # (address, size) of every buffer it reads or writes
     error: int = 0  # a device fault: synchronize_stream returns it, as the runtime reports faults there
     message: str = ""
+    hang: int = 0  # a hung execute: it never ends, and a timed-out synchronize returns this code
 
 
 class SimError(Exception):
@@ -163,8 +170,14 @@ class Runtime:
             return list(range(physical))
         devices: list[int] = []
         for item in visible.split(","):
-            if not item.strip().isdigit() or int(item) >= physical or (devices and int(item) <= devices[-1]):
-                break  # parsing stops at the first bad or unordered id
+            # Parsing stops at the first bad or unordered id; nothing is stripped ('1, 2' is device 1 alone,
+            # HIASCEND envref_07_0028).
+            if (
+                not (item.isascii() and item.isdigit())
+                or int(item) >= physical
+                or (devices and int(item) <= devices[-1])
+            ):
+                break
             devices.append(int(item))
         return devices
 
@@ -344,21 +357,32 @@ class Runtime:
         if microseconds > 0:
             _LIBC.usleep(microseconds)
 
+    @staticmethod
+    def injected_hang() -> int | None:
+        """The code a hung stream's timed-out synchronize returns, when a hang was injected for this execute."""
+        return _take_file(os.environ.get("ACL_SIM_HANG_FILE"), WAIT_TIMEOUT)
+
     def injected_fault(self, device: int) -> int | None:
         if device in self.faulty:
             return self.faulty[device]
-        path = os.environ.get("ACL_SIM_FAULT_FILE")
-        if not path:
-            return None
-        taken = f"{path}.taken-{os.getpid()}"
-        try:
-            os.rename(path, taken)  # atomic: exactly one execute in one process takes the fault
-        except FileNotFoundError:
-            return None
-        code = int(Path(taken).read_text().strip() or "507011")
-        os.unlink(taken)
-        self.faulty[device] = code
+        code = _take_file(os.environ.get("ACL_SIM_FAULT_FILE"), 507011)
+        if code is not None:
+            self.faulty[device] = code
         return code
+
+
+def _take_file(path: str | None, default: int) -> int | None:
+    """The code in an injection file, which this call takes away; None when there is no such file."""
+    if not path:
+        return None
+    taken = f"{path}.taken-{os.getpid()}"
+    try:
+        os.rename(path, taken)  # atomic: exactly one execute in one process takes it
+    except FileNotFoundError:
+        return None
+    code = int(Path(taken).read_text().strip() or str(default))
+    os.unlink(taken)
+    return code
 
 
 RUNTIME = Runtime()

@@ -18,6 +18,7 @@ from ._state import (
     INVALID_MODEL_ID,
     INVALID_PARAM,
     MODEL_NOT_DYNAMIC,
+    NEVER,
     READ_MODEL_FAILURE,
     RT_MODEL_CONTEXT,
     RT_PARAM_INVALID,
@@ -411,11 +412,12 @@ def execute_async(model_id: int, input_dataset: int, output_dataset: int, stream
         message = f"model execution failed on device {device} (injected fault {fault})"
         RUNTIME.queued[stream].append(Queued(device, time.monotonic_ns(), 0, [], [], fault, message))
         return SUCCESS
+    hang = RUNTIME.injected_hang()
     device, rows, writes, buffers = _run(model_id, input_dataset, output_dataset)
     device_ns = RUNTIME.device_time_us(rows) * 1000
-    ends_at = max(time.monotonic_ns(), RUNTIME.device_free_at[device]) + device_ns
-    RUNTIME.device_free_at[device] = ends_at
-    RUNTIME.queued[stream].append(Queued(device, ends_at, device_ns, writes, buffers))
+    ends_at = NEVER if hang is not None else max(time.monotonic_ns(), RUNTIME.device_free_at[device]) + device_ns
+    RUNTIME.device_free_at[device] = ends_at  # a hung AI Core runs nothing queued after it either
+    RUNTIME.queued[stream].append(Queued(device, ends_at, device_ns, writes, buffers, hang=hang or 0))
     return SUCCESS
 
 

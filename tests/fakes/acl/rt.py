@@ -12,6 +12,7 @@ from ._state import (
     RT_STREAM_CONTEXT,
     RUNTIME,
     SUCCESS,
+    WAIT_TIMEOUT,
     Context,
     api,
 )
@@ -131,14 +132,34 @@ def destroy_stream(stream: int) -> int:
 
 def synchronize_stream(stream: int) -> int:
     """Waits, with the GIL and the simulator's lock released (as the binding releases the GIL), until the
-    work queued on `stream` ends; then its outputs appear and its device time counts as busy."""
+    work queued on `stream` ends; then its outputs appear and its device time counts as busy. Work that
+    hangs (ACL_SIM_HANG_FILE) never ends: this waits forever, as on a hung device."""
     ends_at, ret = _queued_end(stream)
     if ret != SUCCESS:
         return int(ret)
-    wait_ns = ends_at - time.monotonic_ns()
+    return _wait(stream, ends_at, None)
+
+
+def synchronize_stream_with_timeout(stream: int, timeout: int) -> int:
+    """synchronize_stream that gives up after `timeout` ms (-1: never), leaving the work queued. RT-DOC
+    `function-synchronize_stream_with_timeout.md` documents only "non-zero on failure"; which code a
+    timeout returns is our assumption (FIDELITY.md): the hung work's injected code, 107019 by default."""
+    ends_at, ret = _queued_end_with_timeout(stream, timeout)
+    if ret != SUCCESS:
+        return int(ret)
+    return _wait(stream, ends_at, None if timeout == -1 else time.monotonic_ns() + timeout * 1_000_000)
+
+
+def _wait(stream: int, ends_at: int, gives_up_at: int | None) -> int:
+    wait_ns = min(ends_at, gives_up_at or ends_at) - time.monotonic_ns()
     if wait_ns > 0:
         time.sleep(wait_ns / 1e9)
     with RUNTIME.lock:
+        if gives_up_at is not None and ends_at > gives_up_at:
+            hung = [work for work in RUNTIME.queued.get(stream, ()) if work.ends_at > gives_up_at]
+            code = next((work.hang for work in hung if work.hang), WAIT_TIMEOUT)
+            RUNTIME.fail(code, f"stream {stream:#x} did not finish within the timeout")  # for get_recent_err_msg
+            return code
         failed = None
         for work in RUNTIME.queued.pop(stream, []):
             if work.error:
@@ -155,8 +176,20 @@ def synchronize_stream(stream: int) -> int:
 
 @api("rt.synchronize_stream", out=(0,))
 def _queued_end(stream: int) -> tuple[int, int]:
+    return _end_of(stream), SUCCESS
+
+
+@api("rt.synchronize_stream_with_timeout", out=(0,))
+def _queued_end_with_timeout(stream: int, timeout: int) -> tuple[int, int]:
+    if not isinstance(timeout, int) or (timeout <= 0 and timeout != -1):
+        raise RUNTIME.fail(INVALID_PARAM, f"timeout must be -1 or a positive number of ms, got {timeout!r}")
+    return _end_of(stream), SUCCESS
+
+
+def _end_of(stream: int) -> int:
+    """When the work queued on `stream` ends (monotonic ns; 0 when none is)."""
     _stream_context(stream)
-    return max((work.ends_at for work in RUNTIME.queued.get(stream, ())), default=0), SUCCESS
+    return max((work.ends_at for work in RUNTIME.queued.get(stream, ())), default=0)
 
 
 @api("rt.malloc", out=(0,))
