@@ -239,3 +239,36 @@ def test_the_stand_in_atc_checks_its_command_line(
     out = capsys.readouterr().out
     assert error in out and "ATC run failed" in out
     assert not (tmp_path / "o.om").exists()
+
+
+def test_npu_and_model_cache_dir_reach_the_worker_settings() -> None:
+    from geserve.cli import parse_settings
+
+    settings = parse_settings(["--model-repository=/m", "--npu=required", "--model-cache-dir=/var/cache/om"])
+    assert (settings.workers.npu_mode, settings.workers.model_cache_dir) == ("required", Path("/var/cache/om"))
+    defaults = parse_settings(["--model-repository=/m"])
+    assert (defaults.workers.npu_mode, defaults.workers.model_cache_dir) == ("auto", None)
+    with pytest.raises(SystemExit):
+        parse_settings(["--model-repository=/m", "--npu=sometimes"])
+
+
+def test_the_default_cache_is_under_the_user_cache_dir() -> None:
+    assert cache.default_dir({"XDG_CACHE_HOME": "/c"}) == Path("/c/geserve/om")
+    assert cache.default_dir({}) == Path.home() / ".cache" / "geserve" / "om"
+
+
+def test_check_accepts_an_onnx_only_ge_version_and_reports_what_keeps_it_from_compiling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from geserve.cli import main
+
+    source, _ = _ge_model(tmp_path / "models", ("model.onnx",))
+    (source.path / "config.pbtxt").write_text(AFFINE)
+    assert main(["check", "--model-repository", str(tmp_path / "models")]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    (source.path / "config.pbtxt").write_text(
+        AFFINE + 'parameters { key: "atc_option.turbo" value { string_value: "1" } }'
+    )
+    assert main(["check", "--model-repository", str(tmp_path / "models")]) == 1
+    out = capsys.readouterr().out
+    assert "compiling" in out and "atc_option.turbo name no ATC flag" in out
