@@ -13,7 +13,8 @@ from pathlib import Path
 from geserve.errors import ModelLoadError
 
 PROBE_TIMEOUT_S = 60.0
-# acl.get_soc_name() names the chip ATC's --soc_version wants (pyacl.md §1.1); asked in a child process so
+# acl.get_soc_name() names the chip ATC's --soc_version wants (pyacl.md §1.1); it needs no acl.init and
+# returns None on failure (CANN API reference, "函数:get_soc_name": 约束说明 无). Asked in a child process so
 # the server itself never imports pyACL (DESIGN: backends load only inside workers).
 _SOC_PROBE = "import acl; print(acl.get_soc_name() or '')"
 _HOME_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
