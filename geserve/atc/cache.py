@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from geserve.atc.command import AtcCommand
 
 MODEL_FILE = "model.om"
 _KEY_VERSION = 1  # bump when what an entry holds changes
+_STAGING_PREFIX = ".compiling-"
 
 
 def default_dir(environ: dict[str, str] | None = None) -> Path:
@@ -52,10 +54,18 @@ def lookup(folder: Path) -> Path | None:
     return om if om.is_file() else None
 
 
-def staging(cache_dir: Path) -> Path:
-    """A private folder beside the entries, so publishing it is a rename on the same file system."""
+def staging(cache_dir: Path, abandoned_after_s: float) -> Path:
+    """A private folder beside the entries, so publishing it is a rename on the same file system. Folders a
+    killed server left behind (older than any compile may run) are removed first."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=".compiling-", dir=cache_dir))
+    now = time.time()
+    for folder in cache_dir.glob(f"{_STAGING_PREFIX}*"):
+        try:
+            if now - folder.stat().st_mtime > abandoned_after_s:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # another server removed it meanwhile
+            continue
+    return Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=cache_dir))
 
 
 def publish(staged: Path, folder: Path) -> Path:

@@ -48,7 +48,7 @@ def compile_version(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: 
         argv = tuple(atc_command.argv(tools.atc, onnx, folder / "model"))
         logger.info("model '%s': using the cached compile of '%s' (%s)", config.name, onnx, found)
         return Compiled(found, False, argv)
-    staged = cache.staging(tools.cache_dir)
+    staged = cache.staging(tools.cache_dir, 2 * tools.timeout_s)
     try:
         argv = tuple(atc_command.argv(tools.atc, onnx, staged / "model"))
         logger.info("model '%s': compiling '%s' with ATC: %s", config.name, onnx, shlex.join(argv))

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.atc import cache, command, host, options
+from geserve.atc import cache, command, compiler, host, options
 from geserve.backends import registry
 from geserve.errors import ModelLoadError
 from geserve.repository.scan import ModelSource
@@ -122,7 +122,7 @@ def test_the_cache_key_follows_onnx_options_option_files_chip_and_cann(tmp_path:
 
 def test_publishing_an_entry_another_server_published_keeps_theirs(tmp_path: Path) -> None:
     folder = tmp_path / "m-key"
-    first, second = cache.staging(tmp_path), cache.staging(tmp_path)
+    first, second = cache.staging(tmp_path, 60), cache.staging(tmp_path, 60)
     (first / "model.om").write_bytes(b"first")
     (second / "model.om").write_bytes(b"second")
     assert cache.publish(first, folder).read_bytes() == b"first"
@@ -272,3 +272,46 @@ def test_check_accepts_an_onnx_only_ge_version_and_reports_what_keeps_it_from_co
     assert main(["check", "--model-repository", str(tmp_path / "models")]) == 1
     out = capsys.readouterr().out
     assert "compiling" in out and "atc_option.turbo name no ATC flag" in out
+
+
+def _toolchain(tmp_path: Path, script: str, timeout_s: float = 60) -> compiler.Toolchain:
+    atc = tmp_path / "bin" / "atc"
+    atc.parent.mkdir(parents=True, exist_ok=True)
+    atc.write_text(f"#!/bin/sh\n{script}\n")
+    atc.chmod(0o755)
+    return compiler.Toolchain(str(atc), "Ascend310P3", "8.0.RC1", tmp_path / "cache", timeout_s)
+
+
+def _onnx_source(tmp_path: Path) -> Path:
+    onnx = tmp_path / "affine" / "1" / "model.onnx"
+    onnx.parent.mkdir(parents=True)
+    onnx.write_bytes(affine_onnx())
+    return onnx
+
+
+def test_a_failed_compile_names_the_command_and_atcs_last_lines_and_leaves_nothing(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    script = 'for i in $(seq 1 40); do echo "progress $i"; done; echo "E19999: the real reason" >&2; exit 3'
+    with pytest.raises(ModelLoadError) as caught:
+        compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, _toolchain(tmp_path, script))
+    message = caught.value.message
+    assert "ATC failed (exit 3)" in message and "--dynamic_batch_size=1,4,8,16" in message
+    assert message.endswith("E19999: the real reason") and "progress 40" in message and "progress 1\n" not in message
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_compile_that_outlives_its_limit_fails_the_load(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    with pytest.raises(ModelLoadError, match=r"ATC did not finish within 0\.5s"):
+        compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, _toolchain(tmp_path, "sleep 5", 0.5))
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_staging_folders_a_killed_server_left_are_swept(tmp_path: Path) -> None:
+    import os
+
+    old = cache.staging(tmp_path, 60)
+    os.utime(old, (0, 0))
+    fresh = cache.staging(tmp_path, 60)
+    assert not old.exists() and fresh.is_dir()
+    assert cache.staging(tmp_path, 60).is_dir() and fresh.is_dir()  # a compile still running is left alone
