@@ -150,7 +150,8 @@ def test_compiled_at_load_cached_across_restarts_and_recompiled_when_the_onnx_ch
         f"compiling '{onnx_path}' with ATC: " in log and "--dynamic_batch_size=1,4,8 --soc_version=Ascend310P3" in log
     )
     config = client.get_model_config("affine")
-    assert config["backend"] == "ge" and config["max_batch_size"] == 8
+    assert config["backend"] == "ge" and config["max_batch_size"] == 8 and "npu_fallback" not in config["parameters"]
+    assert client.get_model_metadata("affine")["platform"] == "ge"
     _assert_serves(server, "affine")
     # A compile that fails is the model's load error, with ATC's own words; the other model serves on.
     assert not client.is_model_ready("broken")
@@ -230,6 +231,7 @@ def test_without_npus_onnx_runtime_serves_and_says_so(launch: Launch, tmp_path: 
         assert client.is_model_ready(model)
         config = client.get_model_config(model)
         assert (config["backend"], config["platform"]) == ("onnxruntime", "onnxruntime_onnx")
+        assert client.get_model_metadata(model)["platform"] == "onnxruntime_onnx"
         assert config["parameters"]["npu_fallback"]["string_value"].startswith(
             "served with ONNX Runtime: this host has no NPU"
         )
