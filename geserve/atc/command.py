@@ -51,8 +51,8 @@ def build(config: mc.ModelConfig, soc_version: str, options: list[AtcOption]) ->
     is 1), --dynamic_batch_size from the gears, --soc_version from the host, then the config's options."""
     if not config.input:
         raise ModelLoadError(
-            f"model '{config.name}': compiling model.onnx with ATC needs the config's inputs (names and dims), "
-            "which give --input_shape; list them in config.pbtxt"
+            f"model '{config.name}': compiling model.onnx with ATC needs its inputs (names and dims), which give "
+            "--input_shape; list them in config.pbtxt"
         )
     batch_gears = gears(config)
     shapes = []

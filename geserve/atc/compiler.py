@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.atc import cache, command, options
+from geserve.atc import cache, command, graph_inputs, options
 from geserve.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ class Toolchain:
 
 def compile_version(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: Toolchain) -> Compiled:
     """The cached `.om` for this ONNX file, config and host, compiling it first when it is not there."""
-    atc_command = command.build(config, tools.soc, options.config_options(config, model_dir))
+    described = graph_inputs.complete_inputs(config, onnx)
+    atc_command = command.build(described, tools.soc, options.config_options(config, model_dir))
     digest = cache.key(onnx, atc_command, tools.soc, tools.cann)
     folder = cache.entry(tools.cache_dir, config.name, digest)
     found = cache.lookup(folder)

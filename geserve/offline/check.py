@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.atc import command, options
+from geserve.atc import command, graph_inputs, options
 from geserve.backends import registry
 from geserve.backends.acl import completion
 from geserve.backends.acl.description import check_servable
@@ -103,7 +103,7 @@ def check_model(source: ModelSource) -> list[Problem]:
 def _compilable(config: mc.ModelConfig, source: ModelSource, onnx: Path, config_path: Path) -> list[Problem]:
     """A `ge` version with only model.onnx: the config must give everything its ATC command needs."""
     try:
-        command.build(config, "check", options.config_options(config, source.path))
+        command.build(graph_inputs.complete_inputs(config, onnx), "check", options.config_options(config, source.path))
     except GeserveError as error:
         return [
             Problem(config_path, _field(error.message, "parameters"), f"compiling '{onnx}' with ATC: {error.message}")

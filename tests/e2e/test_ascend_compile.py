@@ -195,12 +195,16 @@ def test_geserve_compile_fills_the_cache_offline_and_the_server_uses_it(launch: 
     _onnx_model(host.repository, "affine", affine_onnx())
     _onnx_model(host.repository, "broken", _unsupported_onnx())
     _onnx_model(host.repository, "shipped", affine_onnx(), om=True)
+    bare = _onnx_model(host.repository, "bare", affine_onnx())
+    (bare / "config.pbtxt").write_text('name: "bare" backend: "ge" max_batch_size: 8')  # inputs from model.onnx
     (host.repository / "plain" / "1").mkdir(parents=True)
     (host.repository / "plain" / "config.pbtxt").write_text('name: "plain" backend: "identity"')
     done = _compile(host)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("affine version 1: compiled: ") for line in lines), lines
+    assert any(line.startswith("bare version 1: compiled: ") for line in lines), lines
+    assert "--input_shape=x:-1,4 --dynamic_batch_size=1,8" in " ".join(" ".join(argv) for argv in host.runs("bare"))
     assert any(line.startswith("broken version 1: failed: ") and "E11001" in done.stdout for line in lines), lines
     assert "shipped version 1: skipped: it has an .om already" in lines
     assert "plain: skipped: backend 'identity' is not compiled" in lines
@@ -212,8 +216,9 @@ def test_geserve_compile_fills_the_cache_offline_and_the_server_uses_it(launch: 
     assert len(host.runs("affine")) == 1
     server = host.start(launch, "--device-ids=0,1")
     assert httpclient.InferenceServerClient(server.url).is_model_ready("affine")
-    assert len(host.runs("affine")) == 1
+    assert len(host.runs("affine")) == 1 and len(host.runs("bare")) == 1
     _assert_serves(server, "affine")
+    _assert_serves(server, "bare")  # its config completed from the compiled .om
     assert server.stop() == 0
 
 

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.atc import cache, command, compiler, host, options
+from geserve.atc import cache, command, compiler, graph_inputs, host, options
 from geserve.backends import registry
 from geserve.errors import ModelLoadError
 from geserve.repository.scan import ModelSource
@@ -68,7 +68,7 @@ def test_a_model_whose_only_gear_is_1_and_one_without_batching_compile_static() 
 def test_variable_dims_and_missing_inputs_are_refused_by_name() -> None:
     with pytest.raises(ModelLoadError, match=r"input 'x' has variable dims \[-1\]"):
         command.build(_config('name: "m" max_batch_size: 2 input [ { name: "x" dims: [ -1 ] } ]'), "S", [])
-    with pytest.raises(ModelLoadError, match="needs the config's inputs"):
+    with pytest.raises(ModelLoadError, match="needs its inputs"):
         command.build(_config('name: "m" max_batch_size: 2'), "S", [])
 
 
@@ -315,3 +315,14 @@ def test_staging_folders_a_killed_server_left_are_swept(tmp_path: Path) -> None:
     fresh = cache.staging(tmp_path, 60)
     assert not old.exists() and fresh.is_dir()
     assert cache.staging(tmp_path, 60).is_dir() and fresh.is_dir()  # a compile still running is left alone
+
+
+def test_a_config_without_inputs_takes_them_from_the_onnx_graph(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    bare = _config('name: "affine" backend: "ge" max_batch_size: 8')
+    completed = graph_inputs.complete_inputs(bare, onnx)
+    assert [(t.name, list(t.dims)) for t in completed.input] == [("x", [4])] and not bare.input
+    assert command.build(completed, "S", []).arguments[0] == "--input_shape=x:-1,4"
+    unbatched = graph_inputs.complete_inputs(_config('name: "affine"'), onnx)
+    with pytest.raises(ModelLoadError, match=r"input 'x' has variable dims \[-1, 4\]"):
+        command.build(unbatched, "S", [])
