@@ -92,6 +92,9 @@ class _Compiling:
             atc = host.find_atc()
             if atc is None:
                 raise ModelLoadError("CANN's atc is not on PATH (source CANN's set_env.sh)")
-            soc = self._soc or host.soc_name()
+            try:
+                soc = self._soc or host.soc_name()
+            except ModelLoadError as error:
+                raise ModelLoadError(f"{error.message}; on a machine without an NPU give --soc-version") from None
             self._tools = compiler.Toolchain(atc, soc, host.cann_version(), self._cache_dir)
         return self._tools

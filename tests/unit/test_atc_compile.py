@@ -3,6 +3,7 @@ which runtime serves a version, and the stand-in atc's own checks."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -326,3 +327,19 @@ def test_a_config_without_inputs_takes_them_from_the_onnx_graph(tmp_path: Path) 
     unbatched = graph_inputs.complete_inputs(_config('name: "affine"'), onnx)
     with pytest.raises(ModelLoadError, match=r"input 'x' has variable dims \[-1, 4\]"):
         command.build(unbatched, "S", [])
+
+
+def test_geserve_compile_without_pyacl_asks_for_the_chip_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from geserve.cli import main
+
+    fake_atc.install(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # no simulator: the chip cannot be asked
+    source, _ = _ge_model(tmp_path / "models", ("model.onnx",))
+    (source.path / "config.pbtxt").write_text(AFFINE)
+    code = main(["compile", "--model-repository", str(tmp_path / "models"), "--model-cache-dir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert code == 1 and "affine version 1: failed: cannot ask pyACL for the chip name" in out
+    assert "give --soc-version" in out
