@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from onnx import TensorProto, helper
 from tests.e2e.test_ascend import Launch, _simulator_env
 from tests.fakes import atc as fake_atc
 from tests.fakes.om_models import FEATURES, affine_onnx, affine_reference, write_affine_om
-from tests.support import ROOT, GeserveProcess
+from tests.support import ROOT, GeserveProcess, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -270,4 +272,28 @@ def test_npu_off_uses_onnx_runtime_beside_npus_and_required_fails_without_them(l
     assert not client.is_model_ready("affine")
     [entry] = client.get_model_repository_index()
     assert "--npu=required, but this host has no NPU" in entry["reason"]
+    assert server.stop() == 0
+
+
+def test_the_server_answers_while_atc_compiles(launch: Launch, tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.env["FAKE_ATC_DELAY_S"] = "3"
+    _onnx_model(host.repository, "affine", affine_onnx())
+    write_identity_model(host.repository, "echo")
+    server = host.start(launch, "--device-ids=0,1", "--model-control-mode=explicit", "--load-model=echo")
+    client = httpclient.InferenceServerClient(server.url)
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(httpclient.InferenceServerClient(server.url, network_timeout=120).load_model, "affine")
+        answered = 0
+        while not loading.done():
+            x = np.ones((1, 4), dtype=np.float32)
+            tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            np.testing.assert_array_equal(client.infer("echo", [tensor]).as_numpy("OUTPUT0"), x)
+            answered += 1
+            time.sleep(0.05)
+        loading.result()
+    assert answered >= 10, answered  # ATC took 3 s; requests kept being answered meanwhile
+    assert len(host.runs("affine")) == 1
+    _assert_serves(server, "affine")
     assert server.stop() == 0

@@ -8,7 +8,8 @@ takes 2-100 unique gears and needs `-1` as the first dim of every input, and now
 refused as ATC refuses ops it has no kernel for. The `.om` is written by om_writer with the ONNX file as its
 twin (`<output>.om` and `<output>.om.twin.onnx`, ATC appending `.om`), named and shaped as ATC names them:
 inputs unchanged, outputs `<node>:<index>:<onnx name>` at the largest gear, the runtime-filled gear input last.
-Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles.
+Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, and first sleeps
+$FAKE_ATC_DELAY_S seconds when set.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if log:
         with open(log, "a") as stream:
             stream.write(json.dumps(arguments) + "\n")
+    time.sleep(float(os.environ.get("FAKE_ATC_DELAY_S", "0")))  # a real compile takes minutes
     try:
         om = compile_model(parse_flags(arguments))
     except Exception as error:  # ATC reports every failure, its own or the model's, as a failed run
