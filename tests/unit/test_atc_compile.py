@@ -343,3 +343,16 @@ def test_geserve_compile_without_pyacl_asks_for_the_chip_and_fails(
     out = capsys.readouterr().out
     assert code == 1 and "affine version 1: failed: cannot ask pyACL for the chip name" in out
     assert "give --soc-version" in out
+
+
+def test_with_npus_but_no_atc_auto_falls_back_and_required_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host, "has_pyacl", lambda: True)
+    monkeypatch.setattr(host, "find_atc", lambda: None)
+    config, backend = _resolve(tmp_path, ("model.onnx",), device_ids=(0,))
+    assert backend == "onnxruntime" and "atc is not on PATH" in config.parameters[FALLBACK_PARAMETER].string_value
+    with pytest.raises(ModelLoadError, match=r"--npu=required, but the version folder holds model\.onnx and no \.om"):
+        _resolve(tmp_path / "again", ("model.onnx",), device_ids=(0,), npu_mode="required")
+    config, backend = _resolve(tmp_path / "shipped", ("model.onnx", "model.om"), device_ids=(0,))
+    assert backend == "ge" and FALLBACK_PARAMETER not in config.parameters  # an .om ships: no compile needed
