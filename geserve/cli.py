@@ -158,6 +158,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         pipeline_depth=args.worker_pipeline_depth,
         device_ids=args.device_ids if args.device_ids is not None else discover_devices(),
         stop_timeout_s=float(args.exit_timeout_secs),
+        npu_mode=args.npu,
+        model_cache_dir=args.model_cache_dir,
     )
     return Settings(server, http, grpc, metrics, repository, workers)
 
@@ -176,8 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments and arguments[0] == "tritonserver":
         # Triton's runtimes start the image as `tritonserver --model-repository=...`.
         arguments = arguments[1:]
-    if arguments and arguments[0] in ("inspect", "check"):
-        # Offline tools: no server, no NPU, no pyACL.
+    if arguments and arguments[0] in ("inspect", "check", "compile"):
+        # Offline tools: no server (and but for `compile`'s chip name, no NPU or pyACL).
+        if arguments[0] == "compile":
+            from geserve.offline import compile as compile_tool
+
+            return compile_tool.main(arguments[1:])
         if arguments[0] == "inspect":
             from geserve.offline import inspect
 

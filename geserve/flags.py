@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from geserve import trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
@@ -160,6 +161,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IDS",
         help="logical NPU ids instances may use, e.g. 0,1, as acl.rt.set_device numbers them (default: 0..n-1 for "
         "the n devices ASCEND_RT_VISIBLE_DEVICES lists, else for the n /dev/davinciN chips, whatever their numbers)",
+    )
+    group.add_argument(
+        "--npu",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help="`ge` models: auto runs them on the NPU, compiling a version's model.onnx with ATC when it has no .om, "
+        "and serves model.onnx with ONNX Runtime where there is no NPU or pyACL; required fails such loads "
+        "instead; off serves every `ge` model that has a model.onnx with ONNX Runtime (default: auto)",
+    )
+    group.add_argument(
+        "--model-cache-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where .om files compiled from model.onnx are kept, keyed by the ONNX file, ATC options, chip and CANN "
+        "version, so a restart does not recompile; may be shared by several servers (default: "
+        "$XDG_CACHE_HOME/geserve/om, else ~/.cache/geserve/om)",
     )
     group.add_argument(
         "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"

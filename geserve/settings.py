@@ -166,6 +166,8 @@ class WorkerSettings:
     pipeline_depth: int | None = None  # batches a worker holds at once; None: what its backend does best
     device_ids: tuple[int, ...] = ()  # accelerators (NPUs) instances may use
     stop_timeout_s: float = 30.0
+    npu_mode: str = "auto"  # --npu: auto | required | off, for `ge` models (workers/npu_mode.py)
+    model_cache_dir: Path | None = None  # where `.om` files compiled from model.onnx live (None: the user cache)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.atc import command, graph_inputs, options
 from geserve.backends import registry
 from geserve.backends.acl import completion
 from geserve.backends.acl.description import check_servable
@@ -19,6 +20,7 @@ from geserve.errors import GeserveError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, scan_repositories
 from geserve.settings import WorkerSettings
+from geserve.workers.npu_mode import ONNX_FILE
 from geserve.workers.placement import model_file_path
 from geserve.workers.pool import PoolFactory
 
@@ -87,11 +89,26 @@ def check_model(source: ModelSource) -> list[Problem]:
         except GeserveError as error:
             problems.append(Problem(config_path, "parameters.model_path", error.message))
             break
+        onnx = source.path / str(version) / ONNX_FILE
+        if backend.name == "ge" and not path.is_file() and onnx.is_file():
+            problems += _compilable(config, source, onnx, config_path)  # compiled with ATC at load
+            continue
         if backend.default_filename and not path.is_file():
             problems.append(Problem(path, "default_model_filename", f"version {version}'s model file does not exist"))
             continue
         problems += _agreement(config, backend, path, config_path)
     return problems
+
+
+def _compilable(config: mc.ModelConfig, source: ModelSource, onnx: Path, config_path: Path) -> list[Problem]:
+    """A `ge` version with only model.onnx: the config must give everything its ATC command needs."""
+    try:
+        command.build(graph_inputs.complete_inputs(config, onnx), "check", options.config_options(config, source.path))
+    except GeserveError as error:
+        return [
+            Problem(config_path, _field(error.message, "parameters"), f"compiling '{onnx}' with ATC: {error.message}")
+        ]
+    return []
 
 
 def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path, config_path: Path) -> list[Problem]:

@@ -22,6 +22,7 @@ from geserve.workers.bls_serving import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import BatchResult, InstanceSpec
+from geserve.workers.npu_mode import NpuResolver
 from geserve.workers.process import ProcessWorker
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
@@ -162,6 +163,7 @@ class PoolFactory:
         # outputs mapped in this process, which any worker's next step may read in place.
         self._run = run or RunId.current()
         self._mapped = MappedOutputs()
+        self._npu = NpuResolver(settings)
         # Where the instances' BLS requests go: the server sets it once its service exists.
         self.caller: ModelCaller | None = None
 
@@ -182,8 +184,12 @@ class PoolFactory:
         """Start every instance of `version`; returns the pool and the config they serve, which the first
         instance completed from the model file. Raises ModelLoadError; nothing is left running then."""
         settings = self._settings
-        backend = registry.by_name(config.backend)
+        # A `ge` version may be compiled from its model.onnx (minutes, in a thread) or served by ONNX Runtime.
+        resolved = await asyncio.to_thread(self._npu.resolve, source, config, registry.by_name(config.backend), version)
+        config, backend = resolved.config, resolved.backend
         specs = await asyncio.to_thread(placement.instance_specs, source, config, backend, version, settings)
+        if resolved.model_path is not None:
+            specs = [replace(spec, model_path=str(resolved.model_path)) for spec in specs]
         # The first instance completes the config from the model file; the others load that config as is.
         first = self._worker(specs[0])
         completed = await first.start()

@@ -1,0 +1,82 @@
+"""What this host offers for compiling and running `.om` models: ATC, pyACL, its chip and its CANN version."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from geserve.errors import ModelLoadError
+
+PROBE_TIMEOUT_S = 60.0
+# acl.get_soc_name() names the chip ATC's --soc_version wants (pyacl.md §1.1); it needs no acl.init and
+# returns None on failure (CANN API reference, "函数:get_soc_name": 约束说明 无). Asked in a child process so
+# the server itself never imports pyACL (DESIGN: backends load only inside workers).
+_SOC_PROBE = "import acl; print(acl.get_soc_name() or '')"
+_HOME_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+
+
+def find_atc() -> str | None:
+    return shutil.which("atc")
+
+
+def has_pyacl() -> bool:
+    """pyACL is importable (CANN's set_env.sh puts it on PYTHONPATH); found without importing it."""
+    try:
+        return importlib.util.find_spec("acl") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def soc_name() -> str:
+    """The host's chip as ATC's --soc_version takes it, e.g. Ascend310P3; raises ModelLoadError."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _SOC_PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ModelLoadError(
+            f"asking pyACL for the chip name (acl.get_soc_name) took over {PROBE_TIMEOUT_S:g}s"
+        ) from None
+    name = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if done.returncode != 0 or not name:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no name"]
+        raise ModelLoadError(f"cannot ask pyACL for the chip name (acl.get_soc_name): {tail[0]}")
+    return name
+
+
+def cann_version(environ: dict[str, str] | None = None) -> str:
+    """The toolkit's version as CANN records it at install: `version=` in
+    `<ASCEND_HOME_PATH>/<arch>-linux/ascend_toolkit_install.info` (CANN install guide, "File Paths"),
+    else `Version=` in `<home>/compiler/version.info`; "unknown" when neither is there."""
+    env = os.environ if environ is None else environ
+    arch = platform.machine()
+    for variable in _HOME_VARIABLES:
+        home = env.get(variable)
+        if not home:
+            continue
+        for path, key in (
+            (Path(home) / f"{arch}-linux" / "ascend_toolkit_install.info", "version"),
+            (Path(home) / "ascend_toolkit_install.info", "version"),
+            (Path(home) / "compiler" / "version.info", "Version"),
+        ):
+            version = _read_key(path, key)
+            if version:
+                return version
+    return "unknown"
+
+
+def _read_key(path: Path, key: str) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            return value.strip()
+    return ""

@@ -1,0 +1,100 @@
+"""`geserve compile --model-repository DIR`: compile every `ge` model's model.onnx with ATC into the cache, offline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from geserve.atc import cache, compiler, host
+from geserve.backends import registry
+from geserve.core.loader import prepare_model
+from geserve.errors import GeserveError, ModelLoadError
+from geserve.repository.scan import ModelSource, scan_repositories
+from geserve.settings import WorkerSettings
+from geserve.workers.npu_mode import ONNX_FILE, has_om
+from geserve.workers.pool import PoolFactory
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="geserve compile", description=__doc__)
+    parser.add_argument("--model-repository", type=Path, action="append", required=True, metavar="DIR")
+    parser.add_argument(
+        "--model-cache-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the cache the server reads with the same flag (default: $XDG_CACHE_HOME/geserve/om, else "
+        "~/.cache/geserve/om)",
+    )
+    parser.add_argument(
+        "--soc-version",
+        default="",
+        metavar="SOC",
+        help="the chip to compile for, as ATC's --soc_version (default: this host's, asked of pyACL); a build "
+        "machine without an NPU must give it, and it must be the serving host's chip for the cache to match",
+    )
+    args = parser.parse_args(argv)
+    try:
+        scan = scan_repositories(args.model_repository)
+    except FileNotFoundError as error:
+        sys.stdout.write(f"{error}\n")
+        return 1
+    compiling = _Compiling(args.model_cache_dir or cache.default_dir(), args.soc_version)
+    failed = 0
+    for name, reason in sorted(scan.conflicts.items()):
+        sys.stdout.write(f"{name}: failed: {reason}\n")
+        failed += 1
+    for name in sorted(scan.models):
+        for line, ok in compiling.model(scan.models[name]):
+            sys.stdout.write(f"{line}\n")
+            failed += not ok
+    return 1 if failed else 0
+
+
+class _Compiling:
+    """One run's toolchain, found once: a missing atc or chip name fails every model that needs them."""
+
+    def __init__(self, cache_dir: Path, soc: str) -> None:
+        self._cache_dir = cache_dir
+        self._soc = soc
+        self._tools: compiler.Toolchain | None = None
+
+    def model(self, source: ModelSource) -> list[tuple[str, bool]]:
+        """(line, succeeded) per version; one line for the model when it is skipped or unreadable."""
+        try:
+            config, versions = prepare_model(source, PoolFactory(WorkerSettings()))
+            backend = registry.by_name(config.backend)
+        except GeserveError as error:
+            return [(f"{source.name}: failed: {error.message}", False)]
+        if backend.name != "ge":
+            return [(f"{source.name}: skipped: backend '{backend.name}' is not compiled", True)]
+        lines = []
+        for version in versions:
+            where = f"{source.name} version {version}"
+            onnx = source.path / str(version) / ONNX_FILE
+            if has_om(source, config, backend, version):
+                lines.append((f"{where}: skipped: it has an .om already", True))
+            elif not onnx.is_file():
+                lines.append((f"{where}: skipped: no {ONNX_FILE} to compile", True))
+            else:
+                try:
+                    done = compiler.compile_version(config, onnx, source.path, self._toolchain())
+                except GeserveError as error:
+                    lines.append((f"{where}: failed: {error.message}", False))
+                    continue
+                lines.append((f"{where}: {'compiled' if done.compiled else 'cached'}: {done.om}", True))
+        return lines
+
+    def _toolchain(self) -> compiler.Toolchain:
+        if self._tools is None:
+            atc = host.find_atc()
+            if atc is None:
+                raise ModelLoadError("CANN's atc is not on PATH (source CANN's set_env.sh)")
+            try:
+                soc = self._soc or host.soc_name()
+            except ModelLoadError as error:
+                raise ModelLoadError(f"{error.message}; on a machine without an NPU give --soc-version") from None
+            self._tools = compiler.Toolchain(atc, soc, host.cann_version(), self._cache_dir)
+        return self._tools
