@@ -35,7 +35,8 @@ def test_the_chip_helpers_read_each_way_of_naming_a_chip() -> None:
 
 
 def test_the_readme_atc_recipe_compiles_for_the_default_image_chip() -> None:
-    versions = re.findall(r"--soc_version=(\S+)", (ROOT / "README.md").read_text())
+    # `<this host's chip>` stands for the chip geserve asks the host for when it compiles at load.
+    versions = re.findall(r"--soc_version=([^\s<]\S*)", (ROOT / "README.md").read_text())
     assert versions, "the README has no ATC recipe"
     assert {chip(version) for version in versions} == {image_chip()}, versions
 
