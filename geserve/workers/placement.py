@@ -143,7 +143,9 @@ def _check_kind(
     if backend.name not in _NPU_ONLY_BACKENDS or group.kind != mc.ModelInstanceGroup.KIND_CPU:
         return
     hint = (
-        "; this server has no NPUs (none found, and no --device-ids), so KIND_AUTO means KIND_CPU here"
+        "; this server has no NPUs (none found, and no --device-ids), so KIND_AUTO means KIND_CPU here: "
+        "put the model's model.onnx beside the .om to serve it with ONNX Runtime on such a host, or make the "
+        "NPUs visible (install CANN, source its set_env.sh, and check the /dev/davinciN devices)"
         if not settings.device_ids
         else ""
     )
