@@ -367,8 +367,8 @@ class AclBackend:
             at = f"at batch size {gear}" if gear is not None else "without a batch size set"
             raise InternalError(
                 f"{cause}; the runtime gives no dims for output '{name}' (index {tensor.index}) {at}, so its "
-                "result cannot be returned; the model's _dynamic_output_dims (ATC writes them for "
-                "--dynamic_batch_size) lack that output at that gear"
+                "result cannot be returned; it answers from the dims per gear that ATC records in the model's "
+                "_dynamic_output_dims for --dynamic_batch_size: compile the model again with ATC"
             )
         shape = tuple(
             int(d) for d in dims_info.get("dims", [])[: int(dims_info.get("dimCount", len(dims_info.get("dims", []))))]
