@@ -13,7 +13,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.atc import command, graph_inputs, options
 from geserve.backends import registry
 from geserve.backends.acl import completion
-from geserve.backends.acl.description import check_servable
+from geserve.backends.acl.description import check_output_dims, check_servable
 from geserve.backends.acl.om_file import read_description
 from geserve.core.loader import prepare_model
 from geserve.errors import GeserveError
@@ -119,6 +119,10 @@ def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path
         if backend.name == "ge":
             om = read_description(path)
             check_servable(om, config.name, str(path))
+            try:
+                check_output_dims(om, config.name, str(path))
+            except GeserveError as error:  # the file's own fault, whatever the config says
+                return [Problem(path, "model file", error.message)]
             completion.complete(completed, om, True, str(path))
         elif backend.name == "onnxruntime":
             instance = backend.create()

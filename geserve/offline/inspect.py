@@ -12,7 +12,7 @@ from google.protobuf import text_format
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import completion
-from geserve.backends.acl.description import OmDescription, check_servable, type_name
+from geserve.backends.acl.description import OmDescription, check_output_dims, check_servable, type_name
 from geserve.backends.acl.om_file import read_description
 from geserve.errors import GeserveError
 
@@ -45,6 +45,7 @@ def main(argv: Sequence[str]) -> int:
 def serving_config(om: OmDescription, name: str, model_file: str) -> str:
     """The config auto-complete would produce for this file, as config.pbtxt text."""
     check_servable(om, name, model_file)
+    check_output_dims(om, name, model_file)
     config = mc.ModelConfig(name=name, backend="ge")
     config.parameters["model_path"].string_value = Path(model_file).name
     completion.complete(config, om, True, model_file)

@@ -16,7 +16,9 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import AclBackend
 from geserve.backends.base import DeviceFaultError
 from geserve.errors import InternalError, ModelLoadError
-from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
+from tests.fakes.acl.om import twin_path
+from tests.fakes.om_models import FEATURES, affine_description, affine_onnx, affine_reference, write_affine_om
+from tests.fakes.om_writer import write_om
 
 GEARS = [1, 2, 4, 8]
 
@@ -316,6 +318,56 @@ def test_image_size_and_dims_gears_are_refused_naming_the_kind(
     }
     with pytest.raises(ModelLoadError, match=re.escape(kind)):
         _loaded(write_om(tmp_path / "model.om", description))
+    assert _runtime().leaks() == []
+
+
+def _affine_missing_s_at_batch_2(path: Path) -> Path:
+    """The affine graph at gears 1, 2, 4, 8 with ATC's `_dynamic_output_dims` less output 1's (s) at
+    gear index 1 (batch 2), and its ONNX twin for the simulator to run."""
+    entries = [f"{i},0,{gear},{FEATURES}" for i, gear in enumerate(GEARS)]
+    entries += [f"{i},1,{gear},1" for i, gear in enumerate(GEARS) if gear != 2]
+    write_om(path, affine_description(GEARS), dynamic_output_dims=entries)
+    twin_path(path).write_bytes(affine_onnx(batch="batch"))
+    return path
+
+
+@pytest.mark.usefixtures("acl")
+def test_a_gear_file_without_dims_for_an_output_at_a_gear_is_refused_before_the_runtime_loads_it(
+    tmp_path: Path,
+) -> None:
+    path = _affine_missing_s_at_batch_2(tmp_path / "model.om")
+    with pytest.raises(ModelLoadError) as error:
+        _loaded(path)
+    message = error.value.message
+    assert f"model 'affine': '{path}' has batch gears [1, 2, 4, 8]" in message
+    assert "give no dims for output 1 'ReduceSum_2:0:s' at batch size 2:" in message
+    assert "compile the model again with ATC" in message
+    assert _runtime().calls["mdl.load_from_file"] == 0 and _runtime().leaks() == []  # refused before loading
+
+
+@pytest.mark.usefixtures("acl")
+def test_a_failed_get_cur_output_dims_fails_the_request_not_the_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the load check (here bypassed), the runtime has no dims for s at batch 2: that batch's request
+    fails naming the output and the batch size, as an InternalError, and the instance keeps serving."""
+    import geserve.backends.acl.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "check_output_dims", lambda *_: None)
+    backend, _ = _loaded(_affine_missing_s_at_batch_2(tmp_path / "model.om"))
+    with pytest.raises(InternalError) as error:
+        backend.execute({"x": _rows(2)}, ["y", "s"])
+    assert not isinstance(error.value, DeviceFaultError)
+    message = error.value.message
+    assert "acl.mdl.get_cur_output_dims failed with error 500001 (ACL_ERROR_FAILURE)" in message
+    assert "no entry for output 1 at gear index 1" in message  # acl.get_recent_err_msg()
+    assert "output 's' (index 1) at batch size 2" in message and "instance restarts" not in message
+    for rows, names in ((2, ["y"]), (3, ["y", "s"]), (1, ["y", "s"])):  # the same instance, still serving
+        x = _rows(rows)
+        outputs = backend.execute({"x": x}, names)
+        for name in names:
+            np.testing.assert_array_equal(outputs[name], affine_reference(x)[name])
+    backend.unload()
     assert _runtime().leaks() == []
 
 

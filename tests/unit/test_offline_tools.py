@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from geserve.cli import main
-from tests.fakes.om_models import write_affine_om
+from tests.fakes.om_models import affine_description, write_affine_om
+from tests.fakes.om_writer import write_om
 from tests.support import ROOT, copy_model
 
 SAMPLES = ROOT / "tests" / "data" / "om-samples"
@@ -21,14 +22,28 @@ def test_inspect_json_has_the_keys_and_values_of_expected_json(capsys: pytest.Ca
         assert json.loads(capsys.readouterr().out) == expected[name]
 
 
-def test_inspect_prints_a_config_that_serves_the_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["inspect", str(SAMPLES / "synthetic_dynbatch.om"), "--name", "classifier"]) == 0
+def test_inspect_prints_a_config_that_serves_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The synthetic sample's model as the writer lays it out, with the `_dynamic_output_dims` ATC writes.
+    synthetic = json.loads((SAMPLES / "expected.json").read_text())["synthetic_dynbatch.om"]
+    assert main(["inspect", str(write_om(tmp_path / "model.om", synthetic)), "--name", "classifier"]) == 0
     out = capsys.readouterr().out
     assert "0: input  float32  [-1, 3, 224, 224]  NCHW" in out
     assert "1: ascend_mbatch_shape_data  int32  [1]  ND  (filled by the runtime with the gear)" in out
     assert "0: prob:0:prob  float32  [8, 1000]  ND" in out
     assert "gears: batch [1, 2, 4, 8] (inputs ['input'])" in out
     assert 'name: "classifier"' in out and "max_batch_size: 8" in out and 'name: "prob"' in out
+
+
+def test_inspect_says_the_synthetic_sample_lacks_output_dims_at_its_gears(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its `_dynamic_output_dims` name outputs 1, 2, 4 and 8, none its output 0: described, not servable."""
+    path = SAMPLES / "synthetic_dynbatch.om"
+    assert main(["inspect", str(path), "--name", "classifier"]) == 1
+    out = capsys.readouterr().out
+    assert "gears: batch [1, 2, 4, 8] (inputs ['input'])" in out
+    assert f"not servable by geserve: model 'classifier': '{path}' has batch gears [1, 2, 4, 8]" in out
+    assert "give no dims for output 0 'prob:0:prob' at batch sizes 1, 2, 4, 8" in out
+    assert "aclmdlGetCurOutputDims cannot give those outputs' shapes once a batch size is set" in out
+    assert "compile the model again with ATC" in out and "config.pbtxt that serves it" not in out
 
 
 def test_inspect_refuses_the_encrypted_sample(capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,6 +81,7 @@ MISTAKES = {
     "wrong_dims": ("config.pbtxt", "input", "input 'INPUT0' has dims [-1] + [8] in the config"),
     "missing_path": ("config.pbtxt", "parameters.model_path", "names no file: looked at"),
     "not_an_om": ("1/model.om", "model file", "no IMOD magic"),
+    "gear_without_dims": ("1/model.om", "model file", "give no dims for output 1 'ReduceSum_2:0:s' at batch size 2"),
 }
 
 
@@ -99,6 +115,11 @@ def _break(repository: Path, name: str) -> None:
         (folder / "config.pbtxt").write_text(
             affine + ' parameters { key: "model_path" value { string_value: "x.om" } }'
         )
+    elif name == "gear_without_dims":
+        # ATC's entries for the affine graph at gears 1, 2, 4, less output 1's at gear index 1 (batch 2).
+        entries = ["0,0,1,4", "1,0,2,4", "2,0,4,4", "0,1,1,1", "2,1,4,1"]
+        write_om(folder / "1" / "model.om", affine_description([1, 2, 4]), dynamic_output_dims=entries)
+        (folder / "config.pbtxt").write_text(affine)
     elif name == "not_an_om":
         (folder / "1").mkdir(parents=True)
         (folder / "1" / "model.om").write_bytes(b"\x00" * 512)

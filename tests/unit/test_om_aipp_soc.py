@@ -8,7 +8,7 @@ import pytest
 
 from geserve.backends.acl.description import OmTensor, check_servable, resolve_input_dims
 from geserve.backends.acl.om_file import describe_bytes
-from geserve.backends.acl.soc import check_soc
+from geserve.backends.acl.soc import check_soc, read_before_load
 from geserve.cli import main
 from geserve.errors import ModelLoadError
 from tests.fakes.om_models import affine_description, aipp_description, dynamic_aipp_description
@@ -85,16 +85,18 @@ def test_inspect_says_a_dynamic_aipp_model_is_not_servable(tmp_path: Path, capsy
 def test_a_file_compiled_for_another_soc_is_refused_naming_both(tmp_path: Path) -> None:
     path = write_om(tmp_path / "model.om", affine_description(static_batch=1))  # records Ascend310P3
     with pytest.raises(ModelLoadError) as error:
-        check_soc("affine", str(path), "Ascend910B3")
+        check_soc("affine", str(path), "Ascend910B3", read_before_load(str(path)))
     assert f"model 'affine': '{path}' was compiled for Ascend310P3, this host is Ascend910B3" in error.value.message
     assert "--soc_version=Ascend910B3" in error.value.message
-    check_soc("affine", str(path), "Ascend310P3")
-    check_soc("affine", str(path), "")  # the host's SoC unknown: the runtime has its say
+    check_soc("affine", str(path), "Ascend310P3", read_before_load(str(path)))
+    check_soc("affine", str(path), "", read_before_load(str(path)))  # the host's SoC unknown: the runtime has its say
 
 
 def test_a_file_that_records_no_soc_or_cannot_be_read_here_is_left_to_the_runtime(tmp_path: Path) -> None:
     description = affine_description(static_batch=1)
     description["soc_version"] = None
-    check_soc("affine", str(write_om(tmp_path / "none.om", description)), "Ascend910B3")
+    none = str(write_om(tmp_path / "none.om", description))
+    check_soc("affine", none, "Ascend910B3", read_before_load(none))
     (tmp_path / "odd.om").write_bytes(b"not an om file at all")
-    check_soc("affine", str(tmp_path / "odd.om"), "Ascend910B3")
+    assert read_before_load(str(tmp_path / "odd.om")) is None
+    check_soc("affine", str(tmp_path / "odd.om"), "Ascend910B3", None)

@@ -13,7 +13,7 @@ import numpy as np
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends.acl import completion
-from geserve.backends.acl.description import OmDescription, OmTensor, check_servable
+from geserve.backends.acl.description import OmDescription, OmTensor, check_output_dims, check_servable
 from geserve.backends.acl.introspect import describe
 from geserve.backends.acl.runtime import (
     MALLOC_HUGE_FIRST,
@@ -28,7 +28,7 @@ from geserve.backends.acl.runtime import (
     Acl,
     import_acl,
 )
-from geserve.backends.acl.soc import check_soc
+from geserve.backends.acl.soc import check_soc, read_before_load
 from geserve.backends.base import DeviceFaultError, OutputAllocator
 from geserve.codecs import visible_devices
 from geserve.errors import GeserveError, InternalError, ModelLoadError
@@ -142,7 +142,11 @@ class AclBackend:
             self._copy_in = self._copy_out = MEMCPY_DEVICE_TO_DEVICE
         soc = str(module.get_soc_name() or "")
         self._memory_attribute = MEM_HBM if soc.startswith("Ascend910") else MEM_DDR
-        check_soc(acl.model_name, self._model_file, soc)
+        # What the runtime would only report batch by batch, or as a bare load failure, refused up front.
+        file_om = read_before_load(self._model_file)
+        check_soc(acl.model_name, self._model_file, soc, file_om)
+        if file_om is not None:
+            check_output_dims(file_om, acl.model_name, self._model_file)
         self._model_id = acl.out("acl.mdl.load_from_file", module.mdl.load_from_file(self._model_file))
         self._desc = acl.handle("acl.mdl.create_desc", module.mdl.create_desc())
         acl.check("acl.mdl.get_desc", module.mdl.get_desc(self._desc, self._model_id))
@@ -354,7 +358,18 @@ class AclBackend:
         buffer = self._outputs[name]
         tensor = buffer.tensor
         assert tensor is not None and tensor.datatype is not None
-        dims_info = acl.out("acl.mdl.get_cur_output_dims", acl.module.mdl.get_cur_output_dims(self._desc, tensor.index))
+        dims_info, ret = acl.module.mdl.get_cur_output_dims(self._desc, tensor.index)
+        if ret != 0:
+            # A lookup in the model's description (model_common.cpp GetCurOuputShapeInfo: ACL_ERROR_FAILURE
+            # where `_dynamic_output_dims` has no entry for this output at this gear), not the device's
+            # doing: the batch fails, the instance stays.
+            cause = acl.error("acl.mdl.get_cur_output_dims", ret, device_fault=False)
+            at = f"at batch size {gear}" if gear is not None else "without a batch size set"
+            raise InternalError(
+                f"{cause}; the runtime gives no dims for output '{name}' (index {tensor.index}) {at}, so its "
+                "result cannot be returned; it answers from the dims per gear that ATC records in the model's "
+                "_dynamic_output_dims for --dynamic_batch_size: compile the model again with ATC"
+            )
         shape = tuple(
             int(d) for d in dims_info.get("dims", [])[: int(dims_info.get("dimCount", len(dims_info.get("dims", []))))]
         )

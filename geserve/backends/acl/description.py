@@ -90,8 +90,9 @@ class OmDescription:
     data_name_order: tuple[str, ...] = ()  # the inputs the gears apply to, in order
     # The NetOutput's `_dynamic_output_dims`: "<gear index>,<output index>,<dims>" each, the gear index -1
     # for an output every gear shares (GE's multi_batch_copy_graph.cc); what aclmdlGetCurOutputDims
-    # answers from once a gear is set. Not readable through pyACL, so only the file reader fills it.
-    dynamic_output_dims: tuple[str, ...] = ()
+    # answers from once a gear is set. Not readable through pyACL, so only the file reader fills it;
+    # None where the description cannot say (read through pyACL, or from an OM2 archive's metadata).
+    dynamic_output_dims: tuple[str, ...] | None = None
 
     @property
     def input_count(self) -> int:
@@ -168,6 +169,83 @@ def resolve_input_dims(tensor: OmTensor, largest_batch: int) -> OmTensor:
     # An unsized input (size 0) takes V2, the dims the documentation sizes buffers by.
     served = dims_v2 if not tensor.size or fits(dims_v2) else dims_v1 if fits(dims_v1) else dims_v2
     return replace(tensor, dims=served, dims_v1=dims_v1, dims_v2=dims_v2)
+
+
+# The runtime takes an entry of 2 (gear, output) to 2 + ACL_MAX_DIM_CNT values (hicann/ge model_common.cpp).
+_OUTPUT_DIMS_VALUES = range(2, 2 + 128 + 1)
+
+
+def parse_output_dims(entry: str) -> tuple[int, ...]:
+    """One `_dynamic_output_dims` string as the runtime reads it: digits make a number, '-' negates it, any
+    other character ends it (hicann/ge api/acl/acl_model/model/model_common.cpp `GetModelOutputShapeInfoHelp`)."""
+    values: list[int] = []
+    value, sign = 0, 1
+    for char in entry:
+        if "0" <= char <= "9":
+            value = value * 10 + ord(char) - ord("0")
+        elif char == "-":
+            sign = -1
+        else:
+            values.append(value * sign)
+            value, sign = 0, 1
+    values.append(value * sign)
+    return tuple(values)
+
+
+def cur_output_dims(om: OmDescription, gear_index: int, output_index: int) -> tuple[int, ...] | None:
+    """What aclmdlGetCurOutputDims answers for an output once the gear at `gear_index` (in the file's gear
+    order) is set: the dims of the first entry for that gear or -1 and that output, or None where the
+    runtime fails (no such entry, or a malformed entry before it: model_common.cpp `GetCurOuputShapeInfo`).
+    None also where the description does not know the model's `_dynamic_output_dims`."""
+    for entry in om.dynamic_output_dims or ():
+        values = parse_output_dims(entry)
+        if len(values) not in _OUTPUT_DIMS_VALUES:
+            return None
+        if values[0] in (gear_index, -1) and values[1] == output_index:
+            return values[2:]
+    return None
+
+
+def missing_output_dims(om: OmDescription) -> dict[int, tuple[int, ...]]:
+    """Output index -> the batch sizes at which the file's `_dynamic_output_dims` give that output no dims
+    (so aclmdlGetCurOutputDims fails for it once the batch size is set); empty where every output has dims
+    at every gear, for a model without batch gears, and where the description cannot say."""
+    if om.gear_kind != GEAR_BATCH or om.dynamic_output_dims is None:
+        return {}
+    missing: dict[int, tuple[int, ...]] = {}
+    for tensor in om.outputs:
+        # gear_shapes keeps the file's order, which the entries' gear indexes refer to (the Case op's
+        # `_pred_value_<i>`, multi_batch_copy_graph.cc); `gears` is sorted.
+        batches = tuple(
+            shape[0]
+            for gear_index, shape in enumerate(om.gear_shapes)
+            if cur_output_dims(om, gear_index, tensor.index) is None
+        )
+        if batches:
+            missing[tensor.index] = tuple(sorted(batches))
+    return missing
+
+
+def check_output_dims(om: OmDescription, model: str, model_file: str) -> None:
+    """Refuse a batch-gear model whose `_dynamic_output_dims` leave an output without dims at some gear:
+    aclmdlGetCurOutputDims fails (ACL_ERROR_FAILURE) for it at every batch run at that gear."""
+    missing = missing_output_dims(om)
+    if not missing:
+        return
+    names = {tensor.index: tensor.name for tensor in om.outputs}
+    lacking = "; ".join(
+        f"output {index} '{names[index]}' at batch size{'s' if len(batches) > 1 else ''} "
+        f"{', '.join(str(b) for b in batches)}"
+        for index, batches in missing.items()
+    )
+    entries = ", ".join(f'"{entry}"' for entry in om.dynamic_output_dims or ()) or "none"
+    raise ModelLoadError(
+        f"model '{model}': '{model_file}' has batch gears {list(om.gears)} but its NetOutput's "
+        f'_dynamic_output_dims (entries: {entries}; each "<gear index>,<output index>,<dims>", gear index -1 '
+        f"for every gear) give no dims for {lacking}: aclmdlGetCurOutputDims cannot give those outputs' shapes "
+        "once a batch size is set, so every batch run at those sizes would fail; compile the model again with "
+        "ATC, which writes the attribute for every output at every gear of --dynamic_batch_size"
+    )
 
 
 def check_servable(om: OmDescription, model: str, model_file: str) -> None:

@@ -209,7 +209,7 @@ def assemble(contents: OmContents, name: str, header_version: int | None) -> OmD
         gear_kind=contents.gear_kind,
         gear_shapes=tuple(tuple(shape) for shape in contents.gear_shapes),
         data_name_order=tuple(contents.data_name_order),
-        dynamic_output_dims=tuple(contents.dynamic_output_dims),
+        dynamic_output_dims=tuple(contents.dynamic_output_dims) if contents.dynamic_output_dims is not None else None,
     )
 
 

@@ -31,7 +31,8 @@ class OmContents:
     gear_shapes: list[tuple[int, ...]] = field(default_factory=list)
     data_name_order: list[str] = field(default_factory=list)
     soc_version: str | None = None
-    dynamic_output_dims: list[str] = field(default_factory=list)  # the NetOutput's `_dynamic_output_dims`
+    # The NetOutput's `_dynamic_output_dims`; None where this source cannot say (OM2 metadata, no record).
+    dynamic_output_dims: list[str] | None = None
 
 
 class Cursor:

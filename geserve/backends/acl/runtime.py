@@ -39,6 +39,7 @@ _ERROR_NAMES = {
     207001: "ACL_ERROR_RT_MEMORY_ALLOCATION",
     207004: "ACL_ERROR_RT_NO_DEVICE",
     207018: "ACL_ERROR_RT_DEVICE_OOM",
+    500001: "ACL_ERROR_FAILURE",
     507010: "ACL_ERROR_RT_LOST_HEARTBEAT",
     507011: "ACL_ERROR_RT_MODEL_EXECUTE",
     507014: "ACL_ERROR_RT_AICORE_TIMEOUT",
@@ -84,7 +85,9 @@ class Acl:
         self.module = module
         self.model_name = model_name
 
-    def error(self, call: str, code: int) -> Exception:
+    def error(self, call: str, code: int, device_fault: bool = True) -> Exception:
+        """The exception for `call` returning `code`: a DeviceFaultError for the codes that mean the device
+        failed, unless `device_fault` is False (a call that never reaches the device, whatever its code)."""
         message = ""
         try:
             message = str(self.module.get_recent_err_msg() or "").strip()
@@ -93,7 +96,7 @@ class Acl:
         text = f"model '{self.model_name}': {call} failed with error {describe_code(code)}"
         if message:
             text += f": {message}"
-        if code // 100000 == 5 or code in _DEVICE_FAULTS:
+        if device_fault and (code // 100000 == 5 or code in _DEVICE_FAULTS):
             # 5xxxxx: the device or runtime failed; nothing in this process can be trusted any more.
             return DeviceFaultError(text + "; the instance restarts")
         return InternalError(text)
