@@ -239,8 +239,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._cancel_deadline()
         direct, self._direct = self._direct, None
         if direct is not None and self.cycle is not None:
-            self.cycle.body = direct.complete()  # type: ignore[assignment]  # a fallback receive() copies it
+            body = direct.complete()
+            if not self.cycle.response_complete:  # answered early, the body is of no more use
+                self.cycle.body = body  # type: ignore[assignment]  # a fallback receive() copies it
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._release_body()
+        super().on_response_complete()
+
+    def _release_body(self) -> None:
+        """Once a request is answered, nothing of the connection holds its body read in place: the protocol
+        keeps its last scope and cycle until the next request, which an idle keep-alive client may never send."""
+        cycle = self.cycle
+        if cycle is None:
+            return
+        extensions = cast(dict[str, Any], cycle.scope.get("extensions", {}))
+        direct = extensions.pop(BODY_EXTENSION, None)
+        if isinstance(direct, DirectBody):
+            direct.release()
+        if isinstance(cycle.body, memoryview):
+            cycle.body = b""
 
     # -- bodies read in place ----------------------------------------------------------------
 
