@@ -51,12 +51,7 @@ def validate_inputs(
     name = model.name
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
-    for given in request.inputs:
-        tensor = given
-        if "shared_memory_region" in given.parameters:
-            if read_shared is None:
-                raise UnsupportedError(f"input '{given.name}': shared memory is not supported by this server")
-            tensor = replace(given, data=read_shared(given.parameters, f"input '{given.name}'"))
+    for tensor in request.inputs:
         spec = model.inputs.get(tensor.name)
         if spec is None:
             raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
@@ -84,6 +79,13 @@ def validate_inputs(
                 f"unexpected shape for input '{tensor.name}' for model '{name}'. "
                 f"Expected {_dims_text(spec.wire_shape)}, got {_dims_text(shape)}"
             )
+        if "shared_memory_region" in tensor.parameters:
+            # Read only once the input is known to be what the model takes, and never more than the tensor: a
+            # region's byte size is the client's to choose (a sparse GiB costs it nothing, a read of it costs us).
+            if read_shared is None:
+                raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
+            _check_shared_size(tensor, spec, name)
+            tensor = replace(tensor, data=read_shared(tensor.parameters, f"input '{tensor.name}'"))
         array = _as_array(tensor, spec, name)
         if spec.reshape is not None:
             array = array.reshape(((shape[0],) if spec.batched else ()) + spec.reshape)
@@ -98,6 +100,19 @@ def validate_inputs(
                 "Please provide all required input(s)."
             )
     return arrays
+
+
+def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str) -> None:
+    """A fixed-size input in shared memory names exactly its byte size (Triton checks the same), before any read."""
+    size = tensor.parameters.get("shared_memory_byte_size")
+    if spec.dtype.itemsize is None or isinstance(size, bool) or not isinstance(size, int):
+        return  # BYTES elements have no fixed size; a size that is no integer is refused by the region
+    expected = math.prod(tensor.shape) * spec.dtype.itemsize
+    if size != expected:
+        raise InvalidArgumentError(
+            f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. "
+            f"Expected {expected}, got {size}"
+        )
 
 
 def _as_array(tensor: InferInput, spec: TensorSpec, model_name: str) -> np.ndarray:

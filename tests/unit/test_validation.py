@@ -163,3 +163,28 @@ def test_shared_memory_inputs_need_a_reader_and_classification_a_count(model: Mo
     both = request([], outputs=(RequestedOutput("X", {"classification": 2, "shared_memory_region": "r"}),))
     with pytest.raises(InvalidArgumentError, match="classification can not be used with shared memory"):
         validation.requested_output_names(both, model)
+
+
+def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(model: ModelVersion) -> None:
+    reads: list[str] = []
+
+    def reader(parameters: Any, what: str) -> memoryview:
+        reads.append(what)
+        return raw(np.arange(6, dtype=np.int32))
+
+    def in_region(name: str, datatype: str, shape: tuple[int, ...], byte_size: int) -> list[InferInput]:
+        parameters = {"shared_memory_region": "r", "shared_memory_byte_size": byte_size}
+        return replace_input(0, InferInput(name, datatype, shape, memoryview(b""), parameters))
+
+    refused = [
+        (in_region("A", "INT32", (1, 2, 3), 1 << 30), "input byte size mismatch for input 'A'"),  # a sparse GiB
+        (in_region("A", "FP32", (1, 2, 3), 24), "data-type is 'FP32'"),
+        (in_region("A", "INT32", (1, 3, 3), 36), "unexpected shape for input 'A'"),
+        (in_region("Z", "INT32", (1, 2, 3), 24), "unexpected inference input 'Z'"),
+    ]
+    for inputs, message in refused:
+        with pytest.raises(InvalidArgumentError, match=message):
+            validation.validate_inputs(request(inputs), model, reader)
+    assert reads == []
+    arrays = validation.validate_inputs(request(in_region("A", "INT32", (1, 2, 3), 24)), model, reader)
+    assert reads == ["input 'A'"] and arrays["A"][0, 1, 2] == 5
