@@ -51,7 +51,8 @@ def validate_inputs(
     name = model.name
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
-    for tensor in request.inputs:
+    for given in request.inputs:
+        tensor = given
         spec = model.inputs.get(tensor.name)
         if spec is None:
             raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
