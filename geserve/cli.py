@@ -118,6 +118,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         body_timeout_s=args.http_body_timeout_secs,
         keep_alive_s=args.http_keepalive_timeout_secs,
         max_connections=args.http_max_connections or 0,
+        max_header_bytes=args.http_max_header_size,
+        send_timeout_s=args.http_send_timeout_secs,
+        max_unsent_bytes=args.http_max_unsent_bytes,
         restrictions=http_restrictions,
     )
     grpc = GrpcSettings(

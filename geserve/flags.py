@@ -233,6 +233,30 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"an idle connection is closed after this (default: {limits.keep_alive_s})",
     )
     group.add_argument(
+        "--http-max-header-size",
+        type=_positive,
+        default=limits.max_header_bytes,
+        metavar="BYTES",
+        help="largest request line and headers together; past it the answer is 431 and the connection closes "
+        f"(default: {limits.max_header_bytes})",
+    )
+    group.add_argument(
+        "--http-send-timeout-secs",
+        type=_positive_float,
+        default=limits.send_timeout_s,
+        metavar="SECONDS",
+        help="longest a client may leave its response unread (nothing of it taken); past it the connection "
+        f"closes (default: {limits.send_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-max-unsent-bytes",
+        type=_positive,
+        default=limits.max_unsent_bytes,
+        metavar="BYTES",
+        help="response bytes one connection may have waiting to be sent; past it the connection closes "
+        f"(default: {limits.max_unsent_bytes})",
+    )
+    group.add_argument(
         "--http-max-connections",
         type=_positive,
         default=None,

@@ -11,6 +11,11 @@ from pathlib import Path
 # Shared memory per worker process for a batch's inputs, and as much for its outputs.
 DEFAULT_ARENA_BYTES = 16 << 20
 DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
+# A request's line and headers together: Envoy's max_request_headers_kb is 60 KiB, nginx's
+# large_client_header_buffers 4 x 8 KiB; tritonclient sends a few hundred bytes.
+DEFAULT_MAX_HEADER_BYTES = 64 << 10
+# Response bytes one HTTP connection may have queued, unsent: above any one response but a few.
+DEFAULT_MAX_UNSENT_BYTES = 1 << 30
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 INT32_MAX = 2**31 - 1
 
@@ -85,6 +90,9 @@ class HttpSettings:
     body_timeout_s: float = 60.0  # longest silence while a request body is arriving
     keep_alive_s: int = 5  # an idle connection (a new one, or between requests) is closed after this
     max_connections: int = 0  # 0: half the file-descriptor limit
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # a request's line and headers together; past it, 431
+    send_timeout_s: float = 60.0  # longest a response may wait, unread by its client, before the connection closes
+    max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES  # response bytes one connection may have waiting to be sent
     restrictions: Mapping[str, Restriction] = field(default_factory=dict)
 
 

@@ -69,9 +69,9 @@ class DirectBody:
         self._done.set()
 
     def release(self) -> None:
-        """Its request was answered: let go of the connection. `on_read` refers to the request cycle, whose
-        scope refers to this body; kept, that cycle would hold the whole body until the garbage collector's
-        next full pass, which with bodies of megabytes comes long after gigabytes have piled up."""
+        """Its request was answered: let go of the connection. `on_read` refers to the connection, whose
+        current request cycle's scope refers to this body; kept, that cycle would hold the whole body until the
+        garbage collector's next full pass, which with bodies of megabytes comes long after gigabytes piled up."""
         self._on_read = _nothing
 
     async def read(self) -> memoryview:

@@ -14,7 +14,7 @@ import pytest
 from geserve.core.service import InferenceService
 from geserve.http.connections import TransportHooks
 from geserve.listeners import Listener, http_listener
-from geserve.settings import HttpSettings, Settings
+from geserve.settings import HttpSettings, Restriction, Settings
 
 # 1 MiB of FP32 data: far above the size from which bodies are read in place.
 ELEMENTS = 1 << 18
@@ -46,10 +46,14 @@ def no_collector() -> Iterator[None]:
         gc.enable()
 
 
-@pytest.fixture
-async def listening(service: InferenceService) -> AsyncIterator[tuple[Listener, TrackedBodies]]:
+@pytest.fixture(params=["open", "restricted"])
+async def listening(
+    service: InferenceService, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Listener, TrackedBodies]]:
+    """The HTTP listener, open or with inference restricted (answered 403 before the body is read)."""
     tracked = TrackedBodies()
-    settings = Settings(http=HttpSettings(address="127.0.0.1", port=0))
+    restrictions = {"inference": Restriction("x-key", "yes")} if request.param == "restricted" else {}
+    settings = Settings(http=HttpSettings(address="127.0.0.1", port=0, restrictions=restrictions))
     listener = http_listener(service, settings, TransportHooks(allocate_body=tracked))
     listener.bind()
     assert await listener.start()
@@ -94,11 +98,16 @@ async def test_a_body_read_in_place_is_freed_once_answered(listening: tuple[List
     port = listener.socket.getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = np.arange(ELEMENTS, dtype=np.float32)
+    expected = 403 if listener.server.config.app._restrictions else 200
     for _ in range(3):
         writer.write(infer_request(data))
         status, _ = await response(reader)
-        assert status == 200
-    assert len(tracked.bodies) == 3
+        assert status == expected
+    writer.write(infer_request(data) * 3)  # pipelined: one answered while the next is read
+    for _ in range(3):
+        status, _ = await response(reader)
+        assert status == expected
+    assert len(tracked.bodies) == 6
     # The connection stays open, idle: a keep-alive client must not pin what it sent.
     await asyncio.sleep(0.05)
     assert tracked.alive() == 0
