@@ -101,6 +101,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         drain_delay_secs=args.drain_delay_secs,
+        max_bytes_elements=args.max_bytes_tensor_elements,
         frontend_processes=args.frontend_processes or auto_frontend_processes(),
         warnings=(*cache_warnings, *warnings),
         allow_client_shm=args.allow_client_shm,

@@ -7,7 +7,14 @@ import argparse
 from geserve import trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
 from geserve.restrictions import GROUPS
-from geserve.settings import DEFAULT_ARENA_BYTES, DEFAULT_MAX_INPUT_SIZE, ControlMode, GrpcSettings, HttpSettings
+from geserve.settings import (
+    DEFAULT_ARENA_BYTES,
+    DEFAULT_MAX_BYTES_ELEMENTS,
+    DEFAULT_MAX_INPUT_SIZE,
+    ControlMode,
+    GrpcSettings,
+    HttpSettings,
+)
 from geserve.workers.devices import parse_device_ids
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -188,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
     )
     _boolean(group, "--allow-client-shm", False, "let clients register system shared-memory regions for tensors")
+    group.add_argument(
+        "--max-bytes-tensor-elements",
+        type=_positive,
+        default=DEFAULT_MAX_BYTES_ELEMENTS,
+        metavar="N",
+        help="elements one BYTES input may have, over HTTP and gRPC; past it the request is refused "
+        f"(default: {DEFAULT_MAX_BYTES_ELEMENTS})",
+    )
 
     group = parser.add_argument_group("HTTP")
     _boolean(group, "--allow-http", True, "serve HTTP/REST")

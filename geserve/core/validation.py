@@ -44,10 +44,13 @@ def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 
 
 def validate_inputs(
-    request: InferRequest, model: ModelVersion, read_shared: SharedReader | None = None
+    request: InferRequest,
+    model: ModelVersion,
+    read_shared: SharedReader | None = None,
+    max_bytes_elements: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Check every input against the config and return them as arrays of the configured shape; inputs
-    in client shared memory are read through `read_shared`."""
+    in client shared memory are read through `read_shared`; a BYTES input may have `max_bytes_elements`."""
     name = model.name
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
@@ -80,6 +83,8 @@ def validate_inputs(
                 f"unexpected shape for input '{tensor.name}' for model '{name}'. "
                 f"Expected {_dims_text(spec.wire_shape)}, got {_dims_text(shape)}"
             )
+        if max_bytes_elements is not None and spec.dtype.itemsize is None:
+            _check_element_count(tensor, max_bytes_elements, name)
         if "shared_memory_region" in tensor.parameters:
             # Read only once the input is known to be what the model takes, and never more than the tensor: a
             # region's byte size is the client's to choose (a sparse GiB costs it nothing, a read of it costs us).
@@ -101,6 +106,29 @@ def validate_inputs(
                 "Please provide all required input(s)."
             )
     return arrays
+
+
+def _check_element_count(tensor: InferInput, limit: int, model_name: str) -> None:
+    """Each BYTES element becomes a Python object: their count, not the bytes they fill, is what they cost."""
+    count = math.prod(tensor.shape)
+    if count > limit:
+        raise InvalidArgumentError(
+            f"inference input '{tensor.name}' for model '{model_name}' has {count} BYTES elements, more than the "
+            f"{limit} allowed; see --max-bytes-tensor-elements"
+        )
+
+
+def decode_cost(request: InferRequest) -> int:
+    """The bytes validation reads or splits one by one (BYTES elements, client shared memory): past a size, work
+    for a thread, not for the event loop."""
+    cost = 0
+    for tensor in request.inputs:
+        size = tensor.parameters.get("shared_memory_byte_size")
+        if isinstance(size, int) and not isinstance(size, bool) and "shared_memory_region" in tensor.parameters:
+            cost += size
+        elif tensor.datatype == "BYTES" and not isinstance(tensor.data, np.ndarray):
+            cost += len(tensor.data)
+    return cost
 
 
 def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str) -> None:

@@ -1,4 +1,5 @@
-"""What one HTTP client can make the server hold: request heads are capped, unread responses are dropped."""
+"""What one client can make the server hold: HTTP request heads are capped, unread responses are dropped, BYTES
+inputs have a bounded element count."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, connect_http, read_until_closed, start_echo
+from tests.support import GeserveProcess, connect_http, read_until_closed, start_echo, write_identity_model
 
 pytestmark = pytest.mark.e2e
 
@@ -131,4 +134,27 @@ def test_unsent_response_bytes_over_the_cap_close_the_connection(launch: Launch,
     wait_for_log(server, "over --http-max-unsent-bytes")
     assert_dropped(sock)
     good_request(server)
+    assert "Traceback" not in server.log()
+
+
+def test_a_bytes_input_over_the_element_limit_is_refused_over_both_protocols(launch: Launch, tmp_path: Path) -> None:
+    write_identity_model(tmp_path, "strings", dtype="TYPE_STRING", dims="-1", max_batch_size=0)
+    server = start_echo(launch, tmp_path, "--max-bytes-tensor-elements=1000")
+    refusal = (
+        "inference input 'INPUT0' for model 'strings' has 1001 BYTES elements, more than the 1000 allowed; "
+        "see --max-bytes-tensor-elements"
+    )
+    for client_module, url in ((httpclient, server.url), (grpcclient, f"127.0.0.1:{server.grpc_port}")):
+        client = client_module.InferenceServerClient(url)
+        for count in (1001, 1000):
+            data = np.array([b"a"] * count, dtype=object)
+            tensor = client_module.InferInput("INPUT0", [count], "BYTES")
+            tensor.set_data_from_numpy(data)
+            if count > 1000:
+                with pytest.raises(InferenceServerException) as error:
+                    client.infer("strings", [tensor])
+                assert refusal in str(error.value.message())
+            else:
+                assert list(client.infer("strings", [tensor]).as_numpy("OUTPUT0")) == list(data)
+        good_request(server)
     assert "Traceback" not in server.log()

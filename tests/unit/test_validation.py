@@ -188,3 +188,21 @@ def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(mode
     assert reads == []
     arrays = validation.validate_inputs(request(in_region("A", "INT32", (1, 2, 3), 24)), model, reader)
     assert reads == ["input 'A'"] and arrays["A"][0, 1, 2] == 5
+
+
+def test_bytes_element_limit_is_checked_from_the_shape_before_any_decode(model: ModelVersion) -> None:
+    inputs = good_inputs(3)
+    inputs[1] = InferInput("S", "BYTES", (3, 2), memoryview(b"\xff" * 3))  # would not even frame
+    with pytest.raises(InvalidArgumentError, match="input 'S' for model 'm' has 6 BYTES elements, more than the 5"):
+        validation.validate_inputs(request(inputs), model, max_bytes_elements=5)
+    assert validation.validate_inputs(request(good_inputs(2)), model, max_bytes_elements=4)["S"].shape == (2, 2)
+
+
+def test_decode_cost_counts_bytes_framing_and_shared_memory_only() -> None:
+    inputs = [
+        InferInput("S", "BYTES", (1,), memoryview(b"\x01\x00\x00\x00a")),
+        InferInput("A", "INT32", (4,), raw(np.zeros(4, np.int32))),
+        InferInput("R", "FP32", (4,), memoryview(b""), {"shared_memory_region": "r", "shared_memory_byte_size": 16}),
+        InferInput("T", "BYTES", (1,), np.array([b"a"], dtype=object)),
+    ]
+    assert validation.decode_cost(request(inputs)) == 5 + 16
