@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,8 +15,9 @@ from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.types import InferInput, InferRequest, Parameters, TensorSpec
 
-# (a tensor's parameters, what it is for messages) -> its bytes from client shared memory.
-SharedReader = Callable[[Parameters, str], memoryview]
+# (a tensor's parameters, what it is for messages, a check of the byte size it names, called once the region and
+# the bounds are checked and before any read) -> its bytes from client shared memory.
+SharedReader = Callable[[Parameters, str, Callable[[int], None]], memoryview]
 
 
 def check_parameters(parameters: Parameters) -> None:
@@ -90,8 +92,8 @@ def validate_inputs(
             # region's byte size is the client's to choose (a sparse GiB costs it nothing, a read of it costs us).
             if read_shared is None:
                 raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
-            _check_shared_size(tensor, spec, name)
-            tensor = replace(tensor, data=read_shared(tensor.parameters, f"input '{tensor.name}'"))
+            check_size = functools.partial(_check_shared_size, tensor, spec, name)
+            tensor = replace(tensor, data=read_shared(tensor.parameters, f"input '{tensor.name}'", check_size))
         array = _as_array(tensor, spec, name)
         if spec.reshape is not None:
             array = array.reshape(((shape[0],) if spec.batched else ()) + spec.reshape)
@@ -131,11 +133,10 @@ def decode_cost(request: InferRequest) -> int:
     return cost
 
 
-def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str) -> None:
+def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str, size: int) -> None:
     """A fixed-size input in shared memory names exactly its byte size (Triton checks the same), before any read."""
-    size = tensor.parameters.get("shared_memory_byte_size")
-    if spec.dtype.itemsize is None or isinstance(size, bool) or not isinstance(size, int):
-        return  # BYTES elements have no fixed size; a size that is no integer is refused by the region
+    if spec.dtype.itemsize is None:
+        return  # BYTES elements have no fixed size: the elements read are counted instead
     expected = math.prod(tensor.shape) * spec.dtype.itemsize
     if size != expected:
         raise InvalidArgumentError(

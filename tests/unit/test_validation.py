@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -168,7 +169,8 @@ def test_shared_memory_inputs_need_a_reader_and_classification_a_count(model: Mo
 def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(model: ModelVersion) -> None:
     reads: list[str] = []
 
-    def reader(parameters: Any, what: str) -> memoryview:
+    def reader(parameters: Any, what: str, check: Callable[[int], None]) -> memoryview:
+        check(parameters["shared_memory_byte_size"])  # as the region does, once its bounds are checked
         reads.append(what)
         return raw(np.arange(6, dtype=np.int32))
 
