@@ -411,8 +411,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Writing is still paused: the client read nothing of what waits for it for send_timeout_s."""
         self._send_deadline = None
         raw = self._raw
-        if raw is None or raw.is_closing():
+        if raw is None:
             return
+        # Closing or not: a transport closed with bytes still queued waits for them to be sent, however long.
         unsent = raw.get_write_buffer_size()
         if unsent < self._unsent_at_check:  # it reads, slowly: a client on a slow link is not cut off
             self._unsent_at_check = unsent

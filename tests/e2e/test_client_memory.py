@@ -58,7 +58,7 @@ def test_a_request_head_over_the_cap_gets_431_and_the_server_serves_on(launch: L
     assert "Traceback" not in server.log()
 
 
-def large_infer() -> bytes:
+def large_infer(extra_headers: str = "") -> bytes:
     data = np.ones((1, ELEMENTS), dtype=np.float32)
     header = json.dumps(
         {
@@ -76,24 +76,24 @@ def large_infer() -> bytes:
     body = header + data.tobytes()
     head = (
         f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n{extra_headers}\r\n"
     )
     return head.encode() + body
 
 
-def never_reading(server: GeserveProcess) -> socket.socket:
+def never_reading(server: GeserveProcess, extra_headers: str = "") -> socket.socket:
     """A connection whose client asks for 8 MiB and reads none of it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(15)
     sock.connect(("127.0.0.1", server.http_port))
-    sock.sendall(large_infer())
+    sock.sendall(large_infer(extra_headers))
     return sock
 
 
-def wait_for_log(server: GeserveProcess, text: str, timeout_s: float = 20.0) -> None:
+def wait_for_log(server: GeserveProcess, text: str, times: int = 1, timeout_s: float = 20.0) -> None:
     give_up_at = time.monotonic() + timeout_s
-    while text not in server.log():
+    while server.log().count(text) < times:
         assert time.monotonic() < give_up_at, f"{text!r} never logged:\n{server.log()[-3000:]}"
         time.sleep(0.1)
 
@@ -126,6 +126,16 @@ def test_a_response_left_unread_past_the_send_timeout_closes_its_connection(laun
         time.sleep(0.002)
     sock.close()
     assert "Traceback" not in server.log()
+
+
+def test_a_response_left_unread_after_the_server_closed_its_side_is_dropped_too(launch: Launch, tmp_path: Path) -> None:
+    """`Connection: close`: answered, then closed once LINGER_S (2 s) passed; a closed transport would still wait
+    for its queued bytes forever, and a send timeout beyond the linger must end it."""
+    server = start_echo(launch, tmp_path, "--http-send-timeout-secs=3")
+    sock = never_reading(server, "Connection: close\r\n")
+    wait_for_log(server, "response bytes went unread for 3 seconds")
+    assert_dropped(sock)
+    good_request(server)
 
 
 def test_unsent_response_bytes_over_the_cap_close_the_connection(launch: Launch, tmp_path: Path) -> None:
