@@ -101,6 +101,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         drain_delay_secs=args.drain_delay_secs,
+        max_bytes_elements=args.max_bytes_tensor_elements,
         frontend_processes=args.frontend_processes or auto_frontend_processes(),
         warnings=(*cache_warnings, *warnings),
         allow_client_shm=args.allow_client_shm,
@@ -118,6 +119,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         body_timeout_s=args.http_body_timeout_secs,
         keep_alive_s=args.http_keepalive_timeout_secs,
         max_connections=args.http_max_connections or 0,
+        max_header_bytes=args.http_max_header_size,
+        send_timeout_s=args.http_send_timeout_secs,
+        max_unsent_bytes=args.http_max_unsent_bytes,
         restrictions=http_restrictions,
     )
     grpc = GrpcSettings(

@@ -8,7 +8,14 @@ from pathlib import Path
 from geserve import trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
 from geserve.restrictions import GROUPS
-from geserve.settings import DEFAULT_ARENA_BYTES, DEFAULT_MAX_INPUT_SIZE, ControlMode, GrpcSettings, HttpSettings
+from geserve.settings import (
+    DEFAULT_ARENA_BYTES,
+    DEFAULT_MAX_BYTES_ELEMENTS,
+    DEFAULT_MAX_INPUT_SIZE,
+    ControlMode,
+    GrpcSettings,
+    HttpSettings,
+)
 from geserve.workers.devices import parse_device_ids
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -206,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
     )
     _boolean(group, "--allow-client-shm", False, "let clients register system shared-memory regions for tensors")
+    group.add_argument(
+        "--max-bytes-tensor-elements",
+        type=_positive,
+        default=DEFAULT_MAX_BYTES_ELEMENTS,
+        metavar="N",
+        help="elements one BYTES input may have, over HTTP and gRPC; past it the request is refused "
+        f"(default: {DEFAULT_MAX_BYTES_ELEMENTS})",
+    )
 
     group = parser.add_argument_group("HTTP")
     _boolean(group, "--allow-http", True, "serve HTTP/REST")
@@ -249,6 +264,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.keep_alive_s,
         metavar="SECONDS",
         help=f"an idle connection is closed after this (default: {limits.keep_alive_s})",
+    )
+    group.add_argument(
+        "--http-max-header-size",
+        type=_positive,
+        default=limits.max_header_bytes,
+        metavar="BYTES",
+        help="largest request line and headers together; past it the answer is 431 and the connection closes "
+        f"(default: {limits.max_header_bytes})",
+    )
+    group.add_argument(
+        "--http-send-timeout-secs",
+        type=_positive_float,
+        default=limits.send_timeout_s,
+        metavar="SECONDS",
+        help="longest a client may leave its response unread (nothing of it taken); past it the connection "
+        f"closes (default: {limits.send_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-max-unsent-bytes",
+        type=_positive,
+        default=limits.max_unsent_bytes,
+        metavar="BYTES",
+        help="response bytes one connection may have waiting to be sent; past it the connection closes "
+        f"(default: {limits.max_unsent_bytes})",
     )
     group.add_argument(
         "--http-max-connections",

@@ -13,6 +13,8 @@ T = TypeVar("T")
 COMPRESSION_BYTES = 64 << 10
 # A memcpy runs at several GB/s: 1 MiB is ~0.1-0.3 ms, about what the hop to a thread and back costs.
 COPY_BYTES = 1 << 20
+# Splitting BYTES tensors makes one Python object per element, ~0.1 us each: 256 KiB of tiny elements is ~5-10 ms.
+DECODE_BYTES = 256 << 10
 
 
 async def off_loop(size: int, threshold: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -11,6 +11,14 @@ from pathlib import Path
 # Shared memory per worker process for a batch's inputs, and as much for its outputs.
 DEFAULT_ARENA_BYTES = 16 << 20
 DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
+# A request's line and headers together: Envoy's max_request_headers_kb is 60 KiB, nginx's
+# large_client_header_buffers 4 x 8 KiB; tritonclient sends a few hundred bytes.
+DEFAULT_MAX_HEADER_BYTES = 64 << 10
+# Elements of one BYTES input: each becomes a Python bytes object (~40 bytes more than its data, and its decode
+# time), so 32 MiB of 1-byte elements would cost 2 GB; a million costs ~60 MB.
+DEFAULT_MAX_BYTES_ELEMENTS = 1 << 20
+# Response bytes one HTTP connection may have queued, unsent: above any one response but a few.
+DEFAULT_MAX_UNSENT_BYTES = 1 << 30
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 INT32_MAX = 2**31 - 1
 
@@ -63,6 +71,7 @@ class ServerSettings:
     exit_on_error: bool = True
     exit_timeout_secs: int = 30
     drain_delay_secs: int = 0
+    max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS  # elements of one BYTES input, over every protocol
     # 1: one process does everything; N >= 2: a supervisor, N protocol processes and one engine.
     frontend_processes: int = 1
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
@@ -85,6 +94,9 @@ class HttpSettings:
     body_timeout_s: float = 60.0  # longest silence while a request body is arriving
     keep_alive_s: int = 5  # an idle connection (a new one, or between requests) is closed after this
     max_connections: int = 0  # 0: half the file-descriptor limit
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # a request's line and headers together; past it, 431
+    send_timeout_s: float = 60.0  # longest a response may wait, unread by its client, before the connection closes
+    max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES  # response bytes one connection may have waiting to be sent
     restrictions: Mapping[str, Restriction] = field(default_factory=dict)
 
 

@@ -33,6 +33,7 @@ from geserve.errors import (
     NotFoundError,
     UnavailableError,
 )
+from geserve.offload import DECODE_BYTES, off_loop
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
 from geserve.types import (
     CacheSnapshot,
@@ -298,7 +299,7 @@ class InferenceService:
         """Validate, schedule and run one request; errors carry Triton's request-id prefix. A decoupled
         model answers only streams: the request fails with DecoupledModelError."""
         started_ns = time.monotonic_ns()
-        model, scheduled = self._admit(request)
+        model, scheduled = await self._admit(request)
         return await self._answer(model, scheduled, request, started_ns)
 
     async def _answer(
@@ -337,7 +338,7 @@ class InferenceService:
         """Every response to one request, as the model sends them (one, final, for a model that is not
         decoupled). Errors before the model runs are raised; the model's own come as items."""
         started_ns = time.monotonic_ns()
-        model, scheduled = self._admit(request)
+        model, scheduled = await self._admit(request)
         if not model.decoupled:  # admitted once: validation and shared-memory reads are not done twice
             yield StreamedResponse(await self._answer(model, scheduled, request, started_ns), None, True)
             return
@@ -354,7 +355,7 @@ class InferenceService:
     async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]:
         """A python model's BLS request (`exec`): validated and scheduled as a client's request, also while
         the server drains at shutdown (the request that made it was admitted); its outputs as arrays."""
-        model, scheduled = self._admit(request, internal=True)
+        model, scheduled = await self._admit(request, internal=True)
         if model.decoupled:
             raise DecoupledModelError(
                 f"model '{model.name}' is decoupled: call it with exec(decoupled=True) or async_exec(decoupled=True)"
@@ -366,14 +367,14 @@ class InferenceService:
     ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
         """A BLS request with `decoupled=True`: every response the model sends (one, for a model that is not
         decoupled)."""
-        model, scheduled = self._admit(request, internal=True)
+        model, scheduled = await self._admit(request, internal=True)
         if not model.decoupled:
             yield (await response_cache.execute(model, scheduled)).outputs, None, True
             return
         async for item in model.scheduler.stream(scheduled):
             yield item
 
-    def _admit(self, request: InferRequest, internal: bool = False) -> tuple[ModelVersion, ScheduledRequest]:
+    async def _admit(self, request: InferRequest, internal: bool = False) -> tuple[ModelVersion, ScheduledRequest]:
         """The version a request addresses and the request as its scheduler takes it, validated."""
         if not self._accepting and not internal:
             raise UnavailableError("the server is shutting down").with_request_id(request.id)
@@ -386,7 +387,15 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         try:
-            inputs = validation.validate_inputs(request, model, self._shared_memory.read)
+            inputs = await off_loop(
+                validation.decode_cost(request),
+                DECODE_BYTES,
+                validation.validate_inputs,
+                request,
+                model,
+                self._shared_memory.read,
+                self._server.max_bytes_elements,
+            )
             output_names = validation.requested_output_names(request, model)
         except GeserveError as error:
             model.stats.record_failure("OTHER", 0)

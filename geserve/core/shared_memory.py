@@ -6,6 +6,7 @@ import contextlib
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,10 +142,13 @@ class SharedMemoryManager:
         _check_segment(region, start + size)
         return region, start, size
 
-    def read(self, parameters: Parameters, what: str) -> memoryview:
-        """A copy of an input's bytes: the client may rewrite or unregister the region meanwhile."""
+    def read(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> memoryview:
+        """A copy of an input's bytes: the client may rewrite or unregister the region meanwhile. `check` sees the
+        byte size once the region and the bounds are checked, and may refuse it before anything is read."""
         with self._lock:
             region, start, size = self._span(parameters, what)
+            if check is not None:
+                check(size)
             data = os.pread(region.fd, size, start) if size else b""
             if len(data) != size:  # shrunk between the check and the read
                 raise _shrunk(region, os.fstat(region.fd).st_size, start + size)

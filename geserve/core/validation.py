@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,8 +15,9 @@ from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.types import InferInput, InferRequest, Parameters, TensorSpec
 
-# (a tensor's parameters, what it is for messages) -> its bytes from client shared memory.
-SharedReader = Callable[[Parameters, str], memoryview]
+# (a tensor's parameters, what it is for messages, a check of the byte size it names, called once the region and
+# the bounds are checked and before any read) -> its bytes from client shared memory.
+SharedReader = Callable[[Parameters, str, Callable[[int], None]], memoryview]
 
 
 def check_parameters(parameters: Parameters) -> None:
@@ -44,19 +46,18 @@ def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 
 
 def validate_inputs(
-    request: InferRequest, model: ModelVersion, read_shared: SharedReader | None = None
+    request: InferRequest,
+    model: ModelVersion,
+    read_shared: SharedReader | None = None,
+    max_bytes_elements: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Check every input against the config and return them as arrays of the configured shape; inputs
-    in client shared memory are read through `read_shared`."""
+    in client shared memory are read through `read_shared`; a BYTES input may have `max_bytes_elements`."""
     name = model.name
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
     for given in request.inputs:
         tensor = given
-        if "shared_memory_region" in given.parameters:
-            if read_shared is None:
-                raise UnsupportedError(f"input '{given.name}': shared memory is not supported by this server")
-            tensor = replace(given, data=read_shared(given.parameters, f"input '{given.name}'"))
         spec = model.inputs.get(tensor.name)
         if spec is None:
             raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
@@ -84,6 +85,15 @@ def validate_inputs(
                 f"unexpected shape for input '{tensor.name}' for model '{name}'. "
                 f"Expected {_dims_text(spec.wire_shape)}, got {_dims_text(shape)}"
             )
+        if max_bytes_elements is not None and spec.dtype.itemsize is None:
+            _check_element_count(tensor, max_bytes_elements, name)
+        if "shared_memory_region" in tensor.parameters:
+            # Read only once the input is known to be what the model takes, and never more than the tensor: a
+            # region's byte size is the client's to choose (a sparse GiB costs it nothing, a read of it costs us).
+            if read_shared is None:
+                raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
+            check_size = functools.partial(_check_shared_size, tensor, spec, name)
+            tensor = replace(tensor, data=read_shared(tensor.parameters, f"input '{tensor.name}'", check_size))
         array = _as_array(tensor, spec, name)
         if spec.reshape is not None:
             array = array.reshape(((shape[0],) if spec.batched else ()) + spec.reshape)
@@ -98,6 +108,41 @@ def validate_inputs(
                 "Please provide all required input(s)."
             )
     return arrays
+
+
+def _check_element_count(tensor: InferInput, limit: int, model_name: str) -> None:
+    """Each BYTES element becomes a Python object: their count, not the bytes they fill, is what they cost."""
+    count = math.prod(tensor.shape)
+    if count > limit:
+        raise InvalidArgumentError(
+            f"inference input '{tensor.name}' for model '{model_name}' has {count} BYTES elements, more than the "
+            f"{limit} allowed; see --max-bytes-tensor-elements"
+        )
+
+
+def decode_cost(request: InferRequest) -> int:
+    """The bytes validation reads or splits one by one (BYTES elements, client shared memory): past a size, work
+    for a thread, not for the event loop."""
+    cost = 0
+    for tensor in request.inputs:
+        size = tensor.parameters.get("shared_memory_byte_size")
+        if isinstance(size, int) and not isinstance(size, bool) and "shared_memory_region" in tensor.parameters:
+            cost += size
+        elif tensor.datatype == "BYTES" and not isinstance(tensor.data, np.ndarray):
+            cost += len(tensor.data)
+    return cost
+
+
+def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str, size: int) -> None:
+    """A fixed-size input in shared memory names exactly its byte size (Triton checks the same), before any read."""
+    if spec.dtype.itemsize is None:
+        return  # BYTES elements have no fixed size: the elements read are counted instead
+    expected = math.prod(tensor.shape) * spec.dtype.itemsize
+    if size != expected:
+        raise InvalidArgumentError(
+            f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. "
+            f"Expected {expected}, got {size}"
+        )
 
 
 def _as_array(tensor: InferInput, spec: TensorSpec, model_name: str) -> np.ndarray:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import resource
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, cast
@@ -73,6 +74,7 @@ class _GentleTransport:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._raw.write(data)
+        self._protocol.check_unsent()
 
     def close(self) -> None:
         self._protocol.close_gently()
@@ -172,6 +174,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._shutting_down = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._direct: DirectBody | None = None  # the body being read straight into its buffer
+        self._head_bytes: int | None = None  # bytes of the request head so far, while one is being read
+        self._send_deadline: asyncio.TimerHandle | None = None  # armed while writing is paused
+        self._unsent_at_check = 0  # what was waiting to be sent when the send deadline was last armed
         self._client = ClientWatch()  # a running infer request learns through it that the client went away
 
     # -- connection ------------------------------------------------------------------------
@@ -198,6 +203,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.admitted.discard(self)
         self.hooks.connections.update(len(self.admitted))
         self._cancel_deadline()
+        self._cancel_send_deadline()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         self.lingering = True  # nothing more is read or written
@@ -209,14 +215,34 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
             # The first byte of a request, even bytes the parser skips (blank lines), starts the header clock.
             self._reading_head = True
+            self._head_bytes = 0
             self._deadline = self.loop.call_later(self.limits.header_timeout_s, self._headers_too_slow)
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
         super().data_received(data)
+        # Still in a head after the whole read: all of it was head. httptools has no limit of its own (h11 has
+        # h11_max_incomplete_event_size) and keeps what it parsed, so the head is bounded here, a read at a time.
+        if self._head_bytes is not None and self._head_bytes > self.limits.max_header_bytes and not self.lingering:
+            self._head_too_large()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_bytes is None:
+            self._head_bytes = 0  # a request pipelined behind another: counted from the next read
 
     # -- requests ----------------------------------------------------------------------------
 
     def on_headers_complete(self) -> None:
+        if self.lingering:
+            return  # a request pipelined behind one that was refused, in the same read
         self._cancel_deadline()
         self._reading_head = False
+        self._head_bytes = None
+        # A head that came whole in one read was never counted there: its parsed size is.
+        parsed = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if parsed > self.limits.max_header_bytes:
+            self._head_too_large()  # no request cycle starts: what follows in this read is dropped
+            return
         super().on_headers_complete()
         if self.cycle is None:
             return
@@ -229,6 +255,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._start_direct()
 
     def on_body(self, body: bytes) -> None:
+        if self.lingering:
+            return
         self._last_body_at = self.loop.time()
         if self._direct is None:
             super().on_body(body)
@@ -236,11 +264,32 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._direct.write(body)  # the parser reaches message complete itself
 
     def on_message_complete(self) -> None:
+        if self.lingering and self._direct is None:
+            return  # the rest of a read after a refused head
         self._cancel_deadline()
         direct, self._direct = self._direct, None
         if direct is not None and self.cycle is not None:
-            self.cycle.body = direct.complete()  # type: ignore[assignment]  # a fallback receive() copies it
+            body = direct.complete()
+            if not self.cycle.response_complete:  # answered early, the body is of no more use
+                self.cycle.body = body  # type: ignore[assignment]  # a fallback receive() copies it
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._release_body()
+        super().on_response_complete()
+
+    def _release_body(self) -> None:
+        """Once a request is answered, nothing of the connection holds its body read in place: the protocol
+        keeps its last scope and cycle until the next request, which an idle keep-alive client may never send."""
+        cycle = self.cycle
+        if cycle is None or not cycle.response_complete:
+            return  # a pipelined request's cycle is current: the answered one is no longer held here
+        extensions = cast(dict[str, Any], cycle.scope.get("extensions", {}))
+        direct = extensions.pop(BODY_EXTENSION, None)
+        if isinstance(direct, DirectBody):
+            direct.release()
+        if isinstance(cycle.body, memoryview):
+            cycle.body = b""
 
     # -- bodies read in place ----------------------------------------------------------------
 
@@ -255,10 +304,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         length = lengths[0].decode("latin-1")
         if not is_decimal(length) or not DIRECT_MIN_BYTES <= int(length) <= self.limits.max_input_size:
             return
-        cycle = self.cycle
-        assert cycle is not None
+        assert self.cycle is not None
+        # Weakly: the cycle's scope holds the body, which holds this function; a strong reference here would make
+        # a cycle that keeps the whole body until the collector's next full pass.
+        cycle_ref = weakref.ref(self.cycle)
 
         def on_read() -> None:  # what uvicorn's receive() does before it waits for the body
+            cycle = cycle_ref()
+            if cycle is None:
+                return
             if cycle.waiting_for_100_continue and not self.transport.is_closing():
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 cycle.waiting_for_100_continue = False
@@ -328,6 +382,61 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         message = f"the request body stopped arriving for {self.limits.body_timeout_s:g} seconds"
         self._give_up(raw_error_response(408, message), in_body=True)
 
+    def _head_too_large(self) -> None:
+        self._cancel_deadline()
+        self._head_bytes = None
+        self.tally.add("oversized request heads")
+        limit = self.limits.max_header_bytes
+        message = f"the request line and headers exceed {limit} bytes; see --http-max-header-size"
+        self._give_up(raw_error_response(431, message), in_body=False)
+
+    # -- responses a client does not read ----------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_deadline is None and self._raw is not None:
+            self._unsent_at_check = self._raw.get_write_buffer_size()
+            self._send_deadline = self.loop.call_later(self.limits.send_timeout_s, self._send_too_slow)
+
+    def resume_writing(self) -> None:
+        self._cancel_send_deadline()
+        super().resume_writing()
+
+    def _cancel_send_deadline(self) -> None:
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+    def _send_too_slow(self) -> None:
+        """Writing is still paused: the client read nothing of what waits for it for send_timeout_s."""
+        self._send_deadline = None
+        raw = self._raw
+        if raw is None:
+            return
+        # Closing or not: a transport closed with bytes still queued waits for them to be sent, however long.
+        unsent = raw.get_write_buffer_size()
+        if unsent < self._unsent_at_check:  # it reads, slowly: a client on a slow link is not cut off
+            self._unsent_at_check = unsent
+            self._send_deadline = self.loop.call_later(self.limits.send_timeout_s, self._send_too_slow)
+            return
+        self._drop_unread(f"{unsent} response bytes went unread for {self.limits.send_timeout_s:g} seconds")
+
+    def check_unsent(self) -> None:
+        """After a write: more waiting to be sent than the cap closes the connection."""
+        raw = self._raw
+        if raw is not None and not raw.is_closing() and raw.get_write_buffer_size() > self.limits.max_unsent_bytes:
+            unsent = raw.get_write_buffer_size()
+            self._drop_unread(f"{unsent} response bytes wait to be sent, over --http-max-unsent-bytes")
+
+    def _drop_unread(self, why: str) -> None:
+        """Close a connection whose client does not read what it asked for: its responses would stay in memory
+        for as long as it holds the connection. Nothing more can reach it, so no lingering: a reset."""
+        self.tally.add("unread responses")
+        logger.info("%s: closed a connection from %s: %s", self.tally.listener, _peer(self.client), why)
+        self._cancel_send_deadline()
+        assert self._raw is not None
+        self._raw.abort()  # connection_lost follows: a request still running is cancelled there
+
     def _give_up(self, response: bytes, in_body: bool) -> None:
         """Answer 408 (in a body: unless the handler already answered, as it may before reading it all),
         then close; a handler still waiting for the body sees a disconnect."""
@@ -358,6 +467,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         raw.write_eof()
         self._linger_timer = self.loop.call_later(LINGER_S, raw.close)
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "an unknown peer"
 
 
 def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:

@@ -23,6 +23,10 @@ InPlaceBodies = Callable[[str, str], bool]
 BodyAllocator = Callable[[int], memoryview]
 
 
+def _nothing() -> None:
+    pass
+
+
 def heap_body(size: int) -> memoryview:
     return np.empty(size, dtype=np.uint8).data  # not zeroed: every byte is written by a read
 
@@ -61,11 +65,19 @@ class DirectBody:
     def abandon(self) -> None:
         """The client went away (or was given up on) before the body was complete."""
         self._abandoned = True
+        self._on_read = _nothing
         self._done.set()
+
+    def release(self) -> None:
+        """Its request was answered: let go of the connection. `on_read` refers to the connection, whose
+        current request cycle's scope refers to this body; kept, that cycle would hold the whole body until the
+        garbage collector's next full pass, which with bodies of megabytes comes long after gigabytes piled up."""
+        self._on_read = _nothing
 
     async def read(self) -> memoryview:
         """The whole body, once it has arrived; ClientDisconnectedError if it never will."""
-        self._on_read()
+        on_read, self._on_read = self._on_read, _nothing  # needed once; kept, it would close a cycle
+        on_read()
         await self._done.wait()
         if self._abandoned:
             raise ClientDisconnectedError

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import chaos, soak
-from tests.reliability.load import MIXED
 
 pytestmark = pytest.mark.e2e
 
@@ -15,7 +14,8 @@ pytestmark = pytest.mark.e2e
 def test_a_short_soak_passes_with_every_kind_of_traffic_checked(tmp_path: Path) -> None:
     report = soak.run(8.0, tmp_path)
     assert report["passed"], report["failures"]
-    assert set(report["by_kind"]) == {kind.name for kind in MIXED}
+    assert set(report["by_kind"]) == {kind.name for kind in soak.SOAK_KINDS}
+    assert report["idle"]["frontend_rss_mib"] > 0 and report["settled"]["t_s"] > report["last"]["t_s"]
     assert all(counts["ok"] > 0 for counts in report["by_kind"].values())
     assert len(report["samples"]) >= 2 and report["last"]["workers"] >= 5
     assert "| **all," in soak.table(report)
@@ -31,3 +31,9 @@ def test_a_shrunk_region_is_refused_by_name_and_served_again_once_replaced(tmp_p
     result = chaos.shrunk_region(tmp_path, phase_s=1.5)
     assert result["passed"], result["checks"]
     assert result["phases"]["shrunk"]["HTTP / simple, inputs in the region"]["failed"] > 0
+
+
+def test_hostile_clients_are_refused_or_dropped_and_the_traffic_is_served(tmp_path: Path) -> None:
+    result = chaos.hostile_clients(tmp_path, phase_s=4.0, unread=3)
+    assert result["passed"], result["checks"]
+    assert result["ok"] > 0 and result["failed"] == 0

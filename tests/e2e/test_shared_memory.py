@@ -16,7 +16,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.e2e.test_perf_analyzer import perf_analyzer, run_briefly  # noqa: F401 - the fixture
-from tests.support import GeserveProcess, copy_model
+from tests.support import GeserveProcess, copy_model, server_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -216,6 +216,39 @@ def test_request_bounds_are_checked(
         assert "should be at least 64 bytes to hold the results" in error.value.message()
     finally:
         client.unregister_system_shared_memory("req")
+    _good_request(shm_server)
+
+
+def _peak_rss_mib(server: GeserveProcess) -> list[float]:
+    """Each of the server's own processes' peak resident memory (VmHWM)."""
+    peaks = []
+    for pid in server_pids(server):
+        with open(f"/proc/{pid}/status") as status:
+            peaks += [int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:")]
+    return peaks
+
+
+def test_a_huge_region_is_not_read_for_a_small_input(shm_server: GeserveProcess, regions: Any) -> None:
+    """A sparse GiB named as the byte size of a 64-byte input: refused before any of it is read."""
+    client = httpclient.InferenceServerClient(shm_server.url)
+    size = 1 << 30
+    key, _ = regions(size)  # ftruncate'd, never written: it costs the client nothing
+    client.register_system_shared_memory("sparse", key, size)
+    try:
+        before = _peak_rss_mib(shm_server)
+        inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_shared_memory("sparse", size)
+        inputs[1].set_data_from_numpy(np.zeros((1, 16), dtype=np.int32))
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("simple", inputs)
+        assert error.value.status() == "400"
+        assert f"input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got {size}" in str(
+            error.value.message()
+        )
+        after = _peak_rss_mib(shm_server)
+        assert all(late - early < 256 for early, late in zip(before, after, strict=True)), (before, after)
+    finally:
+        client.unregister_system_shared_memory("sparse")
     _good_request(shm_server)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import struct
 from typing import Any
 
@@ -151,3 +153,40 @@ def test_shared_memory_registration(fuzz_server: GeserveProcess, name: str, key:
     status, answer = _post(fuzz_server, f"/v2/systemsharedmemory/region/{np.random.randint(1 << 30)}/register", body)
     assert status in (200, 400, 404), (status, answer[:300])
     assert status != 200, "no fuzzed key names a real segment"
+
+
+HEADER_CAP = 64 << 10  # --http-max-header-size's default
+
+
+@settings(max_examples=30)
+@given(
+    st.lists(
+        st.tuples(
+            st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=40),
+            st.integers(0, 40_000),
+        ),
+        max_size=12,
+    ),
+    st.integers(0, 20_000),
+)
+def test_request_heads_around_the_cap(fuzz_server: GeserveProcess, headers: list[tuple[str, int]], path: int) -> None:
+    """Within the cap a head is served, past it (as parsed) it gets 431; the server serves on either way."""
+    url = "/v2/health/ready" + ("?" + "q" * path if path else "")
+    lines = [f"x-{name}: {'v' * size}\r\n" for name, size in headers]
+    head = f"GET {url} HTTP/1.1\r\nHost: fuzz\r\n{''.join(lines)}\r\n".encode()
+    parsed = len(url) + len("host") + len("fuzz") + 4 + sum(len(line) - 2 for line in lines)
+    with socket.create_connection(("127.0.0.1", fuzz_server.http_port), timeout=30) as sock:
+        with contextlib.suppress(OSError):  # a 431 may come before all of the head is taken
+            sock.sendall(head)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else None
+    if len(head) <= HEADER_CAP:
+        assert status == 200, answer[:300]
+    elif parsed > HEADER_CAP:
+        assert status == 431, answer[:300]
+    else:
+        assert status in (200, 431), answer[:300]  # the raw head is over, its parsed fields are not
+    _good_request(fuzz_server)

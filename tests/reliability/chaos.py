@@ -1,4 +1,5 @@
-"""`make chaos`: workers killed, SIGTERM, a full /dev/shm and a shrunk client region, all under checked load."""
+"""`make chaos`: workers killed, SIGTERM, a full /dev/shm, a shrunk client region and hostile clients, all under
+checked load."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -318,11 +320,106 @@ def shrunk_region(workdir: Path, phase_s: float = 4.0) -> Result:
     )
 
 
+def _oversized_head(server: GeserveProcess) -> bool:
+    """A request head of 1 MiB: answered 431, the connection closed."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=15) as sock:
+        with contextlib.suppress(OSError):  # answered and closed before all of it was taken
+            sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer.startswith(b"HTTP/1.1 431 ")
+
+
+def _unread_response(server: GeserveProcess, elements: int) -> socket.socket:
+    """A connection that asks for `elements` FP32 values back and reads none of them."""
+    data = np.ones((1, elements), dtype=np.float32)
+    tensor = {"name": "INPUT0", "shape": [1, elements], "datatype": "FP32"}
+    header = json.dumps(
+        {
+            "inputs": [{**tensor, "parameters": {"binary_data_size": data.nbytes}}],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    body = header + data.tobytes()
+    head = (
+        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: chaos\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", server.http_port))
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _dropped_by_server(sock: socket.socket) -> bool:
+    """The server closed it (EOF or reset) before the client had read its response."""
+    received = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass
+    except OSError:
+        return False  # timed out: still held open
+    finally:
+        sock.close()
+    return received < (4 << 20) * 4
+
+
+def hostile_clients(workdir: Path, phase_s: float = 6.0, unread: int = 8) -> Result:
+    """Under checked traffic: 1 MiB request heads, and connections that ask for 16 MiB and never read it."""
+    repository = build_repository(workdir)
+    write_identity_model(repository, "echo", max_batch_size=8)
+    server = GeserveProcess(
+        workdir / "geserve.log", f"--model-repository={repository}", "--http-send-timeout-secs=2"
+    ).wait_live()
+    frontend = server.process.pid
+    with Traffic(server) as traffic:
+        time.sleep(SETTLE_S)
+        idle_rss = _rss_mib(frontend)
+        heads_refused = all(_oversized_head(server) for _ in range(20))
+        held = [_unread_response(server, 4 << 20) for _ in range(unread)]
+        time.sleep(phase_s)
+        all_dropped = all(_dropped_by_server(sock) for sock in held)
+        time.sleep(SETTLE_S)
+        rss_after = _rss_mib(frontend)
+    alive = wait_ready(server, 10)
+    log = server.log()
+    exit_code, leaked = _stopped_cleanly(server)
+    return _result(
+        "hostile clients",
+        traffic.tally,
+        {
+            "1 MiB heads answered 431": heads_refused,
+            "unread responses dropped by the server": all_dropped,
+            "their drops logged": "went unread for 2 seconds" in log,
+            "front-end RSS back within 256 MiB": rss_after - idle_rss < 256,
+            "no failure": traffic.tally.total("failed") == 0,
+            "server alive": alive,
+            "exit 0 on SIGTERM": exit_code == 0,
+            "no segment left": not leaked,
+        },
+        frontend_rss_mib={"before": idle_rss, "after": rss_after},
+    )
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
     "shm-full": shm_nearly_full,
     "shrunk-region": shrunk_region,
+    "hostile-clients": hostile_clients,
 }
 
 

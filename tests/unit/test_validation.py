@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -163,3 +164,47 @@ def test_shared_memory_inputs_need_a_reader_and_classification_a_count(model: Mo
     both = request([], outputs=(RequestedOutput("X", {"classification": 2, "shared_memory_region": "r"}),))
     with pytest.raises(InvalidArgumentError, match="classification can not be used with shared memory"):
         validation.requested_output_names(both, model)
+
+
+def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(model: ModelVersion) -> None:
+    reads: list[str] = []
+
+    def reader(parameters: Any, what: str, check: Callable[[int], None]) -> memoryview:
+        check(parameters["shared_memory_byte_size"])  # as the region does, once its bounds are checked
+        reads.append(what)
+        return raw(np.arange(6, dtype=np.int32))
+
+    def in_region(name: str, datatype: str, shape: tuple[int, ...], byte_size: int) -> list[InferInput]:
+        parameters = {"shared_memory_region": "r", "shared_memory_byte_size": byte_size}
+        return replace_input(0, InferInput(name, datatype, shape, memoryview(b""), parameters))
+
+    refused = [
+        (in_region("A", "INT32", (1, 2, 3), 1 << 30), "input byte size mismatch for input 'A'"),  # a sparse GiB
+        (in_region("A", "FP32", (1, 2, 3), 24), "data-type is 'FP32'"),
+        (in_region("A", "INT32", (1, 3, 3), 36), "unexpected shape for input 'A'"),
+        (in_region("Z", "INT32", (1, 2, 3), 24), "unexpected inference input 'Z'"),
+    ]
+    for inputs, message in refused:
+        with pytest.raises(InvalidArgumentError, match=message):
+            validation.validate_inputs(request(inputs), model, reader)
+    assert reads == []
+    arrays = validation.validate_inputs(request(in_region("A", "INT32", (1, 2, 3), 24)), model, reader)
+    assert reads == ["input 'A'"] and arrays["A"][0, 1, 2] == 5
+
+
+def test_bytes_element_limit_is_checked_from_the_shape_before_any_decode(model: ModelVersion) -> None:
+    inputs = good_inputs(3)
+    inputs[1] = InferInput("S", "BYTES", (3, 2), memoryview(b"\xff" * 3))  # would not even frame
+    with pytest.raises(InvalidArgumentError, match="input 'S' for model 'm' has 6 BYTES elements, more than the 5"):
+        validation.validate_inputs(request(inputs), model, max_bytes_elements=5)
+    assert validation.validate_inputs(request(good_inputs(2)), model, max_bytes_elements=4)["S"].shape == (2, 2)
+
+
+def test_decode_cost_counts_bytes_framing_and_shared_memory_only() -> None:
+    inputs = [
+        InferInput("S", "BYTES", (1,), memoryview(b"\x01\x00\x00\x00a")),
+        InferInput("A", "INT32", (4,), raw(np.zeros(4, np.int32))),
+        InferInput("R", "FP32", (4,), memoryview(b""), {"shared_memory_region": "r", "shared_memory_byte_size": 16}),
+        InferInput("T", "BYTES", (1,), np.array([b"a"], dtype=object)),
+    ]
+    assert validation.decode_cost(request(inputs)) == 5 + 16
