@@ -184,11 +184,12 @@ class InferenceService:
             for version in model.versions.values():
                 version.kill()
 
-    async def shutdown(self) -> None:
-        """Stop answering as ready, stop every worker and release the clients' shared memory."""
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop answering as ready, stop every worker (within `timeout_s`, by default --exit-timeout-secs) and
+        release the clients' shared memory."""
         self._accepting = False
         await self._monitor.stop()
-        await self._repository.shutdown()
+        await self._repository.shutdown(timeout_s)
         self._shared_memory.close()
         await asyncio.to_thread(self._traces.close)  # the last traces, and the end of the trace file
 

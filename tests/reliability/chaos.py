@@ -1,4 +1,4 @@
-"""`make chaos`: workers killed, SIGTERM, a full /dev/shm and a shrunk client region, all under checked load."""
+"""`make chaos`: workers killed, SIGTERM (to the server, and to its process group), a full /dev/shm and a shrunk client region, all under checked load."""
 
 from __future__ import annotations
 
@@ -28,7 +28,14 @@ from tests.reliability.load import (
     build_repository,
     http_binary_simple,
 )
-from tests.support import GeserveProcess, http_status, segments_of_server, worker_pids, write_identity_model
+from tests.support import (
+    GeserveProcess,
+    descendants,
+    http_status,
+    segments_of_server,
+    worker_pids,
+    write_identity_model,
+)
 
 REPORT = Path(os.environ.get("CHAOS_REPORT", "chaos-report.json"))
 Result = dict[str, Any]
@@ -142,6 +149,56 @@ def sigterm_under_load(workdir: Path) -> Result:
             "no worker killed on the way out": "did not stop" not in log,
         },
         exit_s=round(exit_s, 2),
+    )
+
+
+def _still_running(pids: list[int], wait_s: float) -> list[int]:
+    """Those of `pids` still running (zombies have exited) after up to `wait_s`."""
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    deadline = time.monotonic() + wait_s
+    while (left := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def group_sigterm_while_draining(workdir: Path, drain_s: int = 3) -> Result:
+    """SIGTERM to the whole process group (systemd's KillMode=control-group, Ctrl-C, `tini -g`) with a drain
+    window: the workers leave the signal to the server, so every request of the window is answered."""
+    repository = build_repository(workdir)
+    server = GeserveProcess(
+        workdir / "geserve.log", f"--model-repository={repository}", f"--drain-delay-secs={drain_s}", new_session=True
+    ).wait_live()
+    pid = server.process.pid
+    tree = descendants(pid)
+    with Traffic(server) as traffic:
+        time.sleep(3)
+        before = traffic.tally.total("ok")
+        os.killpg(pid, signal.SIGTERM)
+        time.sleep(drain_s - 0.5)  # inside the window: everything sent so far must have been answered
+        failed_in_window = traffic.tally.total("failed")
+        served_in_window = traffic.tally.total("ok") - before
+        traffic.finish()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.process.wait(90)  # it exits on its own once the window is over
+    exit_code = server.stop()  # exited already: this only collects the status and closes the log
+    left = _still_running(tree, 10.0)
+    return _result(
+        "SIGTERM to the process group while draining",
+        traffic.tally,
+        {
+            "no failure in the drain window": failed_in_window == 0,
+            "served in the drain window": served_in_window > 0,
+            "exit 0": exit_code == 0,
+            "no process left": not left,
+            "no segment left": not segments_of_server(pid),
+        },
+        served_in_window=served_in_window,
     )
 
 
@@ -321,6 +378,7 @@ def shrunk_region(workdir: Path, phase_s: float = 4.0) -> Result:
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
+    "group-sigterm": group_sigterm_while_draining,
     "shm-full": shm_nearly_full,
     "shrunk-region": shrunk_region,
 }
