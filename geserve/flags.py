@@ -7,7 +7,15 @@ import argparse
 from geserve import trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
 from geserve.restrictions import GROUPS
-from geserve.settings import DEFAULT_ARENA_BYTES, DEFAULT_MAX_INPUT_SIZE, ControlMode, GrpcSettings, HttpSettings
+from geserve.settings import (
+    DEFAULT_ARENA_BYTES,
+    DEFAULT_CLIENT_SHM_BYTES,
+    DEFAULT_CLIENT_SHM_REGIONS,
+    DEFAULT_MAX_INPUT_SIZE,
+    ControlMode,
+    GrpcSettings,
+    HttpSettings,
+)
 from geserve.workers.devices import parse_device_ids
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -188,6 +196,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
     )
     _boolean(group, "--allow-client-shm", False, "let clients register system shared-memory regions for tensors")
+    group.add_argument(
+        "--max-client-shm-regions",
+        type=_positive,
+        default=DEFAULT_CLIENT_SHM_REGIONS,
+        metavar="COUNT",
+        help="most shared-memory regions registered at once; each holds a file descriptor "
+        f"(default: {DEFAULT_CLIENT_SHM_REGIONS})",
+    )
+    group.add_argument(
+        "--max-client-shm-bytes",
+        type=_positive,
+        default=DEFAULT_CLIENT_SHM_BYTES,
+        metavar="BYTES",
+        help=f"most bytes the registered shared-memory regions span together (default: {DEFAULT_CLIENT_SHM_BYTES})",
+    )
 
     group = parser.add_argument_group("HTTP")
     _boolean(group, "--allow-http", True, "serve HTTP/REST")

@@ -54,6 +54,10 @@ class LoggingSettings:
         return logging.CRITICAL
 
 
+DEFAULT_CLIENT_SHM_REGIONS = 4096
+DEFAULT_CLIENT_SHM_BYTES = 64 << 30  # 64 GiB
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     """The server as a whole: identity, readiness, shutdown, logging, tracing, client shared memory."""
@@ -67,6 +71,10 @@ class ServerSettings:
     frontend_processes: int = 1
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
     allow_client_shm: bool = False
+    # Each registered region holds a file descriptor: without a cap, clients exhaust them and every new
+    # connection, model load and worker fails (19,967 regions did under a 20,000 descriptor limit).
+    max_client_shm_regions: int = DEFAULT_CLIENT_SHM_REGIONS
+    max_client_shm_bytes: int = DEFAULT_CLIENT_SHM_BYTES  # the sum of the registered regions' byte sizes
     response_cache_bytes: int = 0  # the local response cache's size (--cache-config local,size=N); 0: no cache
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     trace: Mapping[str, str | list[str]] = field(default_factory=dict)

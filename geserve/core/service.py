@@ -24,7 +24,7 @@ from geserve.core.pool_factory import PoolFactory
 from geserve.core.raw import raw_input
 from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
-from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
+from geserve.core.shared_memory import CudaSharedMemory, RegionLimits, SharedMemoryManager
 from geserve.core.stats import statistics_json
 from geserve.core.trace import TraceController, traced_steps
 from geserve.errors import (
@@ -87,7 +87,11 @@ class InferenceService:
         self._models = self._repository.models
         self._cache = response_cache.ResponseCache(server.response_cache_bytes) if server.response_cache_bytes else None
         self._repository.listeners.append(self._attach_cache)
-        self._shared_memory = SharedMemoryManager(server.allow_client_shm, reserved_prefixes=(pools.segment_prefix,))
+        self._shared_memory = SharedMemoryManager(
+            server.allow_client_shm,
+            reserved_prefixes=(pools.segment_prefix,),
+            limits=RegionLimits(server.max_client_shm_regions, server.max_client_shm_bytes),
+        )
         self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)

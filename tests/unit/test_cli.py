@@ -163,3 +163,15 @@ def test_tritonserver_flags_that_would_change_behaviour_exit_2_naming_the_flag(
         parse_settings(["--model-repository=/a", flag])
     assert error.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_client_shared_memory_caps() -> None:
+    defaults = parse_settings(["--model-repository", "m"]).server
+    assert (defaults.max_client_shm_regions, defaults.max_client_shm_bytes) == (4096, 64 << 30)
+    chosen = parse_settings(
+        ["--model-repository", "m", "--max-client-shm-regions=7", "--max-client-shm-bytes=1048576"]
+    ).server
+    assert (chosen.max_client_shm_regions, chosen.max_client_shm_bytes) == (7, 1048576)
+    for flag in ("--max-client-shm-regions=0", "--max-client-shm-bytes=-1"):
+        with pytest.raises(SystemExit):
+            parse_settings(["--model-repository", "m", flag])
