@@ -135,6 +135,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         reuse_port=args.reuse_grpc_port,
         max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        max_message_bytes=args.grpc_max_message_size,
+        max_concurrent_streams=args.grpc_max_concurrent_streams,
+        max_inflight_rpcs=args.grpc_max_inflight_rpcs,
+        max_connections=args.grpc_max_connections or 0,
         restrictions=grpc_restrictions,
     )
     metrics = MetricsSettings(

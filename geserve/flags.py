@@ -295,6 +295,20 @@ def build_parser() -> argparse.ArgumentParser:
         ("--grpc-max-connection-age-grace", "ms a connection past its age has to finish its calls"),
     ):
         group.add_argument(flag, type=_non_negative, default=0, metavar="MS", help=f"{meaning} (default: unset)")
+    for flag, default, meaning in (
+        ("--grpc-max-message-size", defaults.max_message_bytes, "largest message a call may send, in bytes"),
+        ("--grpc-max-concurrent-streams", defaults.max_concurrent_streams, "calls open at once on one connection"),
+        ("--grpc-max-inflight-rpcs", defaults.max_inflight_rpcs, "calls in progress at once (per process)"),
+    ):
+        group.add_argument(flag, type=_positive, default=default, metavar="N", help=f"{meaning} (default: {default})")
+    group.add_argument(
+        "--grpc-max-connections",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="open gRPC connections at most; past it a new one is closed (default: a quarter of the file-descriptor "
+        "limit)",
+    )
 
     group = parser.add_argument_group("metrics")
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
