@@ -1,5 +1,4 @@
-"""A worker's ties to the process that started it: the process group's signals are the parent's to act on, and the
-worker exits once the parent is gone, even while its model is stuck."""
+"""A worker's ties to its parent: group signals are the parent's, and the worker exits once the parent is gone."""
 
 from __future__ import annotations
 
