@@ -1,4 +1,4 @@
-"""`make chaos`: workers killed, SIGTERM (to the server, and to its process group), a full /dev/shm and a shrunk client region, all under checked load."""
+"""`make chaos`: workers killed, SIGTERM (to the server, and to its process group), a full /dev/shm, a shrunk client region and a flood of regions, all under checked load."""
 
 from __future__ import annotations
 
@@ -375,10 +375,60 @@ def shrunk_region(workdir: Path, phase_s: float = 4.0) -> Result:
     )
 
 
+def region_flood(workdir: Path, cap: int = 64) -> Result:
+    """A client registers regions until refused (each holds a descriptor of the server's) under load: it is refused
+    at the cap naming the flag, the traffic is unaffected, and unregistering makes room again."""
+    repository = workdir / "models"
+    shutil.copytree(build_repository(workdir / "full") / "simple", repository / "simple")
+    server = GeserveProcess(
+        workdir / "geserve.log",
+        f"--model-repository={repository}",
+        "--allow-client-shm=true",
+        f"--max-client-shm-regions={cap}",
+    ).wait_live()
+    key = f"geserve-chaos-flood-{os.getpid()}"
+    handle = client_shm.create_shared_memory_region("flood", f"/{key}", 64)
+    client = _http(server)
+    refusal, registered = "", 0
+    kinds = (Kind("HTTP binary / simple", 3, _http, lambda client, _, rng: http_binary_simple(client, rng)),)
+    try:
+        with Traffic(server, kinds) as traffic:
+            time.sleep(1)
+            for index in range(cap * 2):
+                try:
+                    client.register_system_shared_memory(f"flood_{index}", f"/{key}", 64)
+                    registered += 1
+                except Exception as error:  # the refusal, kept for the checks
+                    refusal = str(error)
+                    break
+            time.sleep(1)
+            client.unregister_system_shared_memory()
+            client.register_system_shared_memory("after", f"/{key}", 64)
+            room_again = [region["name"] for region in client.get_system_shared_memory_status()] == ["after"]
+            time.sleep(1)
+    finally:
+        client_shm.destroy_shared_memory_region(handle)
+    exit_code, leaked = _stopped_cleanly(server)
+    return _result(
+        "client regions registered until refused",
+        traffic.tally,
+        {
+            "refused at the cap": registered == cap,
+            "the refusal names the flag": "--max-client-shm-regions" in refusal,
+            "no request failed": traffic.tally.total("failed") == 0,
+            "room again after unregistering": room_again,
+            "exit 0 on SIGTERM": exit_code == 0,
+            "no segment left": not leaked,
+        },
+        registered=registered,
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
     "group-sigterm": group_sigterm_while_draining,
+    "region-flood": region_flood,
     "shm-full": shm_nearly_full,
     "shrunk-region": shrunk_region,
 }
