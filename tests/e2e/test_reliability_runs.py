@@ -31,3 +31,15 @@ def test_a_shrunk_region_is_refused_by_name_and_served_again_once_replaced(tmp_p
     result = chaos.shrunk_region(tmp_path, phase_s=1.5)
     assert result["passed"], result["checks"]
     assert result["phases"]["shrunk"]["HTTP / simple, inputs in the region"]["failed"] > 0
+
+
+def test_sigterm_to_the_process_group_while_draining_fails_nothing_in_the_window(tmp_path: Path) -> None:
+    result = chaos.group_sigterm_while_draining(tmp_path, drain_s=2)
+    assert result["passed"], result["checks"]
+    assert result["served_in_window"] > 0
+
+
+def test_a_region_flood_is_refused_at_the_cap_and_traffic_runs_on(tmp_path: Path) -> None:
+    result = chaos.region_flood(tmp_path, cap=8)
+    assert result["passed"], result["checks"]
+    assert result["registered"] == 8
