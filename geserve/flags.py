@@ -10,6 +10,8 @@ from geserve.core.log_control import FORMATS
 from geserve.restrictions import GROUPS
 from geserve.settings import (
     DEFAULT_ARENA_BYTES,
+    DEFAULT_CLIENT_SHM_BYTES,
+    DEFAULT_CLIENT_SHM_REGIONS,
     DEFAULT_MAX_BYTES_ELEMENTS,
     DEFAULT_MAX_INPUT_SIZE,
     ControlMode,
@@ -221,6 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="elements one BYTES input may have, over HTTP and gRPC; past it the request is refused "
         f"(default: {DEFAULT_MAX_BYTES_ELEMENTS})",
     )
+    group.add_argument(
+        "--max-client-shm-regions",
+        type=_positive,
+        default=DEFAULT_CLIENT_SHM_REGIONS,
+        metavar="COUNT",
+        help="most shared-memory regions registered at once; each holds a file descriptor "
+        f"(default: {DEFAULT_CLIENT_SHM_REGIONS})",
+    )
+    group.add_argument(
+        "--max-client-shm-bytes",
+        type=_positive,
+        default=DEFAULT_CLIENT_SHM_BYTES,
+        metavar="BYTES",
+        help=f"most bytes the registered shared-memory regions span together (default: {DEFAULT_CLIENT_SHM_BYTES})",
+    )
 
     group = parser.add_argument_group("HTTP")
     _boolean(group, "--allow-http", True, "serve HTTP/REST")
@@ -329,6 +346,20 @@ def build_parser() -> argparse.ArgumentParser:
         ("--grpc-max-connection-age-grace", "ms a connection past its age has to finish its calls"),
     ):
         group.add_argument(flag, type=_non_negative, default=0, metavar="MS", help=f"{meaning} (default: unset)")
+    for flag, default, meaning in (
+        ("--grpc-max-message-size", defaults.max_message_bytes, "largest message a call may send, in bytes"),
+        ("--grpc-max-concurrent-streams", defaults.max_concurrent_streams, "calls open at once on one connection"),
+        ("--grpc-max-inflight-rpcs", defaults.max_inflight_rpcs, "calls in progress at once (per process)"),
+    ):
+        group.add_argument(flag, type=_positive, default=default, metavar="N", help=f"{meaning} (default: {default})")
+    group.add_argument(
+        "--grpc-max-connections",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="open gRPC connections at most; past it a new one is closed (default: a quarter of the file-descriptor "
+        "limit)",
+    )
 
     group = parser.add_argument_group("metrics")
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")

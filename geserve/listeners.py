@@ -163,9 +163,11 @@ def embedded_uvicorn(
 
 
 async def stop_front_ends(listeners: list[Listener], grpc: grpc.aio.Server | None, grace_s: float) -> None:
-    """Stop accepting everywhere at once, then let what is in flight finish (gRPC within `grace_s`)."""
+    """Stop accepting everywhere at once, then let what is in flight finish (within `grace_s`). The front-ends
+    wait side by side: one after the other, a request stuck on each would spend the grace twice."""
     for listener in listeners:
         listener.server.should_exit = True
+    stopping = [listener.stop() for listener in listeners]
     if grpc is not None:
-        await grpc.stop(grace=grace_s)
-    await asyncio.gather(*(listener.stop() for listener in listeners))
+        stopping.append(grpc.stop(grace=grace_s))
+    await asyncio.gather(*stopping)

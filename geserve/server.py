@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from geserve.batching.lifecycle import STOP_FLOOR_S
 from geserve.core.service import InferenceService
 from geserve.listeners import Listener, grpc_server, http_listener, metrics_listener, stop_front_ends
 from geserve.memory import freeze_startup_objects
@@ -106,10 +107,12 @@ class Server:
                 await self._drain()
             logger.info("shutting down")
         finally:
-            # Not ready, stop accepting, finish what is in flight, then stop the workers.
+            # Not ready, stop accepting, finish what is in flight, then stop the workers: all of it within
+            # --exit-timeout-secs, as Triton's "timeout when exiting to wait for in-flight inferences to finish".
+            deadline = loop.time() + self.settings.server.exit_timeout_secs
             self.service.stop_accepting()
             await self._stop_front_ends(listeners, grpc_server)
-            await self.service.shutdown()
+            await self.service.shutdown(max(deadline - loop.time(), STOP_FLOOR_S))
         return 0
 
     async def _drain(self) -> None:

@@ -21,6 +21,8 @@ DEFAULT_MAX_BYTES_ELEMENTS = 1 << 20
 DEFAULT_MAX_UNSENT_BYTES = 1 << 30
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 INT32_MAX = 2**31 - 1
+DEFAULT_GRPC_STREAMS = 1024
+DEFAULT_GRPC_INFLIGHT_RPCS = 4096
 
 
 class ControlMode(enum.Enum):
@@ -62,6 +64,10 @@ class LoggingSettings:
         return logging.CRITICAL
 
 
+DEFAULT_CLIENT_SHM_REGIONS = 4096
+DEFAULT_CLIENT_SHM_BYTES = 64 << 30  # 64 GiB
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     """The server as a whole: identity, readiness, shutdown, logging, tracing, client shared memory."""
@@ -76,6 +82,10 @@ class ServerSettings:
     frontend_processes: int = 1
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
     allow_client_shm: bool = False
+    # Each registered region holds a file descriptor: without a cap, clients exhaust them and every new
+    # connection, model load and worker fails (19,967 regions did under a 20,000 descriptor limit).
+    max_client_shm_regions: int = DEFAULT_CLIENT_SHM_REGIONS
+    max_client_shm_bytes: int = DEFAULT_CLIENT_SHM_BYTES  # the sum of the registered regions' byte sizes
     response_cache_bytes: int = 0  # the local response cache's size (--cache-config local,size=N); 0: no cache
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     trace: Mapping[str, str | list[str]] = field(default_factory=dict)
@@ -119,6 +129,12 @@ class GrpcSettings:
     max_connection_age_ms: int = 0
     max_connection_age_grace_ms: int = 0
     restrictions: Mapping[str, Restriction] = field(default_factory=dict)
+    # What one client may hold. Triton fixes the message size at INT32_MAX and caps none of the others; a message
+    # costs about twice its size while it is decoded, so an operator who knows the largest tensor lowers it.
+    max_message_bytes: int = INT32_MAX
+    max_concurrent_streams: int = DEFAULT_GRPC_STREAMS  # per connection: HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+    max_inflight_rpcs: int = DEFAULT_GRPC_INFLIGHT_RPCS  # per process: past it, RESOURCE_EXHAUSTED at once
+    max_connections: int = 0  # per process; 0: a quarter of the file-descriptor limit
 
     def channel_options(self) -> list[tuple[str, int]]:
         age = []
@@ -130,7 +146,8 @@ class GrpcSettings:
             ("grpc.so_reuseport", int(self.reuse_port)),
             *age,
             ("grpc.max_send_message_length", INT32_MAX),
-            ("grpc.max_receive_message_length", INT32_MAX),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
             ("grpc.keepalive_time_ms", self.keepalive_time_ms),
             ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
             ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),

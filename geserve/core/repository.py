@@ -345,13 +345,15 @@ class ModelRepository:
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop every version within `timeout_s` (by default the stop timeout, --exit-timeout-secs)."""
+        timeout_s = self._stop_timeout_s if timeout_s is None else timeout_s
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
         versions = [version for model in self.models.values() for version in model.versions.values()]
-        await asyncio.gather(*(version.stop(self._stop_timeout_s) for version in versions), *self._retiring)
+        await asyncio.gather(*(version.stop(timeout_s) for version in versions), *self._retiring)
         for name in list(self._override_dirs):
             self._drop_override_folder(name)
         if self._mirror_root is not None:

@@ -24,7 +24,7 @@ from geserve.core.pool_factory import PoolFactory
 from geserve.core.raw import raw_input
 from geserve.core.repository import ModelRepository
 from geserve.core.responses import ResponseBuilder
-from geserve.core.shared_memory import CudaSharedMemory, SharedMemoryManager
+from geserve.core.shared_memory import CudaSharedMemory, RegionLimits, SharedMemoryManager
 from geserve.core.stats import statistics_json
 from geserve.core.trace import TraceController, traced_steps
 from geserve.errors import (
@@ -88,7 +88,11 @@ class InferenceService:
         self._models = self._repository.models
         self._cache = response_cache.ResponseCache(server.response_cache_bytes) if server.response_cache_bytes else None
         self._repository.listeners.append(self._attach_cache)
-        self._shared_memory = SharedMemoryManager(server.allow_client_shm, reserved_prefixes=(pools.segment_prefix,))
+        self._shared_memory = SharedMemoryManager(
+            server.allow_client_shm,
+            reserved_prefixes=(pools.segment_prefix,),
+            limits=RegionLimits(server.max_client_shm_regions, server.max_client_shm_bytes),
+        )
         self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)
@@ -185,11 +189,12 @@ class InferenceService:
             for version in model.versions.values():
                 version.kill()
 
-    async def shutdown(self) -> None:
-        """Stop answering as ready, stop every worker and release the clients' shared memory."""
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop answering as ready, stop every worker (within `timeout_s`, by default --exit-timeout-secs) and
+        release the clients' shared memory."""
         self._accepting = False
         await self._monitor.stop()
-        await self._repository.shutdown()
+        await self._repository.shutdown(timeout_s)
         self._shared_memory.close()
         await asyncio.to_thread(self._traces.close)  # the last traces, and the end of the trace file
 

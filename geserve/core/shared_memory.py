@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -16,6 +17,7 @@ from geserve.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from geserve.settings import DEFAULT_CLIENT_SHM_BYTES, DEFAULT_CLIENT_SHM_REGIONS
 from geserve.types import Parameters
 
 DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -27,6 +29,17 @@ BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 # Where POSIX shared memory lives on Linux: shm_open("/key") opens SHM_DIRECTORY/key.
 SHM_DIRECTORY = "/dev/shm"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionLimits:
+    """What the registered regions may hold together (--max-client-shm-regions, --max-client-shm-bytes). Triton
+    has no such cap: it maps each region and closes the descriptor, so there it is the kernel's mapping count
+    (vm.max_map_count) that runs out. Here each region keeps its descriptor open, and 20,000 of them would leave
+    none for connections, model files and workers."""
+
+    regions: int = DEFAULT_CLIENT_SHM_REGIONS
+    byte_size: int = DEFAULT_CLIENT_SHM_BYTES
 
 
 @dataclass(slots=True)
@@ -53,8 +66,11 @@ def _integer(value: Any, what: str) -> int:
 class SharedMemoryManager:
     """Regions clients registered; off unless the server was started with --allow-client-shm=true."""
 
-    def __init__(self, allowed: bool = False, reserved_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, allowed: bool = False, reserved_prefixes: tuple[str, ...] = (), limits: RegionLimits | None = None
+    ) -> None:
         self.allowed = allowed
+        self.limits = limits or RegionLimits()
         self._reserved = (TRITON_PYTHON_PREFIX, *reserved_prefixes)
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()  # reads and writes of large tensors run on worker threads
@@ -95,13 +111,40 @@ class SharedMemoryManager:
             try:
                 # As shm_open does: no symlinks (the directory is world-writable), close on exec.
                 fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except (OSError, ValueError):
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE):
+                    raise UnavailableError(
+                        f"cannot register shared memory region '{name}': the server has no file descriptor left "
+                        f"({len(self._regions)} regions are registered)"
+                    ) from None
+                raise InvalidArgumentError(f"Unable to open shared memory region: '{key}'") from None
+            except ValueError:
                 raise InvalidArgumentError(f"Unable to open shared memory region: '{key}'") from None
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or offset < 0 or byte_size <= 0 or offset + byte_size > info.st_size:
                 os.close(fd)
                 raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid args")
+            try:  # after Triton's own checks, so a bad region gets Triton's answer
+                self._check_limits(name, byte_size)
+            except InvalidArgumentError:
+                os.close(fd)
+                raise
             self._regions[name] = _Region(name, key, offset, byte_size, fd, path, info.st_ino)
+
+    def _check_limits(self, name: str, byte_size: int) -> None:
+        """Refuse a region past the caps (called holding the lock), naming the flag that sets each."""
+        limits = self.limits
+        if len(self._regions) >= limits.regions:
+            raise InvalidArgumentError(
+                f"cannot register shared memory region '{name}': {len(self._regions)} regions are registered, the "
+                f"most --max-client-shm-regions allows; unregister one first"
+            )
+        registered = sum(region.byte_size for region in self._regions.values())
+        if byte_size > 0 and registered + byte_size > limits.byte_size:
+            raise InvalidArgumentError(
+                f"cannot register shared memory region '{name}': its {byte_size} bytes, with the {registered} bytes "
+                f"registered already, would exceed --max-client-shm-bytes ({limits.byte_size})"
+            )
 
     def unregister(self, name: str = "") -> None:
         """One region, or all of them when `name` is empty; an unknown name is not an error."""

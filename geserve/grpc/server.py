@@ -1,6 +1,8 @@
-"""The grpc.aio server: Triton's message-size and keepalive options, started on the running loop."""
+"""The grpc.aio server: Triton's message-size and keepalive options and geserve's caps, started on the running loop."""
 
 from __future__ import annotations
+
+import resource
 
 import grpc
 
@@ -15,7 +17,14 @@ from geserve.settings import GrpcSettings
 def create_server(service: InferenceAPI, settings: GrpcSettings) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to its port (not started); returns it and the bound port."""
     interceptors = [RestrictionInterceptor(settings.restrictions)] if settings.restrictions else []
-    server = grpc.aio.server(options=settings.channel_options(), interceptors=interceptors)
+    # A connection past the cap is closed as it is accepted (gRPC's resource quota); a call past
+    # --grpc-max-inflight-rpcs is answered RESOURCE_EXHAUSTED before it is read.
+    connections = ("grpc.max_allowed_incoming_connections", settings.max_connections or connection_limit())
+    server = grpc.aio.server(
+        options=[*settings.channel_options(), connections],
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=settings.max_inflight_rpcs,
+    )
     add_service(
         server, grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceServicer(service)
     )
@@ -23,3 +32,10 @@ def create_server(service: InferenceAPI, settings: GrpcSettings) -> tuple[grpc.a
     host = f"[{settings.address}]" if ":" in settings.address else settings.address
     port = server.add_insecure_port(f"{host}:{settings.port}")
     return server, port
+
+
+def connection_limit() -> int:
+    """A quarter of the file-descriptor limit (geserve raises it to the hard one at start): HTTP's connections may
+    take half, and the rest stays for models, workers and client shared-memory regions."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(soft // 4, 1) if soft != resource.RLIM_INFINITY else 1 << 15

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.types import response_parameters
+from geserve.workers.lineage import GROUP_SIGNALS, watch_parent
 from geserve.workers.mailbox import Inbox, Outbox
 from geserve.workers.messages import (
     BatchPlaced,
@@ -168,6 +169,8 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     # (a Shutdown message, or its end of the pipe closing).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Blocked while the process started (lineage.start_shielded): ignored now, pending ones are discarded.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
     os.environ.update(dict(spec.environment))  # before the backend is imported
     logging.basicConfig(
         level=spec.log_level,
@@ -176,6 +179,8 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
             f"instance={spec.instance_name} device={spec.device_id} pid={os.getpid()}] %(name)s: %(message)s"
         ),
     )
+    # A front-end killed outright while this worker's model is stuck: nobody else removes the arenas.
+    watch_parent(lambda: _unlink_all(spec.arenas))
     runner = InstanceRunner(spec)
     # Started by hand (not by a ProcessWorker), the worker is the top of its own run.
     outbox = Outbox(connection, spec.run or RunId.current())
@@ -212,8 +217,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                 message = inbox.get()
             except EOFError:
                 # The front-end is gone without a Shutdown (killed): nobody else will remove the arenas.
-                for name in spec.arenas:
-                    unlink_quietly(name)
+                _unlink_all(spec.arenas)
                 break
             if isinstance(message, Shutdown):
                 if running is not None:
@@ -296,3 +300,8 @@ def _answer(
         outbox.send(Retiring(runner.fault))
         return False
     return True
+
+
+def _unlink_all(names: tuple[str, ...]) -> None:
+    for name in names:
+        unlink_quietly(name)

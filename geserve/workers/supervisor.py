@@ -18,6 +18,7 @@ from geserve.workers.channel import BlsHandler, Lifecycle, WorkerChannel
 from geserve.workers.client import InstanceState
 from geserve.workers.environment_process import EnvironmentProcess
 from geserve.workers.exits import close_exited, is_alive, pid_of, wait_exit, watch_exit
+from geserve.workers.lineage import start_shielded
 from geserve.workers.messages import InstanceSpec, Loaded, LoadFailed, Retiring
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class ProcessSupervisor:
         else:
             process = self._context.Process(**options)
         self._started = loop.create_future()
-        await loop.run_in_executor(self._spawner, process.start)
+        await loop.run_in_executor(self._spawner, start_shielded, process)
         child.close()
         self._process = process
         self._exited = exited = watch_exit(process)

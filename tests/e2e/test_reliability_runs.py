@@ -37,3 +37,15 @@ def test_hostile_clients_are_refused_or_dropped_and_the_traffic_is_served(tmp_pa
     result = chaos.hostile_clients(tmp_path, phase_s=4.0, unread=3)
     assert result["passed"], result["checks"]
     assert result["ok"] > 0 and result["failed"] == 0
+
+
+def test_sigterm_to_the_process_group_while_draining_fails_nothing_in_the_window(tmp_path: Path) -> None:
+    result = chaos.group_sigterm_while_draining(tmp_path, drain_s=2)
+    assert result["passed"], result["checks"]
+    assert result["served_in_window"] > 0
+
+
+def test_a_region_flood_is_refused_at_the_cap_and_traffic_runs_on(tmp_path: Path) -> None:
+    result = chaos.region_flood(tmp_path, cap=8)
+    assert result["passed"], result["checks"]
+    assert result["registered"] == 8

@@ -1,5 +1,5 @@
-"""`make chaos`: workers killed, SIGTERM, a full /dev/shm, a shrunk client region and hostile clients, all under
-checked load."""
+"""`make chaos`: workers killed, SIGTERM (to the server and to its process group), a full /dev/shm, a shrunk
+client region, a flood of regions and hostile clients, all under checked load."""
 
 from __future__ import annotations
 
@@ -30,7 +30,14 @@ from tests.reliability.load import (
     build_repository,
     http_binary_simple,
 )
-from tests.support import GeserveProcess, http_status, segments_of_server, worker_pids, write_identity_model
+from tests.support import (
+    GeserveProcess,
+    descendants,
+    http_status,
+    segments_of_server,
+    worker_pids,
+    write_identity_model,
+)
 
 REPORT = Path(os.environ.get("CHAOS_REPORT", "chaos-report.json"))
 Result = dict[str, Any]
@@ -144,6 +151,56 @@ def sigterm_under_load(workdir: Path) -> Result:
             "no worker killed on the way out": "did not stop" not in log,
         },
         exit_s=round(exit_s, 2),
+    )
+
+
+def _still_running(pids: list[int], wait_s: float) -> list[int]:
+    """Those of `pids` still running (zombies have exited) after up to `wait_s`."""
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    deadline = time.monotonic() + wait_s
+    while (left := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def group_sigterm_while_draining(workdir: Path, drain_s: int = 3) -> Result:
+    """SIGTERM to the whole process group (systemd's KillMode=control-group, Ctrl-C, `tini -g`) with a drain
+    window: the workers leave the signal to the server, so every request of the window is answered."""
+    repository = build_repository(workdir)
+    server = GeserveProcess(
+        workdir / "geserve.log", f"--model-repository={repository}", f"--drain-delay-secs={drain_s}", new_session=True
+    ).wait_live()
+    pid = server.process.pid
+    tree = descendants(pid)
+    with Traffic(server) as traffic:
+        time.sleep(3)
+        before = traffic.tally.total("ok")
+        os.killpg(pid, signal.SIGTERM)
+        time.sleep(drain_s - 0.5)  # inside the window: everything sent so far must have been answered
+        failed_in_window = traffic.tally.total("failed")
+        served_in_window = traffic.tally.total("ok") - before
+        traffic.finish()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.process.wait(90)  # it exits on its own once the window is over
+    exit_code = server.stop()  # exited already: this only collects the status and closes the log
+    left = _still_running(tree, 10.0)
+    return _result(
+        "SIGTERM to the process group while draining",
+        traffic.tally,
+        {
+            "no failure in the drain window": failed_in_window == 0,
+            "served in the drain window": served_in_window > 0,
+            "exit 0": exit_code == 0,
+            "no process left": not left,
+            "no segment left": not segments_of_server(pid),
+        },
+        served_in_window=served_in_window,
     )
 
 
@@ -414,9 +471,60 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def region_flood(workdir: Path, cap: int = 64) -> Result:
+    """A client registers regions until refused (each holds a descriptor of the server's) under load: it is refused
+    at the cap naming the flag, the traffic is unaffected, and unregistering makes room again."""
+    repository = workdir / "models"
+    shutil.copytree(build_repository(workdir / "full") / "simple", repository / "simple")
+    server = GeserveProcess(
+        workdir / "geserve.log",
+        f"--model-repository={repository}",
+        "--allow-client-shm=true",
+        f"--max-client-shm-regions={cap}",
+    ).wait_live()
+    key = f"geserve-chaos-flood-{os.getpid()}"
+    handle = client_shm.create_shared_memory_region("flood", f"/{key}", 64)
+    client = _http(server)
+    refusal, registered = "", 0
+    kinds = (Kind("HTTP binary / simple", 3, _http, lambda client, _, rng: http_binary_simple(client, rng)),)
+    try:
+        with Traffic(server, kinds) as traffic:
+            time.sleep(1)
+            for index in range(cap * 2):
+                try:
+                    client.register_system_shared_memory(f"flood_{index}", f"/{key}", 64)
+                    registered += 1
+                except Exception as error:  # the refusal, kept for the checks
+                    refusal = str(error)
+                    break
+            time.sleep(1)
+            client.unregister_system_shared_memory()
+            client.register_system_shared_memory("after", f"/{key}", 64)
+            room_again = [region["name"] for region in client.get_system_shared_memory_status()] == ["after"]
+            time.sleep(1)
+    finally:
+        client_shm.destroy_shared_memory_region(handle)
+    exit_code, leaked = _stopped_cleanly(server)
+    return _result(
+        "client regions registered until refused",
+        traffic.tally,
+        {
+            "refused at the cap": registered == cap,
+            "the refusal names the flag": "--max-client-shm-regions" in refusal,
+            "no request failed": traffic.tally.total("failed") == 0,
+            "room again after unregistering": room_again,
+            "exit 0 on SIGTERM": exit_code == 0,
+            "no segment left": not leaked,
+        },
+        registered=registered,
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
+    "group-sigterm": group_sigterm_while_draining,
+    "region-flood": region_flood,
     "shm-full": shm_nearly_full,
     "shrunk-region": shrunk_region,
     "hostile-clients": hostile_clients,

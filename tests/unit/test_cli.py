@@ -163,3 +163,34 @@ def test_tritonserver_flags_that_would_change_behaviour_exit_2_naming_the_flag(
         parse_settings(["--model-repository=/a", flag])
     assert error.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_client_shared_memory_caps() -> None:
+    defaults = parse_settings(["--model-repository", "m"]).server
+    assert (defaults.max_client_shm_regions, defaults.max_client_shm_bytes) == (4096, 64 << 30)
+    chosen = parse_settings(
+        ["--model-repository", "m", "--max-client-shm-regions=7", "--max-client-shm-bytes=1048576"]
+    ).server
+    assert (chosen.max_client_shm_regions, chosen.max_client_shm_bytes) == (7, 1048576)
+    for flag in ("--max-client-shm-regions=0", "--max-client-shm-bytes=-1"):
+        with pytest.raises(SystemExit):
+            parse_settings(["--model-repository", "m", flag])
+
+
+def test_grpc_caps_reach_the_channel_options() -> None:
+    defaults = dict(parse_settings(["--model-repository", "m"]).grpc.channel_options())
+    assert defaults["grpc.max_receive_message_length"] == 2**31 - 1  # Triton's fixed size
+    assert defaults["grpc.max_concurrent_streams"] == 1024
+    grpc = parse_settings(
+        [
+            "--model-repository",
+            "m",
+            "--grpc-max-message-size=1048576",
+            "--grpc-max-concurrent-streams=8",
+            "--grpc-max-inflight-rpcs=16",
+            "--grpc-max-connections=32",
+        ]
+    ).grpc
+    options = dict(grpc.channel_options())
+    assert (options["grpc.max_receive_message_length"], options["grpc.max_concurrent_streams"]) == (1048576, 8)
+    assert (grpc.max_inflight_rpcs, grpc.max_connections) == (16, 32)
