@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support import GeserveProcess, copy_model, write_identity_model
+from tests.support import GeserveProcess, copy_model, segments_of_server, write_identity_model
 
 pytestmark = pytest.mark.e2e
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
@@ -27,7 +27,7 @@ def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProc
     repository.mkdir()
     for name in ("simple", "digits", "bls_example", "repeat_int32"):
         copy_model(name, repository)
-    for name in ("bls_call", "bls_async", "bls_stream", "bls_loop", "bls_first"):
+    for name in ("bls_call", "bls_async", "bls_stream", "bls_loop", "bls_first", "bls_abandon"):
         shutil.copytree(PYTHON_MODELS / name, repository / name)
     write_identity_model(repository, "echo", max_batch_size=0)
     write_identity_model(
@@ -156,3 +156,31 @@ def test_a_model_may_stop_listening_to_a_decoupled_target(bls_server: GeservePro
         assert result.as_numpy("OUT").tolist() == [first]
     time.sleep(0.3)  # the rest of the stream arrives meanwhile
     assert http.infer("bls_first", _inputs(httpclient, {"IN": (values, "INT32")})).as_numpy("OUT").tolist() == [9]
+
+
+def _settled_segments(pid: int, below: int, timeout_s: float = 30.0) -> set[str]:
+    """The server's segments once their number falls to `below` or less (the streams' last responses are still
+    arriving when the calls return), or as they are when `timeout_s` runs out."""
+    deadline = time.monotonic() + timeout_s
+    names = segments_of_server(pid)
+    while len(names) > below and time.monotonic() < deadline:
+        time.sleep(0.1)
+        names = segments_of_server(pid)
+    return names
+
+
+@pytest.mark.parametrize("model", ["bls_first", "bls_abandon"])
+def test_streams_a_model_stops_reading_leave_no_shared_memory_behind(bls_server: GeserveProcess, model: str) -> None:
+    """bls_first drops its stream after the first response; bls_abandon breaks out of one with responses already
+    waiting unread, and drops another it never read."""
+    http = httpclient.InferenceServerClient(bls_server.url)
+    values = np.array([7, 2, 3, 4, 5, 6], dtype=np.int32)
+    assert http.infer(model, _inputs(httpclient, {"IN": (values, "INT32")})).as_numpy("OUT").tolist() == [7]
+    before = _settled_segments(bls_server.process.pid, 0, timeout_s=5.0)
+    for first in range(40):
+        values[0] = first
+        result = http.infer(model, _inputs(httpclient, {"IN": (values, "INT32")}))
+        assert result.as_numpy("OUT").tolist() == [first]
+    after = _settled_segments(bls_server.process.pid, len(before))
+    assert after <= before, f"segments left by abandoned BLS streams: {sorted(after - before)[:5]}"
+    assert http.infer(model, _inputs(httpclient, {"IN": (values, "INT32")})).as_numpy("OUT").tolist() == [39]
