@@ -57,7 +57,7 @@ class BlsClient:
             self._forget(call_id)
             raise
         if decoupled:
-            return _Stream(self, call_id, replies)
+            return ResponseIterator(self, call_id, replies)
         try:
             return _response(self._next(replies))
         finally:
@@ -136,7 +136,7 @@ class BlsClient:
         )
 
 
-class _Stream(Iterator[Any]):
+class ResponseIterator(Iterator[Any]):
     """The responses of a decoupled BLS call, read in order. A model that stops reading (breaks out of its loop, or
     drops the stream, read or not) closes it: the replies already queued and those still to come are discarded,
     their segments unlinked, so an abandoned stream leaves no shared memory behind."""
@@ -147,7 +147,7 @@ class _Stream(Iterator[Any]):
         self._replies = replies
         self._done = False
 
-    def __iter__(self) -> _Stream:
+    def __iter__(self) -> ResponseIterator:
         return self
 
     def __next__(self) -> Any:
