@@ -20,6 +20,7 @@ from geserve.batching.queue import (
 )
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import UnavailableError
+from geserve.types import merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, RequestInfo
 from geserve.workers.streams import StreamItem
@@ -191,7 +192,8 @@ class Scheduler:
             infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
         streams, unary = answer_routes(batch)
         keep = any(request.handoff for request in requests)
-        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary))
+        chain = merge_chains(request.chain for request in requests)
+        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
         self._delivery.start(run, batch, now)
 
 

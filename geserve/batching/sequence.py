@@ -22,7 +22,7 @@ from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.batching.scheduler import Instances, no_instance_error
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.sequence import SequenceSettings
-from geserve.types import EMPTY_PARAMETERS, Parameters
+from geserve.types import EMPTY_PARAMETERS, Parameters, merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import SEQUENCE_END, SEQUENCE_READY, SEQUENCE_START, BatchResult, RequestInfo
 from geserve.workers.streams import StreamItem
@@ -434,7 +434,8 @@ class SequenceScheduler:
             wanted.update(dict.fromkeys(request.output_names))
         streams, unary = answer_routes(pending for _, pending in rows)
         keep = any(request.handoff for request in requests if request is not None)
-        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep, unary))
+        chain = merge_chains(request.chain for request in requests if request is not None)
+        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
 
     def _ran(self, rows: list[_Row], sequences: list[_Sequence | None]) -> None:
         """A batch is back: its sequences can run their next request, and those it ended free their slots."""

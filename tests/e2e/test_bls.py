@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, copy_model, segments_of_server, write_identity_model
 
@@ -29,6 +30,12 @@ def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProc
         copy_model(name, repository)
     for name in ("bls_call", "bls_async", "bls_stream", "bls_loop", "bls_first", "bls_abandon"):
         shutil.copytree(PYTHON_MODELS / name, repository / name)
+    shutil.copytree(PYTHON_MODELS / "bls_recurse", repository / "bls_recurse")
+    # One instance: its first call to itself can only wait for itself.
+    single = repository / "bls_self"
+    shutil.copytree(PYTHON_MODELS / "bls_recurse", single)
+    config = single / "config.pbtxt"
+    config.write_text(config.read_text().replace('"bls_recurse"', '"bls_self"').replace("count: 2", "count: 1"))
     write_identity_model(repository, "echo", max_batch_size=0)
     write_identity_model(
         repository,
@@ -137,14 +144,51 @@ def test_a_decoupled_target_streams_its_responses_to_the_caller(bls_server: Gese
     assert result.as_numpy("OUT").tolist() == values.tolist()
 
 
-def test_a_model_calling_itself_is_bounded_by_the_timeout_not_deadlocked(bls_server: GeserveProcess) -> None:
+CYCLE = "BLS call cycle"
+
+
+def test_a_model_calling_itself_fails_with_the_cycle_not_the_timeout(bls_server: GeserveProcess) -> None:
     http = httpclient.InferenceServerClient(bls_server.url, network_timeout=30)
     for _ in range(2):  # the instance is free again after each
         result = http.infer("bls_loop", _inputs(httpclient, {"INPUT0": (np.ones(2, dtype=np.float32), "FP32")}))
-        assert result.as_numpy("ERROR")[0] == b"Request timeout expired"
+        message = result.as_numpy("ERROR")[0].decode()
+        assert message.startswith(f"{CYCLE}: 'bls_loop' -> 'bls_loop'"), message
     stats = http.get_inference_statistics("bls_loop")["model_stats"][0]["inference_stats"]
-    # The timed-out calls left the queue: only the two client requests ran.
+    # The refused calls never queued: only the two client requests ran.
     assert stats["success"]["count"] == 2
+
+
+def _depth(value: int) -> dict[str, tuple[np.ndarray, str]]:
+    return {"DEPTH": (np.array([value], dtype=np.int32), "INT32")}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_calling_itself_without_a_timeout_gets_an_error_naming_the_cycle(
+    bls_server: GeserveProcess, protocol: str
+) -> None:
+    """bls_self has one instance: the call it makes to itself could only run there, where its caller waits."""
+    if protocol == "http":
+        client: Any = httpclient.InferenceServerClient(bls_server.url, network_timeout=60)
+        module: Any = httpclient
+    else:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{bls_server.grpc_port}")
+        module = grpcclient
+    for _ in range(2):
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("bls_self", _inputs(module, _depth(1)))
+        text = str(refused.value)
+        assert f"{CYCLE}: 'bls_self' -> 'bls_self'" in text and "(1)" in text, text
+        # The instance is free again: a request that does not call itself is answered.
+        assert client.infer("bls_self", _inputs(module, _depth(0))).as_numpy("OUT").tolist() == [0]
+
+
+def test_a_chain_of_calls_is_refused_only_once_it_holds_every_instance(bls_server: GeserveProcess) -> None:
+    """bls_recurse has two instances: one call to itself runs on the other; a second could not run anywhere."""
+    http = httpclient.InferenceServerClient(bls_server.url, network_timeout=60)
+    assert http.infer("bls_recurse", _inputs(httpclient, _depth(1))).as_numpy("OUT").tolist() == [1]
+    with pytest.raises(InferenceServerException, match="'bls_recurse' -> 'bls_recurse' -> 'bls_recurse'"):
+        http.infer("bls_recurse", _inputs(httpclient, _depth(2)))
+    assert http.infer("bls_recurse", _inputs(httpclient, _depth(1))).as_numpy("OUT").tolist() == [1]
 
 
 def test_a_model_may_stop_listening_to_a_decoupled_target(bls_server: GeserveProcess) -> None:
