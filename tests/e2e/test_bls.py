@@ -36,6 +36,23 @@ def bls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProc
     shutil.copytree(PYTHON_MODELS / "bls_recurse", single)
     config = single / "config.pbtxt"
     config.write_text(config.read_text().replace('"bls_recurse"', '"bls_self"').replace("count: 2", "count: 1"))
+    # One instance, which calls an ensemble whose step is itself: the loop goes around the ensemble.
+    around = repository / "bls_around"
+    shutil.copytree(PYTHON_MODELS / "bls_recurse", around)
+    config = around / "config.pbtxt"
+    config.write_text(
+        config.read_text().replace('"bls_recurse"', '"bls_around"').replace("count: 2", "count: 1")
+        + 'parameters { key: "target" value { string_value: "around_ensemble" } }\n'
+    )
+    (repository / "around_ensemble").mkdir()
+    (repository / "around_ensemble" / "1").mkdir()
+    (repository / "around_ensemble" / "config.pbtxt").write_text(
+        'name: "around_ensemble" platform: "ensemble" max_batch_size: 0\n'
+        'input [ { name: "DEPTH" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "bls_around" model_version: -1 '
+        'input_map { key: "DEPTH" value: "DEPTH" } output_map { key: "OUT" value: "OUT" } } ] }\n'
+    )
     write_identity_model(repository, "echo", max_batch_size=0)
     write_identity_model(
         repository,
@@ -228,3 +245,12 @@ def test_streams_a_model_stops_reading_leave_no_shared_memory_behind(bls_server:
     after = _settled_segments(bls_server.process.pid, len(before))
     assert after <= before, f"segments left by abandoned BLS streams: {sorted(after - before)[:5]}"
     assert http.infer(model, _inputs(httpclient, {"IN": (values, "INT32")})).as_numpy("OUT").tolist() == [39]
+
+
+def test_a_cycle_around_an_ensemble_is_refused_too(bls_server: GeserveProcess) -> None:
+    """bls_around (one instance) calls around_ensemble, whose step is bls_around."""
+    http = httpclient.InferenceServerClient(bls_server.url, network_timeout=60)
+    assert http.infer("around_ensemble", _inputs(httpclient, _depth(0))).as_numpy("OUT").tolist() == [0]
+    with pytest.raises(InferenceServerException, match=f"{CYCLE}: 'bls_around' -> 'bls_around'"):
+        http.infer("bls_around", _inputs(httpclient, _depth(1)))
+    assert http.infer("bls_around", _inputs(httpclient, _depth(0))).as_numpy("OUT").tolist() == [0]

@@ -1,6 +1,9 @@
 """Calls itself through BLS, without a timeout, DEPTH times: OUT is the number of calls that answered. Each
 level's instance waits for the next, so a depth reaching past its instances can only fail; that error
-(the call's own) is this request's."""
+(the call's own) is this request's. The config parameter `target` names another model to call instead (an
+ensemble with this one as its step: the loop goes around it)."""
+
+import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -8,7 +11,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.name = args["model_name"]
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.name = parameters.get("target", {}).get("string_value") or args["model_name"]
 
     def execute(self, requests):
         responses = []
