@@ -24,7 +24,8 @@ class BlsClient:
         self._run = run  # whose id the names of the calls' segments carry
         self._ids = itertools.count()
         self._waiting: dict[int, queue.SimpleQueue[Any]] = {}  # BlsReply or ControlReply; None: the end
-        self._lock = threading.Lock()
+        # Re-entrant: a dropped ResponseIterator closes itself (and takes it) from whatever thread collects it.
+        self._lock = threading.RLock()
         # The model this worker is loading, until its initialize returns: loading or unloading it from there
         # would wait for its own load.
         self.loading = ""
@@ -137,9 +138,10 @@ class BlsClient:
 
 
 class ResponseIterator(Iterator[Any]):
-    """The responses of a decoupled BLS call, read in order. A model that stops reading (breaks out of its loop, or
-    drops the stream, read or not) closes it: the replies already queued and those still to come are discarded,
-    their segments unlinked, so an abandoned stream leaves no shared memory behind."""
+    """The responses of a decoupled BLS call, read in order. Once the model lets go of it (drops it, read or not;
+    a loop it broke out of, once no name holds it any more) or calls `close()`, the replies already queued and
+    those still to come are discarded, their segments unlinked, so an abandoned stream leaves no shared memory
+    behind."""
 
     def __init__(self, client: BlsClient, call_id: int, replies: queue.SimpleQueue[BlsReply | None]) -> None:
         self._client = client
