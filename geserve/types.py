@@ -15,15 +15,15 @@ from geserve.errors import GeserveError
 # Values a request or tensor parameter may carry on either wire protocol.
 ParameterValue = bool | int | float | str
 Parameters = Mapping[str, ParameterValue]
-# The model versions (name, version) whose instances wait, each in a BLS call, for a request to be answered: the
-# chain of calls that led to it, outermost first. A client's requests have none.
-CallChain = tuple[tuple[str, int], ...]
+# The instances (model name, version, instance name) that wait, each in a BLS call, for a request to be answered:
+# the chain of calls that led to it, outermost first, its caller last. A client's requests have none.
+CallChain = tuple[tuple[str, int, str], ...]
 
 
 def merge_chains(chains: Iterable[CallChain]) -> CallChain:
     """One chain that holds each version as many times as the chain holding it most does: what a batch of requests
     from several chains waits for (an instance running it holds them all)."""
-    merged: list[tuple[str, int]] = []
+    merged: list[tuple[str, int, str]] = []
     for chain in chains:
         for entry in dict.fromkeys(chain):
             missing = chain.count(entry) - merged.count(entry)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from geserve.errors import UnsupportedError
+from geserve.batching.cycles import cycle_error
 from geserve.types import CallChain
 
 
@@ -13,12 +13,7 @@ def check_cycle(name: str, version: int, instances: int | None, chain: CallChain
     until its timeout, forever without one; here it fails at once, naming the cycle."""
     if instances is None or not chain:
         return
-    waiting = chain.count((name, version))
-    if waiting < instances:
+    waiting = {instance for model, number, instance in chain if (model, number) == (name, version)}
+    if len(waiting) < instances:
         return
-    path = " -> ".join(f"'{model}'" for model, _ in (*chain, (name, version)))
-    raise UnsupportedError(
-        f"BLS call cycle: {path}; every instance of model '{name}' version {version} ({instances}) is waiting "
-        "in this chain of calls, so the request could never run. Give the model more instances, or do not "
-        "call it from itself"
-    )
+    raise cycle_error(name, version, instances, chain, "in this chain of calls")

@@ -116,7 +116,7 @@ class ProcessWorker:
         """The chain a BLS call from this instance's model joins: its running batch's, then this instance."""
         if not self._chains:
             return ()  # no batch: a thread the model left running, which holds no instance
-        return (*self._chains[0], (self.spec.model_name, self.spec.model_version))
+        return (*self._chains[0], (self.spec.model_name, self.spec.model_version, self.spec.instance_name))
 
     def _back_up(self) -> None:
         if self.on_ready is not None:

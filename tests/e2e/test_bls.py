@@ -190,13 +190,14 @@ def test_a_model_calling_itself_without_a_timeout_gets_an_error_naming_the_cycle
     else:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{bls_server.grpc_port}")
         module = grpcclient
-    for _ in range(2):
-        with pytest.raises(InferenceServerException) as refused:
-            client.infer("bls_self", _inputs(module, _depth(1)))
-        text = str(refused.value)
-        assert f"{CYCLE}: 'bls_self' -> 'bls_self'" in text and "(1)" in text, text
-        # The instance is free again: a request that does not call itself is answered.
-        assert client.infer("bls_self", _inputs(module, _depth(0))).as_numpy("OUT").tolist() == [0]
+    with client:
+        for _ in range(2):
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("bls_self", _inputs(module, _depth(1)))
+            text = str(refused.value)
+            assert f"{CYCLE}: 'bls_self' -> 'bls_self'" in text and "(1)" in text, text
+            # The instance is free again: a request that does not call itself is answered.
+            assert client.infer("bls_self", _inputs(module, _depth(0))).as_numpy("OUT").tolist() == [0]
 
 
 def test_a_chain_of_calls_is_refused_only_once_it_holds_every_instance(bls_server: GeserveProcess) -> None:
@@ -206,6 +207,7 @@ def test_a_chain_of_calls_is_refused_only_once_it_holds_every_instance(bls_serve
     with pytest.raises(InferenceServerException, match="'bls_recurse' -> 'bls_recurse' -> 'bls_recurse'"):
         http.infer("bls_recurse", _inputs(httpclient, _depth(2)))
     assert http.infer("bls_recurse", _inputs(httpclient, _depth(1))).as_numpy("OUT").tolist() == [1]
+    http.close()
 
 
 def test_a_model_may_stop_listening_to_a_decoupled_target(bls_server: GeserveProcess) -> None:
@@ -245,6 +247,7 @@ def test_streams_a_model_stops_reading_leave_no_shared_memory_behind(bls_server:
     after = _settled_segments(bls_server.process.pid, len(before))
     assert after <= before, f"segments left by abandoned BLS streams: {sorted(after - before)[:5]}"
     assert http.infer(model, _inputs(httpclient, {"IN": (values, "INT32")})).as_numpy("OUT").tolist() == [39]
+    http.close()
 
 
 def test_a_cycle_around_an_ensemble_is_refused_too(bls_server: GeserveProcess) -> None:
@@ -254,3 +257,31 @@ def test_a_cycle_around_an_ensemble_is_refused_too(bls_server: GeserveProcess) -
     with pytest.raises(InferenceServerException, match=f"{CYCLE}: 'bls_around' -> 'bls_around'"):
         http.infer("bls_around", _inputs(httpclient, _depth(1)))
     assert http.infer("bls_around", _inputs(httpclient, _depth(0))).as_numpy("OUT").tolist() == [0]
+    http.close()
+
+
+def test_concurrent_self_calls_that_hold_every_instance_are_broken_not_deadlocked(bls_server: GeserveProcess) -> None:
+    """Requests to bls_recurse (two instances) side by side, each calling the model once: when both instances
+    wait for a call queued behind them, one call fails with the cycle's error and the rest are answered."""
+    answers: list[Any] = []
+
+    def one() -> None:
+        with httpclient.InferenceServerClient(bls_server.url, network_timeout=60) as client:
+            for _ in range(5):
+                try:
+                    result = client.infer("bls_recurse", _inputs(httpclient, _depth(1)))
+                    answers.append(result.as_numpy("OUT").tolist())
+                except InferenceServerException as error:
+                    answers.append(str(error))
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(answers) == 20, "requests did not come back"
+    for answer in answers:  # each answered: its value, or the cycle's error, never a timeout
+        assert answer == [1] or (isinstance(answer, str) and CYCLE in answer), answer
+    http = httpclient.InferenceServerClient(bls_server.url, network_timeout=60)
+    assert http.infer("bls_recurse", _inputs(httpclient, _depth(1))).as_numpy("OUT").tolist() == [1]
+    http.close()
