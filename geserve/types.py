@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,22 @@ from geserve.errors import GeserveError
 # Values a request or tensor parameter may carry on either wire protocol.
 ParameterValue = bool | int | float | str
 Parameters = Mapping[str, ParameterValue]
+# The instances (model name, version, instance name) that wait, each in a BLS call, for a request to be answered:
+# the chain of calls that led to it, outermost first, its caller last. A client's requests have none.
+CallChain = tuple[tuple[str, int, str], ...]
+
+
+def merge_chains(chains: Iterable[CallChain]) -> CallChain:
+    """One chain that holds each version as many times as the chain holding it most does: what a batch of requests
+    from several chains waits for (an instance running it holds them all)."""
+    merged: list[tuple[str, int, str]] = []
+    for chain in chains:
+        for entry in dict.fromkeys(chain):
+            missing = chain.count(entry) - merged.count(entry)
+            merged.extend([entry] * max(missing, 0))
+    return tuple(merged)
+
+
 EMPTY_PARAMETERS: Parameters = {}
 # Request parameters the server acts on itself (scheduling, sequences, the response's encoding): a model
 # sees the others. An ensemble passes the scheduling and sequence ones on to its steps.

@@ -8,20 +8,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-from geserve.types import Parameters
+from geserve.types import CallChain, Parameters
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRequest:
     """A validated request: its inputs, the outputs it wants, its parameters (priority, timeout, sequence)
     and id. With `handoff` (a pipeline's step) its outputs may be views of the shared memory the worker
-    wrote them to, for the next step to read in place."""
+    wrote them to, for the next step to read in place. A BLS request carries the `chain` of calls it is part of."""
 
     inputs: Mapping[str, np.ndarray]
     output_names: tuple[str, ...]
     parameters: Parameters = field(default_factory=dict)
     request_id: str = ""
     handoff: bool = False
+    chain: CallChain = ()  # a BLS request's: the instances waiting for it (types.CallChain)
 
 
 class RequestTimestamps(NamedTuple):

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from geserve.batching.clock import Alarm, Clock, LoopClock
+from geserve.batching.cycles import cycle_error, self_waits
 from geserve.batching.delivery import Delivery, StatsRecorder
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.queue import (
@@ -20,6 +21,7 @@ from geserve.batching.queue import (
 )
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import UnavailableError
+from geserve.types import merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, RequestInfo
 from geserve.workers.streams import StreamItem
@@ -39,6 +41,8 @@ class Instances(Protocol):
     def has_idle(self) -> bool: ...
 
     def has_free(self) -> bool: ...
+
+    def instance_names(self) -> frozenset[tuple[int, str]]: ...
 
     def dispatch(self, batch: Batch) -> Coroutine[Any, Any, BatchResult]: ...
 
@@ -76,6 +80,8 @@ class Scheduler:
         self._sequence = 0
         self._alarm = Alarm(self._clock, self._schedule)
         self._delivery = Delivery(model_name, stats, self._clock, self._schedule, policy.preserve_ordering)
+        # Queued BLS calls made by this model's own instances (some may have left the queue since).
+        self._self_calls: list[PendingRequest] = []
 
     async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
         """Queue one validated request and wait for its outputs and the timestamps of its batch."""
@@ -109,6 +115,8 @@ class Scheduler:
             raise
         self._sequence += 1
         self.stats.pending = len(self._queue)
+        if request.chain and request.chain[-1][0] == self._model_name:
+            self._self_calls.append(pending)
         self._schedule()
         return pending
 
@@ -131,6 +139,8 @@ class Scheduler:
                 wake_at = wait_until
                 break
             self._dispatch(self._queue.pop_front(count), now)
+        if self._self_calls:
+            self._break_self_wait()
         if self._queue and not self._pool.recoverable():
             error = self._no_instance()
             self._delivery.fail(self._queue.pop_front(len(self._queue)), error)
@@ -139,6 +149,22 @@ class Scheduler:
         if deadline is not None:
             wake_at = deadline if wake_at is None else min(wake_at, deadline)
         self._alarm.set(wake_at)
+
+    def _break_self_wait(self) -> None:
+        """Every instance runs a batch that waits for a BLS call to this model queued behind it (concurrent
+        requests that each call the model itself): none of those calls could ever run. The newest fails with
+        the cycle's error, so its caller finishes and its instance takes the others."""
+        self._self_calls = [request for request in self._self_calls if request.queued]
+        if not self._self_calls or self._pool.has_free():
+            return  # none left, or an instance holds no batch: it takes them
+        instances = self._pool.instance_names()
+        if not self_waits(self._model_name, instances, (r.request.chain for r in self._self_calls)):
+            return
+        newest = self._self_calls.pop()
+        self._queue.remove(newest)
+        model, version, _ = newest.request.chain[-1]
+        where = "for a call to it queued behind it"
+        self._delivery.end(newest, "OTHER", cycle_error(model, version, len(instances), newest.request.chain, where))
 
     def _batch_size(self, now: int, behind: bool = False) -> tuple[int, int | None]:
         """How many queued requests to send now, or 0 and when to look again (None: when a batch finishes
@@ -191,7 +217,8 @@ class Scheduler:
             infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
         streams, unary = answer_routes(batch)
         keep = any(request.handoff for request in requests)
-        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary))
+        chain = merge_chains(request.chain for request in requests)
+        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
         self._delivery.start(run, batch, now)
 
 

@@ -22,7 +22,7 @@ from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.batching.scheduler import Instances, no_instance_error
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.sequence import SequenceSettings
-from geserve.types import EMPTY_PARAMETERS, Parameters
+from geserve.types import EMPTY_PARAMETERS, Parameters, merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import SEQUENCE_END, SEQUENCE_READY, SEQUENCE_START, BatchResult, RequestInfo
 from geserve.workers.streams import StreamItem
@@ -60,7 +60,8 @@ class _Sequence:
     slot: int = -1
     incarnation: int = 0
     running: bool = False  # one of its requests is in a batch now
-    last_ns: int = 0  # when its last request arrived
+    # When its idle clock last restarted: it got its slot, a request arrived, or its last request ran.
+    last_ns: int = 0
 
 
 # One row of a batch: the slot, and the request in it (None: the padding of an empty slot).
@@ -82,7 +83,8 @@ class SequenceScheduler:
     - oldest with `preserve_ordering`: each instance answers in the order its requests were dispatched to it
       (Triton's per-instance dynamic batcher order); a decoupled request's responses wait in its stream.
     - A slot is freed when its sequence's END request has run, or after `max_sequence_idle_microseconds`
-      without a request; a sequence whose instance died is lost, its queued requests fail.
+      idle: nothing queued or running since it took its slot, its last request arrived or its last one ran
+      (time waiting in the backlog does not count); a sequence whose instance died is lost, its queued requests fail.
     """
 
     def __init__(
@@ -228,6 +230,8 @@ class SequenceScheduler:
             sequence.instance, sequence.slot = index, slot
             sequence.incarnation = self._instances.incarnation(index)
             self._slots[index][slot] = sequence
+            # Time in the backlog is not idle time (Triton's reaper skips backlogged ids too): the clock starts here.
+            sequence.last_ns = self._clock.now_ns()
             return
         self._backlog.append(sequence)
 
@@ -430,7 +434,8 @@ class SequenceScheduler:
             wanted.update(dict.fromkeys(request.output_names))
         streams, unary = answer_routes(pending for _, pending in rows)
         keep = any(request.handoff for request in requests if request is not None)
-        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep, unary))
+        chain = merge_chains(request.chain for request in requests if request is not None)
+        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
 
     def _ran(self, rows: list[_Row], sequences: list[_Sequence | None]) -> None:
         """A batch is back: its sequences can run their next request, and those it ended free their slots."""
@@ -438,6 +443,8 @@ class SequenceScheduler:
             if pending is None or sequence is None:
                 continue
             sequence.running = False
+            # Idle means no request queued or running (model_config.proto): the clock restarts as this one leaves.
+            sequence.last_ns = self._clock.now_ns()
             if pending.request.parameters.get("sequence_end") is True:
                 self._free_slot(sequence)
 

@@ -15,13 +15,14 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
-from geserve.core import response_cache, validation
+from geserve.core import calls, response_cache, validation
 from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_version
 from geserve.core.stats import ModelStats
 from geserve.core.trace import StepTrace, traced_steps
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.types import (
     SCHEDULING_PARAMETERS,
+    CallChain,
     InferInput,
     InferRequest,
     InstanceStatus,
@@ -307,7 +308,8 @@ class EnsembleScheduler:
         return ScheduledResponse(outputs)
 
     async def _outputs(self, request: ScheduledRequest, timing: list[int]) -> dict[str, np.ndarray]:
-        flow = self._flow(dict(request.inputs), self._steps, _forwarded(request.parameters), request.request_id, timing)
+        forwarded = _forwarded(request.parameters)
+        flow = self._flow(dict(request.inputs), self._steps, forwarded, request.request_id, timing, chain=request.chain)
         async with contextlib.aclosing(flow):
             # The first complete set: the only one, unless a step's model became decoupled since the check.
             tensors: dict[str, np.ndarray] = await anext(flow, {})
@@ -323,7 +325,10 @@ class EnsembleScheduler:
         started = time.monotonic_ns()
         forwarded = _forwarded(request.parameters)
         try:
-            async for tensors in self._flow(dict(request.inputs), self._steps, forwarded, request.request_id, None):
+            flow = self._flow(
+                dict(request.inputs), self._steps, forwarded, request.request_id, None, chain=request.chain
+            )
+            async for tensors in flow:
                 outputs = {name: tensors[name] for name in request.output_names if name in tensors}
                 yield with_parameters(outputs, response_parameters(tensors)), None, False
         except GeserveError as error:
@@ -340,11 +345,13 @@ class EnsembleScheduler:
         parameters: Parameters,
         request_id: str,
         timing: list[int] | None,
+        *,
+        chain: CallChain = (),
     ) -> AsyncGenerator[dict[str, np.ndarray]]:
         """The graph executor: runs the `waiting` steps as their inputs come, side by side, and yields the
         ensemble tensors once none is left to run. A decoupled step runs once the others in flight are done,
         and each of its responses runs the steps after it (one yield per complete response). Each step's
-        queue and compute times are added to `timing`."""
+        queue and compute times are added to `timing`. A BLS request's steps are part of its `chain` of calls."""
         waiting = list(waiting)
         running: dict[asyncio.Task[ScheduledResponse], Step] = {}
         decoupled: tuple[Step, ModelVersion] | None = None
@@ -356,7 +363,8 @@ class EnsembleScheduler:
                         decoupled = decoupled or (step, model)
                         continue
                     waiting.remove(step)
-                    running[asyncio.ensure_future(self._call(step, model, tensors, parameters, request_id))] = step
+                    call = self._call(step, model, tensors, parameters, request_id, chain=chain)
+                    running[asyncio.ensure_future(call)] = step
                 if not running:
                     break
                 done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
@@ -378,17 +386,18 @@ class EnsembleScheduler:
             return
         step, model = decoupled
         waiting.remove(step)
+        calls.check_cycle(model.name, model.version, model.instance_count, chain)
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
         # A decoupled step is in flight until its final response, so it holds its place that long.
         async with self._in_flight(step):
             async for streamed, error, _ in model.scheduler.stream(
-                ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id)
+                ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, chain=chain)
             ):
                 if error is not None:
                     raise error
                 if streamed:
                     async for complete in self._flow(
-                        _with(tensors, step, streamed), waiting, parameters, request_id, timing
+                        _with(tensors, step, streamed), waiting, parameters, request_id, timing, chain=chain
                     ):
                         yield complete
 
@@ -403,15 +412,18 @@ class EnsembleScheduler:
         tensors: Mapping[str, np.ndarray],
         parameters: Parameters,
         request_id: str,
+        *,
+        chain: CallChain,
     ) -> ScheduledResponse:
         """One step through its composing model, validated as a client's request to it would be; its errors are
         the ensemble request's, word for word."""
+        calls.check_cycle(model.name, model.version, model.instance_count, chain)
         inputs = validation.validate_inputs(_request(step, model, tensors, parameters, request_id), model)
         started_ns = time.monotonic_ns()
         async with self._in_flight(step):
             # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
             response = await response_cache.execute(
-                model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True)
+                model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True, chain=chain)
             )
         steps = traced_steps.get()
         if steps is not None:  # the request is traced: this step is a child of its trace

@@ -114,6 +114,7 @@ async def _load_version(
         scheduler = Scheduler(completed.name, pool, BatchingPolicy.from_config(completed), stats)
     instances = InstanceLifecycle(completed.name, pool, scheduler)
     served = ModelVersion(completed, version, scheduler, instances, stats)
+    served.instance_count = pool.size
     try:
         served.labels = await asyncio.to_thread(read_labels, source.path, completed)
         # Not ready until every instance has run its warmup samples: the version is served only once returned.

@@ -62,6 +62,8 @@ class ModelVersion:
         self.labels: dict[str, list[str]] = {}  # per output, from its label_filename (classification)
         # Set when the config enables the response cache and the server has one.
         self.response_cache: ResponseCache | None = None
+        # How many instances serve it (None: not known, an ensemble's steps): BLS call chains are checked against it.
+        self.instance_count: int | None = None
         batched = config.max_batch_size > 0
         self.inputs = _tensor_specs(list(config.input), batched)
         self.outputs = _tensor_specs(list(config.output), batched)

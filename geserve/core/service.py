@@ -14,7 +14,7 @@ import numpy as np
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
-from geserve.core import response_cache, validation
+from geserve.core import calls, response_cache, validation
 from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
@@ -37,6 +37,7 @@ from geserve.offload import DECODE_BYTES, off_loop
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
 from geserve.types import (
     CacheSnapshot,
+    CallChain,
     CustomMetric,
     DeviceUsage,
     InferRequest,
@@ -357,10 +358,11 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
 
-    async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]:
-        """A python model's BLS request (`exec`): validated and scheduled as a client's request, also while
-        the server drains at shutdown (the request that made it was admitted); its outputs as arrays."""
-        model, scheduled = await self._admit(request, internal=True)
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]:
+        """A python model's BLS request (`exec`), part of `chain`: validated and scheduled as a client's request,
+        also while the server drains at shutdown (the request that made it was admitted); its outputs as arrays.
+        A request that could only wait for itself (calls.check_cycle) is refused."""
+        model, scheduled = await self._admit(request, internal=True, chain=chain)
         if model.decoupled:
             raise DecoupledModelError(
                 f"model '{model.name}' is decoupled: call it with exec(decoupled=True) or async_exec(decoupled=True)"
@@ -368,24 +370,28 @@ class InferenceService:
         return (await response_cache.execute(model, scheduled)).outputs
 
     async def stream_model(
-        self, request: InferRequest
+        self, request: InferRequest, chain: CallChain = ()
     ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
-        """A BLS request with `decoupled=True`: every response the model sends (one, for a model that is not
-        decoupled)."""
-        model, scheduled = await self._admit(request, internal=True)
+        """A BLS request with `decoupled=True`, part of `chain`: every response the model sends (one, for a model
+        that is not decoupled)."""
+        model, scheduled = await self._admit(request, internal=True, chain=chain)
         if not model.decoupled:
             yield (await response_cache.execute(model, scheduled)).outputs, None, True
             return
         async for item in model.scheduler.stream(scheduled):
             yield item
 
-    async def _admit(self, request: InferRequest, internal: bool = False) -> tuple[ModelVersion, ScheduledRequest]:
-        """The version a request addresses and the request as its scheduler takes it, validated."""
+    async def _admit(
+        self, request: InferRequest, internal: bool = False, chain: CallChain = ()
+    ) -> tuple[ModelVersion, ScheduledRequest]:
+        """The version a request addresses and the request as its scheduler takes it, validated; a BLS request
+        carries its `chain`."""
         if not self._accepting and not internal:
             raise UnavailableError("the server is shutting down").with_request_id(request.id)
         try:
             validation.check_parameters(request.parameters)
             model = self.model_version(request.model_name, request.model_version)
+            calls.check_cycle(model.name, model.version, model.instance_count, chain)
             if request.raw_body is not None:
                 tensor = raw_input(request.raw_body, model.name, tuple(model.inputs.values()))
                 request = replace(request, inputs=(tensor,), raw_body=None)
@@ -405,7 +411,7 @@ class InferenceService:
         except GeserveError as error:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
-        return model, ScheduledRequest(inputs, output_names, request.parameters, request.id)
+        return model, ScheduledRequest(inputs, output_names, request.parameters, request.id, chain=chain)
 
 
 def _track_latency(version: ModelVersion, metrics: MetricsSettings) -> None:

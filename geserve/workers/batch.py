@@ -8,6 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
+from geserve.types import CallChain
 from geserve.workers.messages import RequestInfo
 from geserve.workers.streams import ResponseStream
 
@@ -26,7 +27,8 @@ class Batch:
     requests whose index is in `streams` answer there (decoupled models), also after the batch has returned.
     With `keep_outputs` (a pipeline's step) the outputs may stay in shared memory, for the next step to read.
     The requests whose index is in `cancellable` answer with the batch; a backend that looks (a python model's
-    `is_cancelled`) learns when their clients go away."""
+    `is_cancelled`) learns when their clients go away. `chain` tells the BLS calls its model makes meanwhile which
+    instances already wait for them."""
 
     inputs: Mapping[str, Sequence[np.ndarray]]
     output_names: tuple[str, ...]
@@ -34,3 +36,4 @@ class Batch:
     streams: Mapping[int, ResponseStream] = field(default_factory=dict)
     keep_outputs: bool = False
     cancellable: Mapping[int, Cancellable] = field(default_factory=dict)
+    chain: CallChain = ()  # the BLS calls its requests are part of, merged (types.merge_chains)

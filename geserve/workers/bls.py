@@ -24,20 +24,20 @@ class BlsClient:
         self._run = run  # whose id the names of the calls' segments carry
         self._ids = itertools.count()
         self._waiting: dict[int, queue.SimpleQueue[Any]] = {}  # BlsReply or ControlReply; None: the end
-        self._lock = threading.Lock()
+        # Re-entrant: a dropped ResponseIterator closes itself (and takes it) from whatever thread collects it.
+        self._lock = threading.RLock()
         # The model this worker is loading, until its initialize returns: loading or unloading it from there
         # would wait for its own load.
         self.loading = ""
 
     def deliver(self, reply: BlsReply | ControlReply) -> None:
-        with self._lock:
+        with self._lock:  # queued under the lock: once `_forget` has run, nothing more lands in a forgotten queue
             waiting = self._waiting.get(reply.call_id)
-        if waiting is not None:
-            waiting.put(reply)
-            return
-        if isinstance(reply, BlsReply):
-            for name in {ref.segment for ref in reply.outputs}:  # a call the model stopped listening to
-                unlink_quietly(name)
+            if waiting is not None:
+                waiting.put(reply)
+                return
+        if isinstance(reply, BlsReply):  # a call the model stopped listening to
+            _discard(reply)
 
     def close(self) -> None:
         """The front-end is gone: every waiting call ends."""
@@ -58,7 +58,7 @@ class BlsClient:
             self._forget(call_id)
             raise
         if decoupled:
-            return self._responses(call_id, replies)
+            return ResponseIterator(self, call_id, replies)
         try:
             return _response(self._next(replies))
         finally:
@@ -97,16 +97,6 @@ class BlsClient:
             raise pb_utils.TritonModelException(reply.error.message)
         return reply.ready
 
-    def _responses(self, call_id: int, replies: queue.SimpleQueue[BlsReply | None]) -> Iterator[Any]:
-        try:
-            while True:
-                reply = self._next(replies)
-                yield _response(reply)
-                if reply.final:
-                    return
-        finally:
-            self._forget(call_id)
-
     @staticmethod
     def _next(replies: queue.SimpleQueue[BlsReply | None]) -> BlsReply:
         reply = replies.get()
@@ -115,6 +105,7 @@ class BlsClient:
         return reply
 
     def _forget(self, call_id: int) -> None:
+        """No more replies for this call reach its queue: later ones are discarded as they arrive."""
         with self._lock:
             self._waiting.pop(call_id, None)
 
@@ -144,6 +135,55 @@ class BlsClient:
             int(request.timeout()),
             decoupled,
         )
+
+
+class ResponseIterator(Iterator[Any]):
+    """The responses of a decoupled BLS call, read in order. Once the model lets go of it (drops it, read or not;
+    a loop it broke out of, once no name holds it any more) or calls `close()`, the replies already queued and
+    those still to come are discarded, their segments unlinked, so an abandoned stream leaves no shared memory
+    behind."""
+
+    def __init__(self, client: BlsClient, call_id: int, replies: queue.SimpleQueue[BlsReply | None]) -> None:
+        self._client = client
+        self._call_id = call_id
+        self._replies = replies
+        self._done = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        try:
+            reply = self._client._next(self._replies)
+        except BaseException:
+            self.close()
+            raise
+        if reply.final:
+            self.close()
+        return _response(reply)
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._client._forget(self._call_id)
+        while True:  # what arrived before `_forget` and was not read
+            try:
+                reply = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            if reply is not None:
+                _discard(reply)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _discard(reply: BlsReply) -> None:
+    for name in {ref.segment for ref in reply.outputs}:
+        unlink_quietly(name)
 
 
 def _response(reply: BlsReply) -> Any:

@@ -11,7 +11,7 @@ import numpy as np
 
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError
-from geserve.types import InferInput, InferRequest, RequestedOutput, response_parameters
+from geserve.types import CallChain, InferInput, InferRequest, RequestedOutput, response_parameters
 from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, write_tensors
@@ -26,9 +26,9 @@ class ModelCaller(Protocol):
     """The server as a BLS request reaches it (core's InferenceService): validated and scheduled like a
     client's request, answered with the outputs' arrays."""
 
-    async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]: ...
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]: ...
 
-    def stream_model(self, request: InferRequest) -> AsyncIterator[StreamItem]: ...
+    def stream_model(self, request: InferRequest, chain: CallChain = ()) -> AsyncIterator[StreamItem]: ...
 
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None: ...
 
@@ -37,18 +37,21 @@ class ModelCaller(Protocol):
     async def model_ready(self, name: str, version: str = "") -> bool: ...
 
 
-async def serve_call(caller: ModelCaller | None, call: BlsCall, reply: Callable[[BlsReply], None], run: RunId) -> None:
-    """Run one BlsCall and answer it through `reply`: outputs in a fresh segment, or the error; a call with a
-    timeout that runs out answers "Request timeout expired". Segments are named for `run`."""
+async def serve_call(
+    caller: ModelCaller | None, call: BlsCall, reply: Callable[[BlsReply], None], run: RunId, chain: CallChain = ()
+) -> None:
+    """Run one BlsCall, part of `chain` (the instances waiting for it), and answer it through `reply`: outputs in
+    a fresh segment, or the error; a call with a timeout that runs out answers "Request timeout expired". Segments
+    are named for `run`."""
     try:
         request = infer_request(call)
         if caller is None:
             raise UnavailableError("BLS requests cannot reach the server from this worker")
         timeout_s = call.timeout_us / 1e6 if call.timeout_us > 0 else None
         if call.decoupled:
-            await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run), timeout_s)
+            await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run, chain=chain), timeout_s)
             return
-        outputs = await asyncio.wait_for(caller.call_model(request), timeout_s)
+        outputs = await asyncio.wait_for(caller.call_model(request, chain), timeout_s)
         refs = write_tensors(outputs, run.segment_name("blsout"))
         reply(BlsReply(call.call_id, refs, None, True, response_parameters(outputs)))
     except TimeoutError:
@@ -74,10 +77,16 @@ def infer_request(call: BlsCall) -> InferRequest:
 
 
 async def _stream(
-    caller: ModelCaller, request: InferRequest, call_id: int, reply: Callable[[BlsReply], None], run: RunId
+    caller: ModelCaller,
+    request: InferRequest,
+    call_id: int,
+    reply: Callable[[BlsReply], None],
+    run: RunId,
+    *,
+    chain: CallChain,
 ) -> None:
     final = False
-    async for outputs, error, final in caller.stream_model(request):
+    async for outputs, error, final in caller.stream_model(request, chain):
         refs = write_tensors(outputs or {}, run.segment_name("blsout"))
         reply(BlsReply(call_id, refs, error, final, response_parameters(outputs)))
     if not final:
@@ -123,18 +132,22 @@ async def _ready(caller: ModelCaller, name: str, version: str) -> bool:
 
 class BlsServer:
     """Serves the BLS calls of one instance's workers on the server (`caller`, asked at each call, as the
-    server comes up after its first models), each answered through the reply it came with."""
+    server comes up after its first models), each answered through the reply it came with; `chain` tells, as
+    a call arrives, the chain it is part of (the instance's running batch's, and the instance)."""
 
-    def __init__(self, caller: Callable[[], ModelCaller | None], run: RunId) -> None:
+    def __init__(
+        self, caller: Callable[[], ModelCaller | None], run: RunId, chain: Callable[[], CallChain] = tuple
+    ) -> None:
         self._caller = caller
         self._run = run
+        self._chain = chain
         self._tasks: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
 
     def __call__(self, call: BlsCall | ControlCall, reply: Callable[[BlsReply | ControlReply], None]) -> None:
         if isinstance(call, ControlCall):
             work = serve_control(self._caller(), call, reply)
         else:
-            work = serve_call(self._caller(), call, reply, self._run)
+            work = serve_call(self._caller(), call, reply, self._run, self._chain())
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

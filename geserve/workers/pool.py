@@ -71,6 +71,10 @@ class InstancePool:
             self._idle.popleft()  # a dead instance leaves the idle slots; the others keep serving
         return bool(self._idle)
 
+    def instance_names(self) -> frozenset[tuple[int, str]]:
+        """The (version, instance name) of each instance that takes batches."""
+        return frozenset((instance.spec.model_version, instance.spec.instance_name) for instance in self._instances)
+
     def has_free(self) -> bool:
         """Whether an instance holds no batch at all (else a batch would wait behind a running one)."""
         return self._free_slot() is not None

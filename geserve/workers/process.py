@@ -8,7 +8,7 @@ from dataclasses import replace
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.settings import DEFAULT_ARENA_BYTES
-from geserve.types import InstanceStatus, with_parameters
+from geserve.types import CallChain, InstanceStatus, with_parameters
 from geserve.workers.arenas import Arenas
 from geserve.workers.batch import Batch, Cancellable
 from geserve.workers.bls_serving import BlsServer, ModelCaller
@@ -50,8 +50,11 @@ class ProcessWorker:
         self._per_request = observes_cancellation(spec)  # its unary requests learn when their clients go away
         self._arenas = Arenas(self.capacity, arena_bytes, run, mapped)
         self._handoff = HandoffSegments(arena_bytes, run, mapped)
+        # The chains of the batches it holds, oldest (the one running) first: a BLS call its model makes is part
+        # of the running one's chain, and this instance waits for it.
+        self._chains: list[CallChain] = []
         # The model's BLS requests go to the server (`caller`, once it is up).
-        bls = BlsServer(caller or (lambda: None), run)
+        bls = BlsServer(caller or (lambda: None), run, self._waiting_chain)
         self._supervisor = ProcessSupervisor(self.spec, restart or RestartPolicy(), bls, self._back_up)
 
     @property
@@ -109,6 +112,12 @@ class ProcessWorker:
         self._arenas.unlink()
         self._handoff.close()
 
+    def _waiting_chain(self) -> CallChain:
+        """The chain a BLS call from this instance's model joins: its running batch's, then this instance."""
+        if not self._chains:
+            return ()  # no batch: a thread the model left running, which holds no instance
+        return (*self._chains[0], (self.spec.model_name, self.spec.model_version, self.spec.instance_name))
+
     def _back_up(self) -> None:
         if self.on_ready is not None:
             self.on_ready(self)
@@ -118,6 +127,13 @@ class ProcessWorker:
     async def execute(self, batch: Batch) -> BatchResult:
         if not self.alive or not self._arenas.available:
             raise UnavailableError(self._supervisor.exited_message())
+        self._chains.append(batch.chain)
+        try:
+            return await self._execute(batch)
+        finally:
+            self._chains.remove(batch.chain)
+
+    async def _execute(self, batch: Batch) -> BatchResult:
         placement = await self._arenas.place(batch.inputs)
         channel = self._supervisor.channel
         if not self.alive or channel is None:

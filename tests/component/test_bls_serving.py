@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from geserve.errors import ErrorCode, GeserveError, InvalidArgumentError
-from geserve.types import InferRequest
-from geserve.workers.bls_serving import TIMEOUT_EXPIRED, ModelCaller, serve_call
+from geserve.types import CallChain, InferRequest
+from geserve.workers.bls_serving import TIMEOUT_EXPIRED, BlsServer, ModelCaller, serve_call
 from geserve.workers.messages import BlsCall, BlsReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, write_tensors
@@ -25,18 +25,20 @@ class Doubler:
 
     def __init__(self, delay_s: float = 0.0, stream_final: bool = True) -> None:
         self.requests: list[InferRequest] = []
+        self.chains: list[CallChain] = []
         self._delay_s = delay_s
         self._stream_final = stream_final
 
-    async def call_model(self, request: InferRequest) -> dict[str, np.ndarray]:
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]:
         self.requests.append(request)
+        self.chains.append(chain)
         await asyncio.sleep(self._delay_s)
         if request.model_name != "double":
             raise InvalidArgumentError(f"unknown model '{request.model_name}'")
         return {"OUT": np.asarray(request.inputs[0].data) * 2}
 
-    async def stream_model(self, request: InferRequest) -> AsyncIterator[StreamItem]:
-        outputs = await self.call_model(request)
+    async def stream_model(self, request: InferRequest, chain: CallChain = ()) -> AsyncIterator[StreamItem]:
+        outputs = await self.call_model(request, chain)
         yield outputs, None, False
         yield outputs, None, self._stream_final
 
@@ -97,3 +99,23 @@ def test_a_decoupled_call_gets_every_response_and_a_final_one_even_if_the_stream
         assert len(replies) == count and [r.final for r in replies] == [False] * (count - 1) + [True]
         for reply in replies:
             take_tensors(reply.outputs)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_each_call_reaches_the_server_with_the_chain_of_the_instance_it_came_from(decoupled: bool) -> None:
+    caller = Doubler()
+    chains: list[CallChain] = [(("a", 1), ("m", 1)), ()]
+
+    async def serve() -> list[BlsReply | object]:
+        replies: list[BlsReply | object] = []
+        server = BlsServer(lambda: caller, RUN, lambda: chains[len(caller.chains)])
+        for _ in chains:  # the chain is asked as each call arrives
+            server(_call(decoupled=decoupled), replies.append)
+            await asyncio.gather(*asyncio.all_tasks() - {asyncio.current_task()})  # the call is answered
+        return replies
+
+    replies = asyncio.run(serve())
+    assert caller.chains == chains
+    for reply in replies:
+        assert isinstance(reply, BlsReply) and reply.error is None
+        take_tensors(reply.outputs)

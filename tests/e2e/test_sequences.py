@@ -67,6 +67,15 @@ def build_repository(repository: Path) -> None:
         "two_slots",
         lambda text: text.replace("max_batch_size: 8", "max_batch_size: 2"),
     )
+    # One slot and a 1 s idle limit: a sequence that waits longer than that in the backlog must still run.
+    _variant(
+        repository,
+        "sequence_accumulator",
+        "one_slot_short_idle",
+        lambda text: text.replace("max_batch_size: 8", "max_batch_size: 1").replace(
+            "max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 1000000"
+        ),
+    )
     # The direct strategy with a model that does not batch: one slot per instance, two instances.
     _variant(
         repository,
@@ -402,6 +411,33 @@ def test_sequences_beyond_the_slots_wait_in_the_backlog_in_arrival_order(sequenc
     # A backlogged sequence's state is its own once it has a slot.
     assert grpc_step(grpc, model, "D", 2, end=True)["OUTPUT"].item() == 12
     assert grpc_step(grpc, model, "E", 3, end=True)["OUTPUT"].item() == 13
+
+
+def test_a_sequence_that_waited_in_the_backlog_longer_than_the_idle_limit_runs_to_its_end(
+    sequence_server: GeserveProcess,
+) -> None:
+    """one_slot_short_idle: B waits behind A for longer than max_sequence_idle_microseconds (1 s), then runs."""
+    model = "one_slot_short_idle"
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{sequence_server.grpc_port}")
+    assert grpc_step(grpc, model, "A", 1, start=True)["OUTPUT"].item() == 1
+    answer: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(_array(10))
+    grpc.async_infer(model, [tensor], _into(answer), sequence_id="B", sequence_start=True)
+    total = 1
+    for _ in range(8):  # A keeps its slot for about 2 s with a request every 0.25 s; B waits in the backlog
+        time.sleep(0.25)
+        total += 1
+        assert grpc_step(grpc, model, "A", 1)["OUTPUT"].item() == total
+    assert answer.empty(), "a backlogged sequence ran without a slot"
+    assert grpc_step(grpc, model, "A", 1, end=True)["OUTPUT"].item() == total + 1
+    result, error = answer.get(timeout=30)
+    assert error is None and result.as_numpy("OUTPUT").item() == 10
+    # B's next requests find its slot and its state (today they were refused: its START had been reaped).
+    values = [10, 2, 3, 4]
+    for step in range(1, len(values)):
+        outputs = grpc_step(grpc, model, "B", values[step], end=step == len(values) - 1)
+        assert outputs["OUTPUT"].item() == sum(values[: step + 1])
 
 
 def test_config_and_statistics_show_sequences(sequence_server: GeserveProcess) -> None:

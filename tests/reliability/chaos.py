@@ -1,5 +1,5 @@
 """`make chaos`: workers killed, SIGTERM (to the server and to its process group), a full /dev/shm, a shrunk
-client region, a flood of regions and hostile clients, all under checked load."""
+client region, a flood of regions, hostile clients and BLS cycles, all under checked load."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as client_shm
+from tritonclient.utils import InferenceServerException
 
 from tests.reliability.load import (
     Kind,
@@ -520,6 +521,85 @@ def region_flood(workdir: Path, cap: int = 64) -> Result:
     )
 
 
+BLS_CYCLE = "BLS call cycle"
+
+
+def _bls_repository(workdir: Path) -> Path:
+    """simple, repeat_int32, bls_abandon (reads one response of each BLS stream) and bls_self (one instance,
+    calling itself through BLS without a timeout)."""
+    repository = workdir / "models"
+    full = build_repository(workdir / "full")
+    for name in ("simple", "repeat_int32"):
+        shutil.copytree(full / name, repository / name)
+    python_models = Path(__file__).resolve().parents[1] / "python_models"
+    shutil.copytree(python_models / "bls_abandon", repository / "bls_abandon")
+    shutil.copytree(python_models / "bls_recurse", repository / "bls_self")
+    config = repository / "bls_self" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"bls_recurse"', '"bls_self"').replace("count: 2", "count: 1"))
+    return repository
+
+
+def _int32(module: Any, name: str, values: np.ndarray) -> Any:
+    tensor = module.InferInput(name, list(values.shape), "INT32")
+    tensor.set_data_from_numpy(values)
+    return tensor
+
+
+def _self_call(client: Any, _: Any, __: Any) -> None:
+    """bls_self calling itself: answered at once with the cycle's error, never a hang."""
+    try:
+        client.infer("bls_self", [_int32(httpclient, "DEPTH", np.array([1], dtype=np.int32))])
+    except InferenceServerException as error:
+        if BLS_CYCLE not in str(error):
+            raise
+        return
+    raise WrongAnswerError("bls_self answered a call to itself")
+
+
+def _abandoned_stream(client: Any, _: Any, rng: Any) -> None:
+    first = rng.randrange(1000)
+    values = np.array([first, 2, 3, 4, 5, 6], dtype=np.int32)
+    result = client.infer("bls_abandon", [_int32(httpclient, "IN", values)])
+    if result.as_numpy("OUT").tolist() != [first]:
+        raise WrongAnswerError(f"bls_abandon OUT != [{first}]")
+
+
+def bls_cycles(workdir: Path, phase_s: float = 6.0) -> Result:
+    """Under good traffic: a model calling itself through BLS (refused as a cycle, at once), and a model leaving
+    decoupled BLS streams unread (their segments freed): both go on for `phase_s`, and nothing piles up."""
+    server = GeserveProcess(workdir / "geserve.log", f"--model-repository={_bls_repository(workdir)}").wait_live()
+    pid = server.process.pid
+    base = len(segments_of_server(pid))
+    kinds = (
+        Kind("HTTP binary / simple", 2, _http, lambda client, _, rng: http_binary_simple(client, rng)),
+        Kind("HTTP / bls_self calling itself (the cycle's error is the answer)", 2, _http, _self_call),
+        Kind("HTTP / bls_abandon (BLS streams left unread)", 2, _http, _abandoned_stream),
+    )
+    with Traffic(server, kinds, bursty=False) as traffic:
+        time.sleep(phase_s)
+    deadline = time.monotonic() + 30
+    while len(segments_of_server(pid)) > base and time.monotonic() < deadline:
+        time.sleep(0.2)  # the streams' last responses still arriving, then freed
+    extra = len(segments_of_server(pid)) - base
+    alive = server.process.poll() is None
+    exit_code, leaked = _stopped_cleanly(server)
+    return _result(
+        "BLS cycles and abandoned BLS streams",
+        traffic.tally,
+        {
+            "server alive": alive,
+            "every request answered as expected": traffic.tally.total("failed") == 0,
+            "each kind served": all(
+                kind.name in traffic.tally.kinds and traffic.tally.kinds[kind.name].ok > 0 for kind in kinds
+            ),
+            "no segments piled up": extra <= 0,
+            "exit 0 on SIGTERM": exit_code == 0,
+            "no segment left": not leaked,
+        },
+        extra_segments=extra,
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
@@ -528,6 +608,7 @@ SCENARIOS = {
     "shm-full": shm_nearly_full,
     "shrunk-region": shrunk_region,
     "hostile-clients": hostile_clients,
+    "bls-cycles": bls_cycles,
 }
 
 

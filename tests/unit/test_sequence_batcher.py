@@ -245,3 +245,33 @@ async def test_a_version_whose_instances_are_all_passive_says_so() -> None:
             ),
         )
     assert h.instances[0].batches == []
+
+
+async def test_time_in_the_backlog_is_not_idle_time() -> None:
+    h = Harness(max_batch_size=1)  # one slot; max_sequence_idle_microseconds 100 ms
+    a = h.send(1, 1.0, start=True)
+    b = h.send(2, 2.0, start=True)  # waits in the backlog behind sequence 1
+    await settle()
+    h.instances[0].finish()
+    await a
+    for step in range(3):  # sequence 1 keeps its slot busy for 150 ms, while 2 waits longer than the idle limit
+        h.clock.advance(50 * MS)
+        middle = h.send(1, 10.0 + step, end=step == 2)
+        await settle()
+        h.instances[0].finish()
+        assert (await middle)["OUT0"][0, 0] == 10.0 + step
+    await settle()
+    assert h.column(4, "CORRID") == [2] and h.column(4, "START") == [1]
+    h.clock.advance(60 * MS)  # a long first request: idle time starts when it has run, not when it arrived
+    h.instances[0].finish()
+    assert (await b)["OUT0"][0, 0] == 2.0
+    h.clock.advance(60 * MS)
+    await settle()
+    for batch, value, end in ((5, 3.0, False), (6, 4.0, True)):  # still its slot: the next requests are not refused
+        nxt = h.send(2, value, end=end)
+        await settle()
+        if nxt.done():
+            await nxt  # raises the refusal (today: 'must specify the START flag')
+        assert h.column(batch, "CORRID") == [2] and h.column(batch, "START") == [0]
+        h.instances[0].finish()
+        assert (await nxt)["OUT0"][0, 0] == value

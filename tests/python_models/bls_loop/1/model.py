@@ -1,5 +1,5 @@
 """Calls itself through BLS with a 300 ms timeout: its one instance is busy running the caller, so the call
-can only time out. Answers the call's error text."""
+could only time out; the server refuses it at once as a cycle. Answers the call's error text."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
