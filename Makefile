@@ -85,7 +85,8 @@ bench-peers: $(STAMP_TEST)
 
 # Reliability runs, never part of `make test`; each writes a JSON report under build/ and fails on a lost or
 # wrong answer. soak: mixed checked traffic for SOAK_SECS, with RSS, descriptors and /dev/shm sampled.
-# chaos: workers killed, SIGTERM, a nearly full /dev/shm (private mount namespace), a shrunk client region, BLS cycles.
+# chaos: workers killed, SIGTERM (to the server and to its process group), a nearly full /dev/shm (private mount
+# namespace), a shrunk client region, a flood of client regions, hostile clients, BLS cycles.
 SOAK_SECS ?= 600
 soak: $(STAMP_TEST)
 	@mkdir -p build
