@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+# Python's int() refuses decimals of more than 4300 digits (sys.get_int_max_str_digits) with a ValueError; no
+# length, count or version geserve reads has more than 19 (2**63 has 19), so longer ones are simply refused.
+MAX_DECIMAL_DIGITS = 19
+
 
 def is_decimal(text: str) -> bool:
     """ASCII digits only: str.isdigit also takes '²' (which int() refuses) and '٣' (which int() reads as 3)."""
     return text.isascii() and text.isdigit()
+
+
+def decimal_value(text: str) -> int | None:
+    """The value of a plain ASCII decimal of at most MAX_DECIMAL_DIGITS significant digits; None otherwise."""
+    if not is_decimal(text) or len(text.lstrip("0")) > MAX_DECIMAL_DIGITS:
+        return None
+    return int(text)

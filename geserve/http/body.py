@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from geserve.codecs.digits import is_decimal
+from geserve.codecs.digits import decimal_value
 from geserve.errors import InvalidArgumentError
 from geserve.offload import COMPRESSION_BYTES, off_loop
 
@@ -23,8 +23,9 @@ def too_large(size: int, limit: int) -> InvalidArgumentError:
 
 async def read_body(receive: Any, declared_length: str | None, limit: int) -> bytes:
     """The whole request body as sent; bodies over `limit` bytes are refused early."""
-    if declared_length is not None and is_decimal(declared_length) and int(declared_length) > limit:
-        raise too_large(int(declared_length), limit)
+    declared = decimal_value(declared_length) if declared_length is not None else None
+    if declared is not None and declared > limit:
+        raise too_large(declared, limit)
     chunks: list[bytes] = []
     size = 0
     more = True
