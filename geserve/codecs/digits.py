@@ -14,6 +14,7 @@ def is_decimal(text: str) -> bool:
 
 def decimal_value(text: str) -> int | None:
     """The value of a plain ASCII decimal of at most MAX_DECIMAL_DIGITS significant digits; None otherwise."""
-    if not is_decimal(text) or len(text.lstrip("0")) > MAX_DECIMAL_DIGITS:
+    significant = text.lstrip("0")
+    if not is_decimal(text) or len(significant) > MAX_DECIMAL_DIGITS:
         return None
-    return int(text)
+    return int(significant or "0")  # int() counts leading zeros against its limit too
