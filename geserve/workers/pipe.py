@@ -30,9 +30,9 @@ def too_large(size: int) -> InvalidArgumentError:
     )
 
 
-def dumps(message: object) -> bytes:
+def dumps(message: object) -> memoryview:
     """A message pickled as Connection.send pickles it; InvalidArgumentError when it is over the limit."""
-    data = bytes(ForkingPickler.dumps(message))
+    data = memoryview(ForkingPickler.dumps(message))
     if len(data) > MAX_MESSAGE_BYTES:
         raise too_large(len(data))
     return data
@@ -73,7 +73,7 @@ class PipeEnd:
         if not self._open:
             raise OSError("the worker's pipe is closed")
         data = dumps(message)
-        frame = _LENGTH.pack(len(data)) + data
+        frame = _LENGTH.pack(len(data)) + data  # one write for the whole frame, as the pipe allows
         if self._unsent:  # behind others: order is kept
             self._unsent += frame
             return
