@@ -31,3 +31,9 @@ def test_a_shrunk_region_is_refused_by_name_and_served_again_once_replaced(tmp_p
     result = chaos.shrunk_region(tmp_path, phase_s=1.5)
     assert result["passed"], result["checks"]
     assert result["phases"]["shrunk"]["HTTP / simple, inputs in the region"]["failed"] > 0
+
+
+def test_oversized_ids_and_parameters_beside_load_are_refused_and_the_rest_served(tmp_path: Path) -> None:
+    result = chaos.oversized_requests(tmp_path, phase_s=1.0)
+    assert result["passed"], result["checks"]
+    assert all(count > 0 for count in result["hostile"].values()) and result["ok"] > 0

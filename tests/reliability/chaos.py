@@ -19,6 +19,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as client_shm
+from tritonclient.utils import InferenceServerException
 
 from tests.reliability.load import (
     Kind,
@@ -318,11 +319,60 @@ def shrunk_region(workdir: Path, phase_s: float = 4.0) -> Result:
     )
 
 
+def _hostile_infer(server: GeserveProcess, **options: Any) -> int:
+    """One request to `simple` with an oversized id or parameters: its HTTP status."""
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
+    try:
+        tensors = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = httpclient.InferInput(name, [1, 16], "INT32")
+            tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+            tensors.append(tensor)
+        client.infer("simple", tensors, **options)
+        return 200
+    except InferenceServerException as error:
+        return int(error.status() or 0)
+    except OSError:  # a timeout or a closed connection: the request was lost
+        return 0
+    finally:
+        client.close()
+
+
+def oversized_requests(workdir: Path, phase_s: float = 8.0) -> Result:
+    """10 MiB ids, 100k parameters, and parameters within the limits yet larger than a worker's pipe, sent
+    beside checked load: the first two get a 400, the last are served, and no other request fails."""
+    server = GeserveProcess(workdir / "geserve.log", f"--model-repository={build_repository(workdir)}").wait_live()
+    statuses: dict[str, list[int]] = {"10 MiB id": [], "100k parameters": [], "900 KiB of parameters": []}
+    with Traffic(server) as traffic:
+        deadline = time.monotonic() + phase_s
+        while time.monotonic() < deadline:
+            statuses["10 MiB id"].append(_hostile_infer(server, request_id="i" * (10 << 20)))
+            many = {f"k{index}": index for index in range(100_000)}
+            statuses["100k parameters"].append(_hostile_infer(server, parameters=many))
+            large = {f"k{index:04d}": "v" * 900 for index in range(1000)}
+            statuses["900 KiB of parameters"].append(_hostile_infer(server, parameters=large))
+    exit_code = server.stop()
+    return _result(
+        "oversized ids and parameters",
+        traffic.tally,
+        {
+            "oversized ones refused with 400": all(
+                code == 400 for name in ("10 MiB id", "100k parameters") for code in statuses[name]
+            ),
+            "large ones within the limits served": all(code == 200 for code in statuses["900 KiB of parameters"]),
+            "no other request failed": traffic.tally.total("failed") == 0,
+            "exit 0": exit_code == 0,
+        },
+        hostile={name: len(codes) for name, codes in statuses.items()},
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
     "shm-full": shm_nearly_full,
     "shrunk-region": shrunk_region,
+    "oversized": oversized_requests,
 }
 
 
