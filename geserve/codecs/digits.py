@@ -18,3 +18,16 @@ def decimal_value(text: str) -> int | None:
     if not is_decimal(text) or len(significant) > MAX_DECIMAL_DIGITS:
         return None
     return int(significant or "0")  # int() counts leading zeros against its limit too
+
+
+def decimal_over(text: str, limit: int) -> bool:
+    """Whether `text` is a decimal larger than `limit`; one of more digits than any length has is."""
+    if not is_decimal(text):
+        return False
+    value = decimal_value(text)
+    return value is None or value > limit
+
+
+def shortened(text: str, keep: int = 40) -> str:
+    """`text` as an error message quotes it: a number of thousands of digits is not repeated whole."""
+    return text if len(text) <= keep else f"{text[:keep]}..."

@@ -13,7 +13,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
-from geserve.codecs.digits import decimal_value
+from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
@@ -125,8 +125,7 @@ def find_version(models: Mapping[str, Model], name: str, version: str = "") -> M
     if version:
         number = decimal_value(version)
         if number is None:
-            shown = version if len(version) <= 40 else f"{version[:40]}..."
-            raise InvalidArgumentError(f"failed to parse model version '{shown}' of model '{name}'")
+            raise InvalidArgumentError(f"failed to parse model version '{shortened(version)}' of model '{name}'")
         found = model.versions.get(number)
         if found is None:
             raise NotFoundError(f"Request for unknown model: '{name}' version {number} is not found")

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from geserve.codecs.digits import decimal_value, is_decimal
+from geserve.codecs.digits import decimal_over, is_decimal, shortened
 from geserve.core.api import FILE_PREFIX, InferenceAPI
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.http.routes import get, json_response, post
@@ -23,9 +23,8 @@ REPOSITORY_NAME_REFUSAL = "'repository_name' specification is not supported"
 async def _body(request: Request, limit: int) -> dict[str, Any]:
     """The JSON object a control request carries; an empty body is an empty object."""
     declared = request.headers.get("content-length")
-    declared_size = decimal_value(declared) if declared is not None else None
-    if declared_size is not None and declared_size > limit:
-        raise InvalidArgumentError(f"request body of {declared_size} bytes exceeds the limit of {limit} bytes")
+    if declared is not None and decimal_over(declared, limit):
+        raise InvalidArgumentError(f"request body of {shortened(declared)} bytes exceeds the limit of {limit} bytes")
     raw = await request.body()
     if len(raw) > limit:
         raise InvalidArgumentError(f"request body of {len(raw)} bytes exceeds the limit of {limit} bytes")

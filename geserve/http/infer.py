@@ -6,7 +6,7 @@ import re
 import time
 from typing import Any
 
-from geserve.codecs.digits import decimal_value
+from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.api import InferenceAPI
 from geserve.errors import DecoupledModelError, InvalidArgumentError, UnsupportedError
 from geserve.http import codec
@@ -83,8 +83,9 @@ class InferEndpoint:
         else:
             declared_size = decimal_value(header_length)
             if declared_size is None or declared_size > len(body):
-                shown = header_length if len(header_length) <= 40 else f"{header_length[:40]}..."
-                raise InvalidArgumentError(f"inference header size should be in range (0, {len(body)}), got: {shown}")
+                raise InvalidArgumentError(
+                    f"inference header size should be in range (0, {len(body)}), got: {shortened(header_length)}"
+                )
             header_size = declared_size
         if header_size == 0 and header_length is not None:
             request = codec.raw_request(view, model_name, version)  # shaped where the model is found

@@ -121,3 +121,18 @@ def test_load_model_of_an_ensemble_at_startup_loads_its_steps(tmp_path: Path) ->
         client.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("declared", ["1" + "0" * 19, DIGITS])
+@pytest.mark.parametrize("path", ["/v2/repository/models/echo/load", "/v2/models/echo/infer"])
+def test_a_content_length_past_any_limit_is_refused_before_the_body(
+    server: GeserveProcess, declared: str, path: str
+) -> None:
+    # The body never comes: the answer must not wait for it (nor for the body timeout).
+    try:
+        status, text = _post(server, path, b"{}", {"Content-Length": declared})
+    except (ConnectionError, http.client.HTTPException):  # the HTTP parser refused the header and closed
+        status, text = 400, ""
+    assert status == 400, text
+    assert len(text) < 500
+    _echo_served(server)

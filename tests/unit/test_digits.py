@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geserve.codecs.digits import MAX_DECIMAL_DIGITS, decimal_value
+from geserve.codecs.digits import MAX_DECIMAL_DIGITS, decimal_over, decimal_value
 
 
 @pytest.mark.parametrize(
@@ -24,3 +24,19 @@ from geserve.codecs.digits import MAX_DECIMAL_DIGITS, decimal_value
 )
 def test_decimal_value(text: str, value: int | None) -> None:
     assert decimal_value(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "over"),
+    [
+        ("100", False),
+        ("101", True),
+        ("1" + "0" * 19, True),
+        ("9" * 5000, True),
+        ("0" * 5000 + "5", False),
+        ("x", False),
+    ],
+)
+def test_decimal_over_a_limit_of_100(text: str, over: bool) -> None:
+    # A length of more digits than any length has is over every limit, though its value is not read.
+    assert decimal_over(text, 100) is over
