@@ -86,7 +86,8 @@ bench-peers: $(STAMP_TEST)
 # Reliability runs, never part of `make test`; each writes a JSON report under build/ and fails on a lost or
 # wrong answer. soak: mixed checked traffic for SOAK_SECS, with RSS, descriptors and /dev/shm sampled.
 # chaos: workers killed, SIGTERM (to the server and to its process group), a nearly full /dev/shm (private mount
-# namespace), a shrunk client region, a flood of client regions, hostile clients, BLS cycles.
+# namespace), a shrunk client region, a flood of client regions, hostile clients, BLS cycles, oversized ids and
+# parameters.
 SOAK_SECS ?= 600
 soak: $(STAMP_TEST)
 	@mkdir -p build

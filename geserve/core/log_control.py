@@ -14,6 +14,7 @@ FORMATS = {
     "default": "%(asctime)s %(levelname)s %(name)s: %(message)s",
     "ISO8601": "%(asctime)s %(levelname)s %(name)s: %(message)s",
 }
+MAX_VERBOSE_LEVEL = 2**32 - 1
 _DATE_FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S%z"}
 
 
@@ -35,8 +36,10 @@ class LogSettings:
                 if not isinstance(value, bool):
                     raise InvalidArgumentError(f"expect boolean for '{key}'")
             elif key == "log_verbose_level":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise InvalidArgumentError(f"expect unsigned integer for '{key}'")
+                # Triton keeps it as a uint32 (LogSettingsRequest's uint32_param): a larger one could be
+                # stored, then never reported over gRPC again.
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_VERBOSE_LEVEL:
+                    raise InvalidArgumentError(f"expect unsigned integer for '{key}' (at most {MAX_VERBOSE_LEVEL})")
             elif key == "log_format":
                 if value not in FORMATS:
                     raise InvalidArgumentError(f"invalid argument for log_format, got '{value}'")

@@ -13,7 +13,7 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
-from geserve.codecs.digits import is_decimal
+from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
@@ -125,14 +125,15 @@ def find_version(models: Mapping[str, Model], name: str, version: str = "") -> M
     if model is None:
         raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
     if version:
-        if not is_decimal(version):
-            raise InvalidArgumentError(f"failed to parse model version '{version}' of model '{name}'")
-        found = model.versions.get(int(version))
+        number = decimal_value(version)
+        if number is None:
+            raise InvalidArgumentError(f"failed to parse model version '{shortened(version)}' of model '{name}'")
+        found = model.versions.get(number)
         if found is None:
-            raise NotFoundError(f"Request for unknown model: '{name}' version {int(version)} is not found")
+            raise NotFoundError(f"Request for unknown model: '{name}' version {number} is not found")
         if not found.ready:
             # Known but restarting or failed: clients should retry, not give up on a missing model.
-            raise UnavailableError(f"'{name}' version {int(version)} is not at ready state")
+            raise UnavailableError(f"'{name}' version {number} is not at ready state")
         return found
     ready = model.ready_versions()
     if not ready:

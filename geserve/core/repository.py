@@ -76,7 +76,17 @@ class ModelRepository:
         """The models the mode loads at start; returns the failures as name -> reason."""
         await asyncio.to_thread(self._make_mirrors)
         explicit = self.mode is ControlMode.EXPLICIT and "*" not in self.startup_models
-        scan = await self._scan(set(self.startup_models) if explicit else None)
+        wanted = set(self.startup_models)
+        scan = await self._scan(wanted if explicit else None)
+        while explicit:
+            # An ensemble named by --load-model brings the models its steps use, as loading it through the
+            # repository API does (and theirs, for an ensemble of ensembles).
+            composing = [await asyncio.to_thread(_composing_models, source) for source in scan.models.values()]
+            more = {name for names in composing if names for name in names} - wanted
+            if not more:
+                break
+            wanted |= more
+            scan = await self._scan(wanted)
         for name, reason in scan.conflicts.items():
             logger.error("failed to load '%s': %s", name, reason)
             self.models[name] = Model(name, reason=reason)
@@ -86,7 +96,7 @@ class ModelRepository:
             for name in missing:
                 logger.error("failed to load '%s': no such model in the repository", name)
                 self.models[name] = Model(name, reason=f"failed to load '{name}', failed to poll from model repository")
-            sources = {name: source for name, source in sources.items() if name in self.startup_models}
+            sources = {name: source for name, source in sources.items() if name in wanted}
         steps = {name: await asyncio.to_thread(_composing_models, source) for name, source in sources.items()}
         # Composing models first, then each ensemble once the models it uses have been tried.
         await asyncio.gather(*(self._load_source(source) for name, source in sources.items() if steps[name] is None))

@@ -14,7 +14,7 @@ import numpy as np
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
-from geserve.core import calls, response_cache, validation
+from geserve.core import calls, limits, response_cache, validation
 from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
@@ -386,6 +386,8 @@ class InferenceService:
     ) -> tuple[ModelVersion, ScheduledRequest]:
         """The version a request addresses and the request as its scheduler takes it, validated; a BLS request
         carries its `chain`."""
+        # Before anything quotes the id: an id over its bound is not repeated back in the error.
+        limits.check_request(request.id, request.parameters)
         if not self._accepting and not internal:
             raise UnavailableError("the server is shutting down").with_request_id(request.id)
         try:

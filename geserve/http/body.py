@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from geserve.codecs.digits import is_decimal
+from geserve.codecs.digits import decimal_over, shortened
 from geserve.errors import InvalidArgumentError
 from geserve.offload import COMPRESSION_BYTES, off_loop
 
@@ -14,7 +14,7 @@ class ClientDisconnectedError(Exception):
     """The client went away before its body arrived: nothing to answer."""
 
 
-def too_large(size: int, limit: int) -> InvalidArgumentError:
+def too_large(size: int | str, limit: int) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"Request JSON size of {size} bytes exceeds the maximum allowed value of {limit} bytes. "
         "Use --http-max-input-size to increase the limit."
@@ -23,8 +23,8 @@ def too_large(size: int, limit: int) -> InvalidArgumentError:
 
 async def read_body(receive: Any, declared_length: str | None, limit: int) -> bytes:
     """The whole request body as sent; bodies over `limit` bytes are refused early."""
-    if declared_length is not None and is_decimal(declared_length) and int(declared_length) > limit:
-        raise too_large(int(declared_length), limit)
+    if declared_length is not None and decimal_over(declared_length, limit):
+        raise too_large(shortened(declared_length), limit)
     chunks: list[bytes] = []
     size = 0
     more = True

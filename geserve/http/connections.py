@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol, cast
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from geserve.codecs.digits import is_decimal
+from geserve.codecs.digits import decimal_value
 from geserve.http.direct import (
     BODY_EXTENSION,
     DIRECT_MIN_BYTES,
@@ -302,7 +302,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if len(lengths) != 1 or any(name == b"transfer-encoding" for name, _ in self.headers):
             return
         length = lengths[0].decode("latin-1")
-        if not is_decimal(length) or not DIRECT_MIN_BYTES <= int(length) <= self.limits.max_input_size:
+        size = decimal_value(length)
+        if size is None or not DIRECT_MIN_BYTES <= size <= self.limits.max_input_size:
             return
         assert self.cycle is not None
         # Weakly: the cycle's scope holds the body, which holds this function; a strong reference here would make
@@ -319,7 +320,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if not cycle.response_complete:
                 self.flow.resume_reading()
 
-        self._direct = DirectBody(int(length), on_read, self.hooks.allocate_body)
+        self._direct = DirectBody(size, on_read, self.hooks.allocate_body)
         extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
         extensions[BODY_EXTENSION] = self._direct
 

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from geserve.codecs.digits import is_decimal
+from geserve.codecs.digits import decimal_over, is_decimal, shortened
 from geserve.core.api import FILE_PREFIX, InferenceAPI
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.http.routes import get, json_response, post
@@ -23,8 +23,8 @@ REPOSITORY_NAME_REFUSAL = "'repository_name' specification is not supported"
 async def _body(request: Request, limit: int) -> dict[str, Any]:
     """The JSON object a control request carries; an empty body is an empty object."""
     declared = request.headers.get("content-length")
-    if declared is not None and is_decimal(declared) and int(declared) > limit:
-        raise InvalidArgumentError(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    if declared is not None and decimal_over(declared, limit):
+        raise InvalidArgumentError(f"request body of {shortened(declared)} bytes exceeds the limit of {limit} bytes")
     raw = await request.body()
     if len(raw) > limit:
         raise InvalidArgumentError(f"request body of {len(raw)} bytes exceeds the limit of {limit} bytes")

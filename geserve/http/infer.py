@@ -6,7 +6,7 @@ import re
 import time
 from typing import Any
 
-from geserve.codecs.digits import is_decimal
+from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.api import InferenceAPI
 from geserve.errors import DecoupledModelError, InvalidArgumentError, UnsupportedError
 from geserve.http import codec
@@ -80,12 +80,13 @@ class InferEndpoint:
         view = memoryview(body)
         if header_length is None:
             header_size = len(body)
-        elif not is_decimal(header_length) or int(header_length) > len(body):
-            raise InvalidArgumentError(
-                f"inference header size should be in range (0, {len(body)}), got: {header_length}"
-            )
         else:
-            header_size = int(header_length)
+            declared_size = decimal_value(header_length)
+            if declared_size is None or declared_size > len(body):
+                raise InvalidArgumentError(
+                    f"inference header size should be in range (0, {len(body)}), got: {shortened(header_length)}"
+                )
+            header_size = declared_size
         if header_size == 0 and header_length is not None:
             request = codec.raw_request(view, model_name, version)  # shaped where the model is found
             encoding = codec.ALL_BINARY

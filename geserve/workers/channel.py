@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
-import select
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
@@ -31,6 +29,7 @@ from geserve.workers.messages import (
     Shutdown,
     StatusReport,
 )
+from geserve.workers.pipe import PipeEnd
 from geserve.workers.shm import take_tensors, unlink_quietly
 from geserve.workers.streams import ResponseStream
 
@@ -62,7 +61,6 @@ class WorkerChannel:
         on_lifecycle: Callable[[Lifecycle], None] | None = None,
         on_lost: Callable[[], None] | None = None,
     ) -> None:
-        self._connection = connection
         self._name = name
         self._serve_bls = serve_bls
         self._on_lifecycle = on_lifecycle
@@ -73,18 +71,14 @@ class WorkerChannel:
         self._status: asyncio.Future[InstanceStatus | None] | None = None
         # BLS replies the worker may not have read yet: a worker that dies cannot unlink them, so we do.
         self._reply_segments: deque[str] = deque(maxlen=_KEPT_REPLY_SEGMENTS)
-        self._open = True
         self._loop = asyncio.get_running_loop()
-        # Answers are small control messages: read them on the loop when the pipe is readable. Whether more
-        # are waiting: one poll object per pipe, as Connection.poll builds a selector per call.
-        self._waiting = select.poll()
-        self._waiting.register(connection.fileno(), select.POLLIN)
-        self._loop.add_reader(connection.fileno(), self._on_readable)
+        # Read on the loop as the worker writes; messages of any size arrive and leave whole.
+        self._pipe = PipeEnd(connection, self._on_message, self._on_pipe_lost)
 
     @property
     def open(self) -> bool:
         """The connection has neither ended nor been closed."""
-        return self._open
+        return self._pipe.open
 
     @property
     def in_flight(self) -> int:
@@ -125,12 +119,12 @@ class WorkerChannel:
 
     async def run(self, message: RunBatch) -> BatchPlaced:
         """Send a batch (its id from `new_id`) and wait for its answer. Raises what `fail` is given when the
-        worker dies meanwhile, and OSError or ValueError when the connection is already broken or closed."""
+        worker dies meanwhile, OSError or ValueError when the connection is already broken or closed, and
+        InvalidArgumentError (nothing sent) when the message is over the channel's limit."""
         answer: asyncio.Future[BatchPlaced] = self._loop.create_future()
         self._in_flight[message.batch_id] = answer
         try:
-            # A few hundred bytes: the pipe takes them at once, so no thread hop is needed.
-            self._connection.send(message)
+            self._pipe.send(message)
             return await answer
         finally:
             self._in_flight.pop(message.batch_id, None)
@@ -144,7 +138,7 @@ class WorkerChannel:
     async def read_status(self) -> InstanceStatus | None:
         """Device usage, the model's readiness and metrics, read by the worker between batches; callers
         that ask while a read is on its way share its answer. None when the worker cannot say."""
-        if not self._open:
+        if not self._pipe.open:
             return None
         if self._status is None or self._status.done():
             self._status = self._loop.create_future()
@@ -175,41 +169,52 @@ class WorkerChannel:
 
     def close(self) -> None:
         """Stop reading and close the connection; BLS replies sent on it and perhaps never read are unlinked."""
-        self._open = False
-        with contextlib.suppress(ValueError, OSError):  # already closed
-            self._loop.remove_reader(self._connection.fileno())
-        self._connection.close()
+        self._pipe.close()
         while self._reply_segments:
             unlink_quietly(self._reply_segments.popleft())
 
     def reply(self, answer: BlsReply | ControlReply) -> None:
-        """Answer a BLS call of the worker; outputs nobody will read (the connection is gone) are unlinked."""
+        """Answer a BLS call of the worker; outputs nobody will read (the connection is gone) are unlinked. An
+        answer over the channel's limit is replaced by its error, so the model's call still ends."""
         names = {ref.segment for ref in answer.outputs} if isinstance(answer, BlsReply) else set()
-        if self._open and self._send_quietly(answer):
+        sent = False
+        if self._pipe.open:
+            try:
+                self._pipe.send(answer)
+                sent = True
+            except (OSError, ValueError):  # the worker is gone; its exit is reported on its own
+                pass
+            except GeserveError as error:
+                refused: BlsReply | ControlReply = (
+                    BlsReply(answer.call_id, (), error, True)
+                    if isinstance(answer, BlsReply)
+                    else ControlReply(answer.call_id, False, error)
+                )
+                self._send_quietly(refused)
+        if sent:
             self._reply_segments.extend(names)
             return
         for name in names:
             unlink_quietly(name)
 
     def _send_quietly(self, message: object) -> bool:
-        if not self._open:
+        if not self._pipe.open:
             return False
         try:
-            self._connection.send(message)
+            self._pipe.send(message)
         except (OSError, ValueError):  # the worker is gone; its exit is reported on its own
+            return False
+        except GeserveError as error:  # over the channel's limit: nothing was sent
+            logger.error("instance %s: %s", self._name, error.message)
             return False
         return True
 
     # -- what the worker sends ----------------------------------------------------------------------
 
-    def _on_readable(self) -> None:
-        try:
-            while self._waiting.poll(0):
-                self._on_message(self._connection.recv())
-        except (EOFError, OSError):
-            self.close()
-            if self._on_lost is not None:
-                self._on_lost()
+    def _on_pipe_lost(self) -> None:
+        self.close()
+        if self._on_lost is not None:
+            self._on_lost()
 
     def _on_message(self, message: object) -> None:
         if isinstance(message, BatchPlaced):

@@ -15,6 +15,7 @@ import numpy as np
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError
 from geserve.types import response_parameters
+from geserve.workers import pipe
 from geserve.workers.messages import BlsReply, Cancel, ControlReply, Partial, RequestInfo, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import write_tensors
@@ -38,14 +39,19 @@ class Outbox:
         self._lock = threading.Lock()
 
     def send(self, message: object) -> None:
+        """Send one message whole; InvalidArgumentError, with nothing sent, when it is over the channel's limit."""
+        data = pipe.dumps(message)  # pickled outside the lock: a model's other threads keep sending meanwhile
         with self._lock:
-            self._connection.send(message)
+            self._connection.send_bytes(data)
 
     def emitter(self, requests: tuple[RequestInfo, ...]) -> ResponseEmitter:
         def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
             stream_id = requests[index].stream_id
             try:
-                self.send(self._partial(stream_id, outputs, error, final))
+                try:
+                    self.send(self._partial(stream_id, outputs, error, final))
+                except GeserveError as refused:  # too large to send: the client learns why
+                    self.send(Partial(stream_id, None, (), refused, final))
             except (OSError, ValueError):
                 logger.warning("dropping a response of stream %d: the front-end is gone", stream_id)
 

@@ -294,7 +294,11 @@ def _answer(
     if waiter is not None:
         waiter.take()
     requests = running.message.requests
-    outbox.send(segments.finish(runner, running, outbox.emitter(requests) if requests else None))
+    placed = segments.finish(runner, running, outbox.emitter(requests) if requests else None)
+    try:
+        outbox.send(placed)
+    except GeserveError as refused:  # over the channel's limit (the model's response parameters): nothing was sent
+        _refuse(outbox, placed, running.message, refused)
     if runner.fault:
         # A failed device taints everything this process holds on it: a fresh worker takes over.
         outbox.send(Retiring(runner.fault))
@@ -305,3 +309,13 @@ def _answer(
 def _unlink_all(names: tuple[str, ...]) -> None:
     for name in names:
         unlink_quietly(name)
+
+
+def _refuse(outbox: Outbox, placed: BatchPlaced, message: RunBatch, refused: GeserveError) -> None:
+    """Answer a batch whose answer is too large to send with that error for each of its requests; an output
+    overflow segment the worker made for it is unlinked, as nobody will read it (the arena is the front-end's)."""
+    for segment in {ref.segment for ref in placed.blocks}:
+        if segment == message.output_overflow:
+            unlink_quietly(segment)
+    errors = tuple(refused for _ in placed.results)
+    outbox.send(BatchPlaced(placed.batch_id, (), errors, placed.infer_start_ns, placed.infer_end_ns))

@@ -80,6 +80,11 @@ def _named_model_file(source: ModelSource, model: str, backend: registry.Backend
     )
 
 
+# Each instance is a process: the groups of one model version together may ask for no more (each group alone
+# is held to the same number by repository.config.MAX_INSTANCES_PER_GROUP).
+MAX_INSTANCES_PER_MODEL = 64
+
+
 def instance_specs(
     source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int, settings: WorkerSettings
 ) -> list[InstanceSpec]:
@@ -118,6 +123,11 @@ def instance_specs(
                         search_path=environment.search_path if environment else (),
                     )
                 )
+    if len(specs) > MAX_INSTANCES_PER_MODEL:
+        raise ModelLoadError(
+            f"model '{config.name}' version {version} asks for {len(specs)} instances in all (every instance "
+            f"group, times its devices); the limit is {MAX_INSTANCES_PER_MODEL} instances per model"
+        )
     return specs
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
+from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository import ragged
 from geserve.repository.scan import ModelSource
@@ -51,6 +52,7 @@ class InstancePool:
             instance.on_ready = self._instance_ready
         # Called when a restarted instance's slots are back, so queued work can go to them.
         self.on_idle: Callable[[], None] | None = None
+        self.stopped = False  # stop or kill was called: its instances no longer count against the server's cap
 
     def ready(self) -> bool:
         """An instance is loaded, and its model says it is ready (python models' is_ready()); a version whose
@@ -144,12 +146,25 @@ class InstancePool:
         statuses = await asyncio.gather(*(instance.read_status() for instance in polled))
         return [status for status in statuses if status is not None]
 
+    @property
+    def instance_count(self) -> int:
+        """Every instance, passive ones too: each is a process."""
+        return len(self._everyone)
+
     async def stop(self, timeout_s: float) -> None:
+        self.stopped = True
         await asyncio.gather(*(instance.stop(timeout_s) for instance in self._everyone))
 
     def kill(self) -> None:
+        self.stopped = True
         for instance in self._everyone:
             instance.kill()
+
+
+# Each instance is a process: past this many across all loaded models, a load is refused before any starts.
+# Triton has no such cap (its instances are threads); geserve caps a model version at 64 as well
+# (placement.MAX_INSTANCES_PER_MODEL).
+MAX_INSTANCES_PER_SERVER = 256
 
 
 class PoolFactory:
@@ -170,6 +185,8 @@ class PoolFactory:
         self._npu = NpuResolver(settings)
         # Where the instances' BLS requests go: the server sets it once its service exists.
         self.caller: ModelCaller | None = None
+        self._pools: list[InstancePool] = []  # every pool it made, until it is stopped
+        self._starting = 0  # instances of loads in progress
 
     @property
     def mapped(self) -> MappedOutputs:
@@ -194,6 +211,29 @@ class PoolFactory:
         specs = await asyncio.to_thread(placement.instance_specs, source, config, backend, version, settings)
         if resolved.model_path is not None:
             specs = [replace(spec, model_path=str(resolved.model_path)) for spec in specs]
+        self._reserve(config.name, version, len(specs))
+        try:
+            pool, completed = await self._start(specs, backend, version)
+        finally:
+            self._starting -= len(specs)
+        self._pools.append(pool)
+        return pool, completed
+
+    def _reserve(self, model: str, version: int, count: int) -> None:
+        """Count `count` instances against the server's cap; ModelLoadError when they would pass it."""
+        self._pools = [pool for pool in self._pools if not pool.stopped]
+        running = sum(pool.instance_count for pool in self._pools) + self._starting
+        if running + count > MAX_INSTANCES_PER_SERVER:
+            raise ModelLoadError(
+                f"model '{model}' version {version} asks for {count} instances, but {running} are running or "
+                f"starting and the server's limit is {MAX_INSTANCES_PER_SERVER} instances"
+            )
+        self._starting += count
+
+    async def _start(
+        self, specs: list[InstanceSpec], backend: registry.BackendSpec, version: int
+    ) -> tuple[InstancePool, mc.ModelConfig]:
+        settings = self._settings
         # The first instance completes the config from the model file; the others load that config as is.
         first = self._worker(specs[0])
         completed = await first.start()

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from geserve.errors import InternalError, UnavailableError
+from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.types import InstanceStatus
-from geserve.workers import messages
+from geserve.workers import messages, pipe
 from geserve.workers.channel import Lifecycle, WorkerChannel
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_DIRECTORY, write_tensors
@@ -187,3 +188,58 @@ async def test_a_reply_after_the_connection_ended_is_unlinked_not_sent(ends: End
     assert not segment_exists(answer.outputs[0].segment)
     with pytest.raises(EOFError):  # nothing came before the end of the pipe
         ends.worker.recv()
+
+
+# -- messages of any size (issue 34: a half-written message wedged the model for good) ----------------------
+
+
+async def test_a_batch_larger_than_the_pipe_buffer_reaches_the_worker_whole(ends: Ends) -> None:
+    # Several MiB of request ids: far more than a socket pair holds, so the channel must finish it later.
+    info = messages.RequestInfo(1, ("OUT",), "r" * (4 << 20), {"key": "v" * (1 << 20)})
+    message = messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", (info,))
+    running = asyncio.ensure_future(ends.channel.run(message))
+    following = batch(ends)
+    second = asyncio.ensure_future(ends.channel.run(following))
+    received = await asyncio.wait_for(asyncio.to_thread(ends.worker.recv), 30)
+    assert received.batch_id == message.batch_id and received.requests == (info,)
+    assert (await asyncio.wait_for(asyncio.to_thread(ends.worker.recv), 30)).batch_id == following.batch_id
+    ends.worker.send(placed(message.batch_id))
+    ends.worker.send(placed(following.batch_id))
+    assert (await asyncio.wait_for(running, 5)).batch_id == message.batch_id
+    assert (await asyncio.wait_for(second, 5)).batch_id == following.batch_id
+
+
+async def test_a_response_larger_than_the_pipe_buffer_reaches_its_stream_whole() -> None:
+    front, worker = multiprocessing.Pipe(duplex=True)
+    os.set_blocking(front.fileno(), False)  # as uvloop's readers leave it: a read may stop mid-message
+    lost = asyncio.Event()
+    channel = WorkerChannel(front, "echo_0", lambda call, reply: None, on_lost=lost.set)
+    try:
+        stream = ResponseStream()
+        [stream_id] = channel.open_streams({0: stream}).values()
+        text = np.array([b"s" * (1 << 20)], dtype=np.object_)
+        sending = asyncio.to_thread(worker.send, messages.Partial(stream_id, {"OUT": text}, (), None, True))
+        await asyncio.wait_for(sending, 30)
+        [(outputs, error, final)] = [item async for item in stream.responses()]
+        assert error is None and final and outputs is not None
+        assert outputs["OUT"].tolist() == text.tolist()
+        assert channel.open and not lost.is_set()
+    finally:
+        channel.close()
+        worker.close()
+
+
+async def test_a_message_over_the_channel_limit_is_refused_before_a_byte_is_sent(
+    ends: Ends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipe, "MAX_MESSAGE_BYTES", 1 << 16)
+    info = messages.RequestInfo(1, ("OUT",), "r" * (1 << 17))
+    refused = messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", (info,))
+    with pytest.raises(InvalidArgumentError, match=r"exceeds the worker channel's limit of 65536 bytes"):
+        await ends.channel.run(refused)
+    following = batch(ends)
+    running = asyncio.ensure_future(ends.channel.run(following))
+    await asyncio.sleep(0)  # the task sends it
+    assert ends.received().batch_id == following.batch_id  # the pipe holds nothing of the refused one
+    ends.worker.send(placed(following.batch_id))
+    assert (await asyncio.wait_for(running, 5)).batch_id == following.batch_id

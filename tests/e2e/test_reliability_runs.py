@@ -49,3 +49,9 @@ def test_a_region_flood_is_refused_at_the_cap_and_traffic_runs_on(tmp_path: Path
     result = chaos.region_flood(tmp_path, cap=8)
     assert result["passed"], result["checks"]
     assert result["registered"] == 8
+
+
+def test_oversized_ids_and_parameters_beside_load_are_refused_and_the_rest_served(tmp_path: Path) -> None:
+    result = chaos.oversized_requests(tmp_path, phase_s=1.0)
+    assert result["passed"], result["checks"]
+    assert all(count > 0 for count in result["hostile"].values()) and result["ok"] > 0

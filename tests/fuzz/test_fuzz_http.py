@@ -190,3 +190,40 @@ def test_request_heads_around_the_cap(fuzz_server: GeserveProcess, headers: list
     else:
         assert status in (200, 431), answer[:300]  # the raw head is over, its parsed fields are not
     _good_request(fuzz_server)
+
+
+@settings(max_examples=30)
+@given(st.integers(0, 9000), st.sampled_from(["header", "version", "content-length"]))
+def test_numbers_of_any_length(fuzz_server: GeserveProcess, digits: int, where: str) -> None:
+    # Past 4300 digits Python's int() raises ValueError: every length must still be a clean answer.
+    number = "1" + "0" * digits
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": [0] * 16}]})
+    path, headers = "/v2/models/simple/infer", {"Inference-Header-Content-Length": number}
+    if where == "version":
+        path, headers = f"/v2/models/simple/versions/{number}/infer", {}
+    elif where == "content-length":  # beyond any body: refused before it is read (a body of another length
+        # than declared is a different matter: what follows it is taken for the next request)
+        number = "1" + "0" * max(digits, 19)
+        path, headers = "/v2/repository/models/simple/load", {"Content-Length": number}
+    try:
+        status, answer = _post(fuzz_server, path, body.encode(), headers)
+    except (ConnectionError, http.client.HTTPException):  # the HTTP parser may close on a body that never comes
+        status, answer = 400, b""
+    _answered_cleanly(status, answer)
+    _good_request(fuzz_server)
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 3 << 20), st.integers(0, 3000))
+def test_ids_and_parameters_of_any_size(fuzz_server: GeserveProcess, id_size: int, count: int) -> None:
+    # Larger than a worker's pipe holds, within the limits or past them: a clean answer, and the model serves on.
+    data = list(range(16))
+    body = {
+        "id": "i" * id_size,
+        "parameters": {f"p{index}": "v" * 64 for index in range(count)},
+        "inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": data} for n in ("INPUT0", "INPUT1")],
+    }
+    status, answer = _post(fuzz_server, "/v2/models/simple/infer", json.dumps(body).encode())
+    _answered_cleanly(status, answer)
+    assert len(answer) < 2 * id_size + 4096
+    _good_request(fuzz_server)

@@ -1,5 +1,6 @@
 """`make chaos`: workers killed, SIGTERM (to the server and to its process group), a full /dev/shm, a shrunk
-client region, a flood of regions, hostile clients and BLS cycles, all under checked load."""
+client region, a flood of regions, hostile clients, BLS cycles and oversized ids and parameters, all under checked
+load."""
 
 from __future__ import annotations
 
@@ -600,6 +601,54 @@ def bls_cycles(workdir: Path, phase_s: float = 6.0) -> Result:
     )
 
 
+def _hostile_infer(server: GeserveProcess, **options: Any) -> int:
+    """One request to `simple` with an oversized id or parameters: its HTTP status."""
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
+    try:
+        tensors = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = httpclient.InferInput(name, [1, 16], "INT32")
+            tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+            tensors.append(tensor)
+        client.infer("simple", tensors, **options)
+        return 200
+    except InferenceServerException as error:
+        return int(error.status() or 0)
+    except OSError:  # a timeout or a closed connection: the request was lost
+        return 0
+    finally:
+        client.close()
+
+
+def oversized_requests(workdir: Path, phase_s: float = 8.0) -> Result:
+    """10 MiB ids, 100k parameters, and parameters within the limits yet larger than a worker's pipe, sent
+    beside checked load: the first two get a 400, the last are served, and no other request fails."""
+    server = GeserveProcess(workdir / "geserve.log", f"--model-repository={build_repository(workdir)}").wait_live()
+    statuses: dict[str, list[int]] = {"10 MiB id": [], "100k parameters": [], "900 KiB of parameters": []}
+    with Traffic(server) as traffic:
+        deadline = time.monotonic() + phase_s
+        while time.monotonic() < deadline:
+            statuses["10 MiB id"].append(_hostile_infer(server, request_id="i" * (10 << 20)))
+            many = {f"k{index}": index for index in range(100_000)}
+            statuses["100k parameters"].append(_hostile_infer(server, parameters=many))
+            large = {f"k{index:04d}": "v" * 900 for index in range(1000)}
+            statuses["900 KiB of parameters"].append(_hostile_infer(server, parameters=large))
+    exit_code = server.stop()
+    return _result(
+        "oversized ids and parameters",
+        traffic.tally,
+        {
+            "oversized ones refused with 400": all(
+                code == 400 for name in ("10 MiB id", "100k parameters") for code in statuses[name]
+            ),
+            "large ones within the limits served": all(code == 200 for code in statuses["900 KiB of parameters"]),
+            "no other request failed": traffic.tally.total("failed") == 0,
+            "exit 0": exit_code == 0,
+        },
+        hostile={name: len(codes) for name, codes in statuses.items()},
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
@@ -609,6 +658,7 @@ SCENARIOS = {
     "shrunk-region": shrunk_region,
     "hostile-clients": hostile_clients,
     "bls-cycles": bls_cycles,
+    "oversized": oversized_requests,
 }
 
 
