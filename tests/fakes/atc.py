@@ -8,8 +8,9 @@ takes 2-100 unique gears and needs `-1` as the first dim of every input, and now
 refused as ATC refuses ops it has no kernel for. The `.om` is written by om_writer with the ONNX file as its
 twin (`<output>.om` and `<output>.om.twin.onnx`, ATC appending `.om`), named and shaped as ATC names them:
 inputs unchanged, outputs `<node>:<index>:<onnx name>` at the largest gear, the runtime-filled gear input last.
-Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, and first sleeps
-$FAKE_ATC_DELAY_S seconds when set.
+Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, writes its pid to a
+file in $FAKE_ATC_PID_DIR when set, waits until the file $FAKE_ATC_GATE exists when set (a test releases it),
+and first sleeps $FAKE_ATC_DELAY_S seconds when set.
 """
 
 from __future__ import annotations
@@ -194,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     if log:
         with open(log, "a") as stream:
             stream.write(json.dumps(arguments) + "\n")
+    pids = os.environ.get("FAKE_ATC_PID_DIR")
+    if pids:
+        Path(pids, f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    gate = os.environ.get("FAKE_ATC_GATE")
+    while gate and not os.path.exists(gate):  # a compile that lasts until the test lets it finish
+        time.sleep(0.05)
     time.sleep(float(os.environ.get("FAKE_ATC_DELAY_S", "0")))  # a real compile takes minutes
     try:
         om = compile_model(parse_flags(arguments))
