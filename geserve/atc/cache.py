@@ -13,7 +13,7 @@ from pathlib import Path
 from geserve.atc.command import AtcCommand
 
 MODEL_FILE = "model.om"
-_KEY_VERSION = 1  # bump when what an entry holds changes
+_KEY_VERSION = 2  # bump when what an entry holds, or what the key is made of, changes
 _STAGING_PREFIX = ".compiling-"
 
 
@@ -37,7 +37,7 @@ def key(onnx: Path, command: AtcCommand, soc: str, cann: str) -> str:
     material = {
         "version": _KEY_VERSION,
         "onnx": file_digest(onnx),
-        "arguments": list(command.arguments),
+        "arguments": list(command.key_arguments),
         "files": [file_digest(path) for path in command.files],
         "soc": soc,
         "cann": cann,

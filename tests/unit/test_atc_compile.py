@@ -356,3 +356,67 @@ def test_with_npus_but_no_atc_auto_falls_back_and_required_fails(
         _resolve(tmp_path / "again", ("model.onnx",), device_ids=(0,), npu_mode="required")
     config, backend = _resolve(tmp_path / "shipped", ("model.onnx", "model.om"), device_ids=(0,))
     assert backend == "ge" and FALLBACK_PARAMETER not in config.parameters  # an .om ships: no compile needed
+
+
+def test_onnx_inputs_never_get_nhwc_an_nhwc_input_is_labelled_nd_and_bad_formats_are_refused(tmp_path: Path) -> None:
+    nhwc = _config(
+        'name: "m" max_batch_size: 0 input [ { name: "x" format: FORMAT_NHWC data_type: TYPE_FP32 dims: [ 1, 8, 8, 3 ] } ]'
+    )
+    assert "--input_format=ND" in command.build(nhwc, "Ascend310P3", []).arguments
+    nchw = _config('name: "m" max_batch_size: 0 input [ { name: "x" format: FORMAT_NCHW dims: [ 1, 3, 8, 8 ] } ]')
+    assert "--input_format=NCHW" in command.build(nchw, "Ascend310P3", []).arguments
+    plain = _config('name: "m" max_batch_size: 0 input [ { name: "x" dims: [ 1, 3, 8, 8 ] } ]')
+    with pytest.raises(ModelLoadError, match=r"'atc_option\.input_format' is 'NHWC'; ATC takes NCHW, NCDHW, ND"):
+        command.build(plain, "S", [options.AtcOption("input_format", "NHWC")])
+    (tmp_path / "aipp.cfg").write_text("aipp_op {}")
+    aipp = options.parse({"atc_option.insert_op_conf": "aipp.cfg"}, "m", tmp_path)
+    with pytest.raises(ModelLoadError, match="insert_op_conf' \\(AIPP\\) ATC takes --input_format=NCHW"):
+        command.build(nhwc, "S", aipp)
+
+
+def test_reshape_gives_the_model_shape_atc_compiles() -> None:
+    config = _config('name: "m" max_batch_size: 8 input [ { name: "x" dims: [ 12 ] reshape { shape: [ 3, 4 ] } } ]')
+    assert command.build(config, "S", []).arguments[0] == "--input_shape=x:-1,3,4"
+
+
+def test_op_precision_mode_is_a_file_in_the_model_folder_and_part_of_the_key(tmp_path: Path) -> None:
+    (tmp_path / "ops.ini").write_text("[ByOpType]\nSoftmax=high_precision\n")
+    [option] = options.parse({"atc_option.op_precision_mode": "ops.ini"}, "m", tmp_path)
+    assert option.file == (tmp_path / "ops.ini").resolve() and option.value == str(option.file)
+    with pytest.raises(ModelLoadError, match="names no file inside the model folder"):
+        options.parse({"atc_option.op_precision_mode": "missing.ini"}, "m", tmp_path)
+
+
+def test_the_cache_key_names_option_files_by_their_place_in_the_model_folder(tmp_path: Path) -> None:
+    keys = []
+    for where in ("first", "second"):  # the same repository copied to another folder (an S3 mirror at start)
+        folder = tmp_path / where / "m"
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "model.onnx").write_bytes(affine_onnx())
+        (folder / "aipp.cfg").write_text("aipp_op {}")
+        parsed = options.parse({"atc_option.insert_op_conf": "aipp.cfg"}, "m", folder)
+        built = command.build(_config(AFFINE), "Ascend310P3", parsed)
+        assert f"--insert_op_conf={(folder / 'aipp.cfg').resolve()}" in built.arguments  # ATC gets the real path
+        keys.append(cache.key(folder / "1" / "model.onnx", built, "Ascend310P3", "8.0.RC1"))
+    assert keys[0] == keys[1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--input_format=NHWC"], "--input_format=NHWC is not one of ['NCHW', 'NCDHW', 'ND']"),
+        (["--precision_mode=fast"], "--precision_mode=fast is not a precision mode"),
+        (["--output_type=FP33"], "['FP33'] name no output type"),
+        (["--op_precision_mode=/nonexistent/ops.ini"], "the file does not exist"),
+        (["--insert_op_conf=/nonexistent/aipp.cfg"], "the file does not exist"),
+    ],
+)
+def test_the_stand_in_atc_checks_the_values_the_docs_constrain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], error: str
+) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(affine_onnx())
+    base = ["--framework=5", f"--model={model}", f"--output={tmp_path / 'o'}", "--soc_version=Ascend310P3"]
+    assert fake_atc.main([*base, "--input_shape=x:1,4", "--output_type=FP32", "--input_format=ND"]) == 0
+    assert fake_atc.main([*base, "--input_shape=x:1,4", *extra]) == 1
+    assert error in capsys.readouterr().out
