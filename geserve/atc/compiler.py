@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 # A large model takes ATC many minutes; a hung one must still fail the load.
 COMPILE_TIMEOUT_S = 3600.0
+TIMEOUT_PARAMETER = "atc_timeout_s"  # a config parameter: this model's limit, in seconds
+OP_CACHE = ".atc_op_cache"  # ATC's compiled-operator cache, inside the model cache
 _TAIL_LINES = 15
 _POLL_S = 0.2  # how often a waiting compile looks for a cancel
 _REAP_S = 5.0  # for a killed ATC to exit
@@ -59,28 +62,72 @@ def compile_version(
     """The cached `.om` for this ONNX file, config and host, compiling it first when it is not there; setting
     `cancel` (a load given up) kills the ATC run."""
     described = graph_inputs.complete_inputs(config, onnx)
-    atc_command = command.build(described, tools.soc, options.config_options(config, model_dir))
+    parsed = options.config_options(config, model_dir)
+    atc_command = command.build(described, tools.soc, parsed)
+    timeout_s = time_limit(config, tools.timeout_s)
     digest = cache.key(onnx, atc_command, tools.soc, tools.cann)
     folder = cache.entry(tools.cache_dir, config.name, digest)
-    found = cache.lookup(folder)
+    # ATC keeps compiled operators in --op_compiler_cache_dir, by default $HOME/atc_data (ATC docs,
+    # --op_compiler_cache_dir), which a container's HOME may not allow: under our cache unless the config says.
+    # It changes how long ATC takes, never the .om, so it stays out of the key.
+    extra = (
+        ()
+        if any(o.flag == "op_compiler_cache_dir" for o in parsed)
+        else (f"--op_compiler_cache_dir={tools.cache_dir / OP_CACHE}",)
+    )
+    with _cache_errors(config.name, tools.cache_dir):
+        found = cache.lookup(folder)
     if found is not None:
-        argv = tuple(atc_command.argv(tools.atc, onnx, folder / "model"))
+        argv = (*atc_command.argv(tools.atc, onnx, folder / "model"), *extra)
         logger.info("model '%s': using the cached compile of '%s' (%s)", config.name, onnx, found)
         return Compiled(found, False, argv)
-    staged = cache.staging(tools.cache_dir, 2 * tools.timeout_s)
+    with _cache_errors(config.name, tools.cache_dir):
+        staged = cache.staging(tools.cache_dir, 2 * timeout_s)
     try:
-        argv = tuple(atc_command.argv(tools.atc, onnx, staged / "model"))
+        argv = (*atc_command.argv(tools.atc, onnx, staged / "model"), *extra)
         logger.info("model '%s': compiling '%s' with ATC: %s", config.name, onnx, shlex.join(argv))
-        _run(config.name, argv, staged, tools.timeout_s, cancel)
-        if cache.lookup(staged) is None:
-            raise ModelLoadError(f"model '{config.name}': ATC exited 0 but wrote no '{staged / cache.MODEL_FILE}'")
-        (staged / "atc_command.txt").write_text(shlex.join(argv) + "\n")
-        om = cache.publish(staged, folder)
+        _run(config.name, argv, staged, timeout_s, cancel)
+        with _cache_errors(config.name, tools.cache_dir):
+            if cache.lookup(staged) is None:
+                raise ModelLoadError(f"model '{config.name}': ATC exited 0 but wrote no '{staged / cache.MODEL_FILE}'")
+            (staged / "atc_command.txt").write_text(shlex.join(argv) + "\n")
+            om = cache.publish(staged, folder)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     logger.info("model '%s': compiled '%s' into '%s'", config.name, onnx, om)
     return Compiled(om, True, argv)
+
+
+def time_limit(config: mc.ModelConfig, default_s: float) -> float:
+    """The config's `atc_timeout_s` parameter (seconds), else `default_s`."""
+    if TIMEOUT_PARAMETER not in config.parameters:
+        return default_s
+    text = config.parameters[TIMEOUT_PARAMETER].string_value
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise ModelLoadError(
+            f"model '{config.name}': parameter '{TIMEOUT_PARAMETER}' is '{text}'; it takes the seconds ATC may run, "
+            "a positive number"
+        )
+    return value
+
+
+@contextlib.contextmanager
+def _cache_errors(model: str, cache_dir: Path) -> Iterator[None]:
+    """A cache folder this server cannot use is the load's error, named, with what to do about it."""
+    try:
+        yield
+    except OSError as error:
+        where = error.filename or cache_dir
+        raise ModelLoadError(
+            f"model '{model}': the compiled-model cache '{cache_dir}' cannot be used ('{where}': "
+            f"{error.strerror or error}); give --model-cache-dir a folder this server can write (the user's "
+            "cache folder is the default: $XDG_CACHE_HOME/geserve/om, else ~/.cache/geserve/om)"
+        ) from None
 
 
 def _run(model: str, argv: tuple[str, ...], cwd: Path, timeout_s: float, cancel: threading.Event | None) -> None:

@@ -153,6 +153,7 @@ def test_compiled_at_load_cached_across_restarts_and_recompiled_when_the_onnx_ch
         "--dynamic_batch_size=1,4,8",
         "--soc_version=Ascend310P3",  # the simulated host's chip, asked of pyACL
         "--output_type=FP32",
+        f"--op_compiler_cache_dir={host.cache / '.atc_op_cache'}",  # ATC's operator cache: not $HOME/atc_data
     ]
     log = server.log()
     assert (

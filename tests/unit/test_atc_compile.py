@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -420,3 +421,51 @@ def test_the_stand_in_atc_checks_the_values_the_docs_constrain(
     assert fake_atc.main([*base, "--input_shape=x:1,4", "--output_type=FP32", "--input_format=ND"]) == 0
     assert fake_atc.main([*base, "--input_shape=x:1,4", *extra]) == 1
     assert error in capsys.readouterr().out
+
+
+_WRITES_OM = 'for a; do case $a in --output=*) out=${a#--output=};; esac; done; echo om > "$out.om"'
+
+
+def test_a_timed_out_compile_kills_atc_and_every_process_it_started(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    child = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {child}; wait"  # ATC's own compiler processes
+    with pytest.raises(ModelLoadError, match=r"ATC did not finish within 0\.5s \(parameter 'atc_timeout_s'"):
+        compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, _toolchain(tmp_path, script, 0.5))
+    assert not Path(f"/proc/{int(child.read_text())}").exists() or "zombie" in _state(int(child.read_text()))
+
+
+def _state(pid: int) -> str:
+    try:
+        return "zombie" if Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z" else "alive"
+    except OSError:
+        return "gone"
+
+
+def test_atc_timeout_s_sets_a_models_limit_and_bad_values_are_refused(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    limited = _config(AFFINE + 'parameters { key: "atc_timeout_s" value { string_value: "0.5" } }')
+    with pytest.raises(ModelLoadError, match=r"within 0\.5s"):
+        compiler.compile_version(limited, onnx, onnx.parent.parent, _toolchain(tmp_path, "sleep 5", 60))
+    bad = _config(AFFINE + 'parameters { key: "atc_timeout_s" value { string_value: "soon" } }')
+    with pytest.raises(ModelLoadError, match="parameter 'atc_timeout_s' is 'soon'"):
+        compiler.compile_version(bad, onnx, onnx.parent.parent, _toolchain(tmp_path, "exit 0", 60))
+
+
+def test_an_unusable_cache_folder_is_a_load_error_naming_it_and_the_flag(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    (tmp_path / "file").write_text("not a folder")
+    tools = replace(_toolchain(tmp_path, _WRITES_OM), cache_dir=tmp_path / "file" / "om")
+    with pytest.raises(ModelLoadError, match=r"cache '.*file/om' cannot be used .*give --model-cache-dir a folder"):
+        compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, tools)
+
+
+def test_a_published_entry_is_readable_by_other_users_and_atc_gets_an_op_cache_inside_the_cache(
+    tmp_path: Path,
+) -> None:
+    onnx = _onnx_source(tmp_path)
+    tools = _toolchain(tmp_path, _WRITES_OM)
+    compiled = compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, tools)
+    assert compiled.compiled and compiled.om.stat().st_mode & 0o777 == 0o644
+    assert compiled.om.parent.stat().st_mode & 0o777 == 0o755
+    assert f"--op_compiler_cache_dir={tools.cache_dir / compiler.OP_CACHE}" in compiled.argv
