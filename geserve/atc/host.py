@@ -6,11 +6,11 @@ import importlib.util
 import os
 import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from geserve.errors import ModelLoadError
+from geserve.workers import bounded
 
 PROBE_TIMEOUT_S = 60.0
 # acl.get_soc_name() names the chip ATC's --soc_version wants (pyacl.md §1.1); it needs no acl.init and
@@ -32,16 +32,14 @@ def has_pyacl() -> bool:
         return False
 
 
-def soc_name() -> str:
+def soc_name(timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """The host's chip as ATC's --soc_version takes it, e.g. Ascend310P3; raises ModelLoadError."""
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _SOC_PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ModelLoadError(
-            f"asking pyACL for the chip name (acl.get_soc_name) took over {PROBE_TIMEOUT_S:g}s"
-        ) from None
+        done = bounded.run([sys.executable, "-c", _SOC_PROBE], timeout_s, what="the chip probe (acl.get_soc_name)")
+    except bounded.ExpiredError:
+        raise ModelLoadError(f"asking pyACL for the chip name (acl.get_soc_name) took over {timeout_s:g}s") from None
+    except OSError as error:
+        raise ModelLoadError(f"cannot ask pyACL for the chip name: {error}") from None
     name = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     if done.returncode != 0 or not name:
         tail = done.stderr.strip().splitlines()[-1:] or ["no name"]
