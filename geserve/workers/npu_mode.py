@@ -88,7 +88,7 @@ class NpuResolver:
             if mode is NpuMode.REQUIRED:
                 raise ModelLoadError(f"{where}: --npu=required, but {reason} (source CANN's set_env.sh)")
             return self._fallback(config, version, reason)
-        tools = compiler.Toolchain(atc, self._chip, host.cann_version(), self.cache_dir)
+        tools = compiler.Toolchain(atc, self._chip, host.cann_version(atc=atc), self.cache_dir)
         compiled = compiler.compile_version(config, onnx, source.path, tools, cancel)
         return Resolved(config, backend, compiled.om)
 

@@ -469,3 +469,20 @@ def test_a_published_entry_is_readable_by_other_users_and_atc_gets_an_op_cache_i
     assert compiled.compiled and compiled.om.stat().st_mode & 0o777 == 0o644
     assert compiled.om.parent.stat().st_mode & 0o777 == 0o755
     assert f"--op_compiler_cache_dir={tools.cache_dir / compiler.OP_CACHE}" in compiled.argv
+
+
+def test_without_set_env_the_cann_version_is_found_from_atcs_place_and_unknown_is_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    version = tmp_path / "Ascend" / "ascend-toolkit" / "8.0.RC2"
+    fake_atc.install_cann(version, "8.0.RC2")
+    for binary in (version / "bin" / "atc", version / "compiler" / "bin" / "atc"):
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\n")
+    latest = tmp_path / "Ascend" / "ascend-toolkit" / "latest"
+    latest.symlink_to(version)
+    assert host.cann_version({}, atc=str(latest / "bin" / "atc")) == "8.0.RC2"
+    assert host.cann_version({}, atc=str(version / "compiler" / "bin" / "atc")) == "8.0.RC2"
+    assert "CANN version is unknown" not in caplog.text
+    assert host.cann_version({}, atc=str(tmp_path / "elsewhere" / "bin" / "atc")) == "unknown"
+    assert "CANN version is unknown" in caplog.text and "set_env.sh" in caplog.text
