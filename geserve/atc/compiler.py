@@ -82,7 +82,8 @@ def compile_version(
         logger.info("model '%s': using the cached compile of '%s' (%s)", config.name, onnx, found)
         return Compiled(found, False, argv)
     with _cache_errors(config.name, tools.cache_dir):
-        staged = cache.staging(tools.cache_dir, 2 * timeout_s)
+        # Another server's compile may have a longer limit than this model's: never sweep within the default's.
+        staged = cache.staging(tools.cache_dir, 2 * max(timeout_s, tools.timeout_s, COMPILE_TIMEOUT_S))
     try:
         argv = (*atc_command.argv(tools.atc, onnx, staged / "model"), *extra)
         logger.info("model '%s': compiling '%s' with ATC: %s", config.name, onnx, shlex.join(argv))
