@@ -170,6 +170,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         stop_timeout_s=float(args.exit_timeout_secs),
         npu_mode=args.npu,
         model_cache_dir=args.model_cache_dir,
+        compile_concurrency=args.model_compile_concurrency,
     )
     return Settings(server, http, grpc, metrics, repository, workers)
 

@@ -189,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
         "$XDG_CACHE_HOME/geserve/om, else ~/.cache/geserve/om)",
     )
     group.add_argument(
+        "--model-compile-concurrency",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="ATC compiles of model.onnx run at once, on threads of their own so that a compile never holds up "
+        "requests; more wait their turn (default: 1, as ATC itself compiles on every core)",
+    )
+    group.add_argument(
         "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"
     )
 

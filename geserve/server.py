@@ -59,7 +59,8 @@ class Server:
         # named by every segment any of its processes creates: a later server removes them once this run is
         # gone, and leaves those of live runs alone.
         self.run = run or RunId.current()
-        self.service = create_service(settings, self.run)
+        self._pools = PoolFactory(settings.workers, run=self.run)
+        self.service = create_service(settings, self.run, self._pools)
         self._metrics_registry = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
         self._stop = asyncio.Event()
 
@@ -69,6 +70,7 @@ class Server:
             logger.warning("second signal: exiting without draining")
             self.service.kill()
             os._exit(1)
+        self._pools.stop_compiles()  # an ATC run may take an hour: the loads waiting on one fail now
         self._stop.set()
 
     async def serve(self) -> int:

@@ -197,6 +197,8 @@ class WorkerSettings:
     stop_timeout_s: float = 30.0
     npu_mode: str = "auto"  # --npu: auto | required | off, for `ge` models (workers/npu_mode.py)
     model_cache_dir: Path | None = None  # where `.om` files compiled from model.onnx live (None: the user cache)
+    # ATC runs at once (--model-compile-concurrency), on threads of their own: never the shared default pool.
+    compile_concurrency: int = 1
 
 
 @dataclass(frozen=True, slots=True)

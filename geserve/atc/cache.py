@@ -13,7 +13,7 @@ from pathlib import Path
 from geserve.atc.command import AtcCommand
 
 MODEL_FILE = "model.om"
-_KEY_VERSION = 1  # bump when what an entry holds changes
+_KEY_VERSION = 2  # bump when what an entry holds, or what the key is made of, changes
 _STAGING_PREFIX = ".compiling-"
 
 
@@ -37,7 +37,7 @@ def key(onnx: Path, command: AtcCommand, soc: str, cann: str) -> str:
     material = {
         "version": _KEY_VERSION,
         "onnx": file_digest(onnx),
-        "arguments": list(command.arguments),
+        "arguments": list(command.key_arguments),
         "files": [file_digest(path) for path in command.files],
         "soc": soc,
         "cann": cann,
@@ -70,7 +70,12 @@ def staging(cache_dir: Path, abandoned_after_s: float) -> Path:
 
 def publish(staged: Path, folder: Path) -> Path:
     """Rename the staged folder into place: readers see a whole entry or none. Another server that got there
-    first wins; its entry is as good as ours (same key)."""
+    first wins; its entry is as good as ours (same key). The entry is made readable by everyone first: mkdtemp
+    made it private (0700), and servers of other users sharing the cache (or a server run as another user than
+    the `geserve compile` that filled it) must read it."""
+    for path in staged.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    staged.chmod(0o755)
     try:
         staged.rename(folder)
     except OSError:

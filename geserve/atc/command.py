@@ -11,7 +11,14 @@ from geserve.errors import ModelLoadError
 
 # ATC takes 2-100 gears for --dynamic_batch_size (HIASCEND atlasatcparam_16_0018; 256 only on Atlas 350).
 MAX_GEARS = 100
-_FORMATS = {mc.ModelInput.FORMAT_NCHW: "NCHW", mc.ModelInput.FORMAT_NHWC: "NHWC"}
+# --input_format for an ONNX model (--framework=5) is NCHW (the default), NCDHW or ND, "ND" meaning any layout
+# (HIASCEND atlasatcparam_16_0015); NHWC is refused. ONNX graphs carry no layout: ATC compiles the shapes
+# --input_shape gives, and the format only labels the input (it matters for AIPP). So an NHWC input, which
+# the graph takes as [N,H,W,C], is labelled ND: its data is not reordered and "NCHW" would be a false label.
+_FORMATS = {mc.ModelInput.FORMAT_NCHW: "NCHW", mc.ModelInput.FORMAT_NHWC: "ND"}
+ONNX_INPUT_FORMATS = ("NCHW", "NCDHW", "ND")
+# With --insert_op_conf (AIPP) the same page allows only NCHW or NHWC: for ONNX, NCHW.
+AIPP_INPUT_FORMATS = ("NCHW",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +27,8 @@ class AtcCommand:
 
     arguments: tuple[str, ...]
     files: tuple[Path, ...]  # files options name: their bytes belong in the cache key
+    # `arguments` as the cache key holds them: files named by their path inside the model folder.
+    key_arguments: tuple[str, ...] = ()
 
     def argv(self, atc: str, model: Path, output: Path) -> list[str]:
         # ATC appends `.om` to --output (pyacl.md §8)
@@ -57,13 +66,15 @@ def build(config: mc.ModelConfig, soc_version: str, options: list[AtcOption]) ->
     batch_gears = gears(config)
     shapes = []
     for tensor in config.input:
-        variable = [d for d in tensor.dims if d < 0]
+        # The model's own shape is reshape.shape when the config sets it (clients send `dims`).
+        model_dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+        variable = [d for d in model_dims if d < 0]
         if variable:
             raise ModelLoadError(
-                f"model '{config.name}': input '{tensor.name}' has variable dims {list(tensor.dims)}; ATC needs "
+                f"model '{config.name}': input '{tensor.name}' has variable dims {model_dims}; ATC needs "
                 "fixed dims to compile with batch gears: give every dim in config.pbtxt"
             )
-        dims = [str(d) for d in tensor.dims]
+        dims = [str(d) for d in model_dims]
         if config.max_batch_size > 0:
             dims.insert(0, "-1" if len(batch_gears) > 1 else "1")
         shapes.append(f"{tensor.name}:{','.join(dims)}")
@@ -81,5 +92,19 @@ def build(config: mc.ModelConfig, soc_version: str, options: list[AtcOption]) ->
             f"model '{config.name}': parameter 'atc_option.input_format' and the inputs' format both set --input_format"
         )
     arguments += [f"--input_format={fmt}" for fmt in formats]
+    given = [option.value for option in options if option.flag == "input_format"]
+    if given and given[0] not in ONNX_INPUT_FORMATS:
+        raise ModelLoadError(
+            f"model '{config.name}': parameter 'atc_option.input_format' is '{given[0]}'; ATC takes "
+            f"{', '.join(ONNX_INPUT_FORMATS)} for ONNX models (an NHWC input is given as ND)"
+        )
+    chosen = [*formats, *given]
+    if any(option.flag == "insert_op_conf" for option in options) and chosen and chosen[0] not in AIPP_INPUT_FORMATS:
+        raise ModelLoadError(
+            f"model '{config.name}': with 'atc_option.insert_op_conf' (AIPP) ATC takes --input_format=NCHW for ONNX "
+            f"models, but the inputs give {chosen[0]} (FORMAT_NHWC inputs are compiled as ND)"
+        )
+    common = tuple(arguments)
     arguments += [f"--{option.flag}={option.value}" for option in options]
-    return AtcCommand(tuple(arguments), tuple(option.file for option in options if option.file is not None))
+    files = tuple(option.file for option in options if option.file is not None)
+    return AtcCommand(tuple(arguments), files, (*common, *(option.key_argument() for option in options)))

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +25,17 @@ logger = logging.getLogger(__name__)
 
 # A large model takes ATC many minutes; a hung one must still fail the load.
 COMPILE_TIMEOUT_S = 3600.0
+TIMEOUT_PARAMETER = "atc_timeout_s"  # a config parameter: this model's limit, in seconds
+OP_CACHE = ".atc_op_cache"  # ATC's compiled-operator cache, inside the model cache
 _TAIL_LINES = 15
+_POLL_S = 0.2  # how often a waiting compile looks for a cancel
+_REAP_S = 5.0  # for a killed ATC to exit
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Running ATC processes, so a stopping server can kill them; set once it is stopping.
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+_RUNNING_LOCK = threading.Lock()
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+_STOPPING = threading.Event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,26 +56,43 @@ class Toolchain:
     timeout_s: float = COMPILE_TIMEOUT_S
 
 
-def compile_version(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: Toolchain) -> Compiled:
-    """The cached `.om` for this ONNX file, config and host, compiling it first when it is not there."""
+def compile_version(
+    config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: Toolchain, cancel: threading.Event | None = None
+) -> Compiled:
+    """The cached `.om` for this ONNX file, config and host, compiling it first when it is not there; setting
+    `cancel` (a load given up) kills the ATC run."""
     described = graph_inputs.complete_inputs(config, onnx)
-    atc_command = command.build(described, tools.soc, options.config_options(config, model_dir))
+    parsed = options.config_options(config, model_dir)
+    atc_command = command.build(described, tools.soc, parsed)
+    timeout_s = time_limit(config, tools.timeout_s)
     digest = cache.key(onnx, atc_command, tools.soc, tools.cann)
     folder = cache.entry(tools.cache_dir, config.name, digest)
-    found = cache.lookup(folder)
+    # ATC keeps compiled operators in --op_compiler_cache_dir, by default $HOME/atc_data (ATC docs,
+    # --op_compiler_cache_dir), which a container's HOME may not allow: under our cache unless the config says.
+    # It changes how long ATC takes, never the .om, so it stays out of the key.
+    extra = (
+        ()
+        if any(o.flag == "op_compiler_cache_dir" for o in parsed)
+        else (f"--op_compiler_cache_dir={tools.cache_dir / OP_CACHE}",)
+    )
+    with _cache_errors(config.name, tools.cache_dir):
+        found = cache.lookup(folder)
     if found is not None:
-        argv = tuple(atc_command.argv(tools.atc, onnx, folder / "model"))
+        argv = (*atc_command.argv(tools.atc, onnx, folder / "model"), *extra)
         logger.info("model '%s': using the cached compile of '%s' (%s)", config.name, onnx, found)
         return Compiled(found, False, argv)
-    staged = cache.staging(tools.cache_dir, 2 * tools.timeout_s)
+    with _cache_errors(config.name, tools.cache_dir):
+        # Another server's compile may have a longer limit than this model's: never sweep within the default's.
+        staged = cache.staging(tools.cache_dir, 2 * max(timeout_s, tools.timeout_s, COMPILE_TIMEOUT_S))
     try:
-        argv = tuple(atc_command.argv(tools.atc, onnx, staged / "model"))
+        argv = (*atc_command.argv(tools.atc, onnx, staged / "model"), *extra)
         logger.info("model '%s': compiling '%s' with ATC: %s", config.name, onnx, shlex.join(argv))
-        _run(config.name, argv, staged, tools.timeout_s)
-        if cache.lookup(staged) is None:
-            raise ModelLoadError(f"model '{config.name}': ATC exited 0 but wrote no '{staged / cache.MODEL_FILE}'")
-        (staged / "atc_command.txt").write_text(shlex.join(argv) + "\n")
-        om = cache.publish(staged, folder)
+        _run(config.name, argv, staged, timeout_s, cancel)
+        with _cache_errors(config.name, tools.cache_dir):
+            if cache.lookup(staged) is None:
+                raise ModelLoadError(f"model '{config.name}': ATC exited 0 but wrote no '{staged / cache.MODEL_FILE}'")
+            (staged / "atc_command.txt").write_text(shlex.join(argv) + "\n")
+            om = cache.publish(staged, folder)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -65,16 +100,117 @@ def compile_version(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: 
     return Compiled(om, True, argv)
 
 
-def _run(model: str, argv: tuple[str, ...], cwd: Path, timeout_s: float) -> None:
-    # ATC writes fusion_result.json and kernel_meta/ into its working directory: the staging folder.
+def time_limit(config: mc.ModelConfig, default_s: float) -> float:
+    """The config's `atc_timeout_s` parameter (seconds), else `default_s`."""
+    if TIMEOUT_PARAMETER not in config.parameters:
+        return default_s
+    text = config.parameters[TIMEOUT_PARAMETER].string_value
     try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise ModelLoadError(f"model '{model}': ATC did not finish within {timeout_s:g}s: {shlex.join(argv)}") from None
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise ModelLoadError(
+            f"model '{config.name}': parameter '{TIMEOUT_PARAMETER}' is '{text}'; it takes the seconds ATC may run, "
+            "a positive number"
+        )
+    return value
+
+
+@contextlib.contextmanager
+def _cache_errors(model: str, cache_dir: Path) -> Iterator[None]:
+    """A cache folder this server cannot use is the load's error, named, with what to do about it."""
+    try:
+        yield
+    except OSError as error:
+        where = error.filename or cache_dir
+        raise ModelLoadError(
+            f"model '{model}': the compiled-model cache '{cache_dir}' cannot be used ('{where}': "
+            f"{error.strerror or error}); give --model-cache-dir a folder this server can write (the user's "
+            "cache folder is the default: $XDG_CACHE_HOME/geserve/om, else ~/.cache/geserve/om)"
+        ) from None
+
+
+def _run(model: str, argv: tuple[str, ...], cwd: Path, timeout_s: float, cancel: threading.Event | None) -> None:
+    # ATC writes fusion_result.json and kernel_meta/ into its working directory: the staging folder. Its output
+    # goes to a file there, not a pipe, so that waiting on it never blocks on a full pipe.
+    output = cwd / "atc_output.txt"
+    if _STOPPING.is_set():
+        raise ModelLoadError(f"model '{model}': not compiled: the server is stopping")
+    try:
+        with output.open("wb") as stream:
+            process = subprocess.Popen(
+                argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 (see _die_with_parent)
+            )  # fmt: skip
     except OSError as error:
         raise ModelLoadError(f"model '{model}': cannot run ATC ({argv[0]}): {error}") from None
-    if done.returncode != 0:
+    deadline = time.monotonic() + timeout_s
+    with _RUNNING_LOCK:
+        _RUNNING.add(process)
+    try:
+        while True:
+            try:
+                returncode = process.wait(_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if _STOPPING.is_set() or (cancel is not None and cancel.is_set()):
+                raise ModelLoadError(
+                    f"model '{model}': compile cancelled: the load was given up or the server is stopping"
+                )
+            if time.monotonic() > deadline:
+                raise ModelLoadError(
+                    f"model '{model}': ATC did not finish within {timeout_s:g}s (parameter 'atc_timeout_s' sets the "
+                    f"limit): {shlex.join(argv)}"
+                )
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(process)
+        if process.returncode is None:  # cancelled, timed out, or this thread interrupted (Ctrl-C offline)
+            stop_process_group(process, "ATC")
+    if returncode != 0 and (_STOPPING.is_set() or (cancel is not None and cancel.is_set())):
+        raise ModelLoadError(_cancelled(model))  # killed by stop_compiles while waiting
+    if returncode != 0:
         # ATC reports errors (E10001, ...) on stdout as often as on stderr: show the end of both.
-        lines = [*done.stdout.strip().splitlines(), *done.stderr.strip().splitlines()][-_TAIL_LINES:]
+        lines = output.read_text(errors="replace").strip().splitlines()[-_TAIL_LINES:]
         tail = "\n".join(lines) or "no output"
-        raise ModelLoadError(f"model '{model}': ATC failed (exit {done.returncode}): {shlex.join(argv)}\n{tail}")
+        raise ModelLoadError(f"model '{model}': ATC failed (exit {returncode}): {shlex.join(argv)}\n{tail}")
+
+
+def _cancelled(model: str) -> str:
+    return f"model '{model}': compile cancelled: the load was given up or the server is stopping"
+
+
+def stop_compiles() -> None:
+    """The server is stopping: every running ATC is killed (its load fails) and no other one starts."""
+    _STOPPING.set()
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for process in running:
+        _kill_group(process)
+
+
+def stop_process_group(process: subprocess.Popen[bytes], what: str) -> None:
+    """Kill the process group `process` leads (ATC starts compiler processes of its own) and reap it; a process
+    that does not die (stuck in the driver, in D state) is abandoned with a warning rather than waited for."""
+    _kill_group(process)
+    try:
+        process.wait(_REAP_S)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s (pid %d) did not exit %gs after SIGKILL; leaving it behind", what, process.pid, _REAP_S)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    # The child leads its own session (start_new_session), so its group id is its pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: a server killed outright (SIGKILL) takes its ATC with it (Linux prctl
+    PR_SET_PDEATHSIG; the signal comes when the forking thread ends, which outlives the compile). Its own session
+    keeps it out of terminal signals, so nothing else would. Safe after fork: one libc call resolved beforehand,
+    no lock taken."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)

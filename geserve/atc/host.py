@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from geserve.errors import ModelLoadError
+from geserve.workers import bounded
+
+logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 60.0
 # acl.get_soc_name() names the chip ATC's --soc_version wants (pyacl.md §1.1); it needs no acl.init and
@@ -32,16 +35,14 @@ def has_pyacl() -> bool:
         return False
 
 
-def soc_name() -> str:
+def soc_name(timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """The host's chip as ATC's --soc_version takes it, e.g. Ascend310P3; raises ModelLoadError."""
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _SOC_PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ModelLoadError(
-            f"asking pyACL for the chip name (acl.get_soc_name) took over {PROBE_TIMEOUT_S:g}s"
-        ) from None
+        done = bounded.run([sys.executable, "-c", _SOC_PROBE], timeout_s, what="the chip probe (acl.get_soc_name)")
+    except bounded.ExpiredError:
+        raise ModelLoadError(f"asking pyACL for the chip name (acl.get_soc_name) took over {timeout_s:g}s") from None
+    except OSError as error:
+        raise ModelLoadError(f"cannot ask pyACL for the chip name: {error}") from None
     name = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     if done.returncode != 0 or not name:
         tail = done.stderr.strip().splitlines()[-1:] or ["no name"]
@@ -49,25 +50,40 @@ def soc_name() -> str:
     return name
 
 
-def cann_version(environ: dict[str, str] | None = None) -> str:
+def cann_version(environ: dict[str, str] | None = None, atc: str | None = None) -> str:
     """The toolkit's version as CANN records it at install: `version=` in
     `<ASCEND_HOME_PATH>/<arch>-linux/ascend_toolkit_install.info` (CANN install guide, "File Paths"),
-    else `Version=` in `<home>/compiler/version.info`; "unknown" when neither is there."""
+    else `Version=` in `<home>/compiler/version.info`. Without those variables (set_env.sh not sourced) the
+    toolkit is found from the `atc` binary: `<toolkit>/<version>/bin/atc` or `.../compiler/bin/atc`. "unknown",
+    with a warning, when neither tells: the key then cannot see a CANN upgrade."""
     env = os.environ if environ is None else environ
-    arch = platform.machine()
-    for variable in _HOME_VARIABLES:
-        home = env.get(variable)
-        if not home:
-            continue
-        for path, key in (
-            (Path(home) / f"{arch}-linux" / "ascend_toolkit_install.info", "version"),
-            (Path(home) / "ascend_toolkit_install.info", "version"),
-            (Path(home) / "compiler" / "version.info", "Version"),
-        ):
-            version = _read_key(path, key)
-            if version:
-                return version
+    homes = [Path(home) for home in (env.get(variable) for variable in _HOME_VARIABLES) if home]
+    if atc:
+        binary = Path(atc).resolve()  # ascend-toolkit/latest is a link to the version folder
+        homes += [binary.parent.parent, binary.parent.parent.parent]
+    for home in homes:
+        version = _installed_version(home)
+        if version:
+            return version
+    logger.warning(
+        "the CANN version is unknown (neither ASCEND_HOME_PATH/ASCEND_TOOLKIT_HOME nor the folders around atc "
+        "hold ascend_toolkit_install.info or compiler/version.info): source CANN's set_env.sh, or compiled models "
+        "are not recompiled after a CANN upgrade"
+    )
     return "unknown"
+
+
+def _installed_version(home: Path) -> str:
+    arch = platform.machine()
+    for path, key in (
+        (home / f"{arch}-linux" / "ascend_toolkit_install.info", "version"),
+        (home / "ascend_toolkit_install.info", "version"),
+        (home / "compiler" / "version.info", "Version"),
+    ):
+        version = _read_key(path, key)
+        if version:
+            return version
+    return ""
 
 
 def _read_key(path: Path, key: str) -> str:

@@ -61,6 +61,7 @@ FILE_VALUED = frozenset(
         "modify_mixlist",
         "customize_dtypes",
         "compression_optimize_conf",
+        "op_precision_mode",  # an .ini file of op:mode lines (ATC docs, --op_precision_mode)
     }
 )
 
@@ -70,6 +71,12 @@ class AtcOption:
     flag: str
     value: str
     file: Path | None = None  # for FILE_VALUED flags: the file the value names
+    # What the cache key holds for it: for a file, its path inside the model folder, not where that folder is
+    # (a repository copied to a fresh folder at every start must find its compiles again).
+    key_value: str = ""
+
+    def key_argument(self) -> str:
+        return f"--{self.flag}={self.key_value or self.value}"
 
 
 def config_options(config: mc.ModelConfig, model_dir: Path) -> list[AtcOption]:
@@ -116,4 +123,4 @@ def _option(flag: str, value: str, key: str, model: str, model_dir: Path) -> Atc
     path = (model_dir / value).resolve()
     if not path.is_relative_to(model_dir.resolve()) or not path.is_file():
         raise ModelLoadError(f"model '{model}': parameter '{key}' ('{value}') names no file inside the model folder")
-    return AtcOption(flag, str(path), path)
+    return AtcOption(flag, str(path), path, path.relative_to(model_dir.resolve()).as_posix())

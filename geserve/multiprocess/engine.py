@@ -53,6 +53,7 @@ async def serve_engine(launch: Launch, control: ControlLine) -> int:
                 stop_by = loop.time() + server.drain_delay_secs + server.exit_timeout_secs
                 # Readiness is the engine's: every protocol process answers not ready from now on.
                 service.start_draining()
+                pools.stop_compiles()  # an ATC run may take an hour: the loads waiting on one fail now
                 logger.info("draining: not ready, still serving")
             elif word == REFUSE:
                 service.stop_accepting()

@@ -96,5 +96,5 @@ class _Compiling:
                 soc = self._soc or host.soc_name()
             except ModelLoadError as error:
                 raise ModelLoadError(f"{error.message}; on a machine without an NPU give --soc-version") from None
-            self._tools = compiler.Toolchain(atc, soc, host.cann_version(), self._cache_dir)
+            self._tools = compiler.Toolchain(atc, soc, host.cann_version(atc=atc), self._cache_dir)
         return self._tools

@@ -7,12 +7,12 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from geserve.codecs import visible_devices
+from geserve.workers import bounded
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,8 @@ def runtime_device_count(environ: Mapping[str, str] | None = None, timeout_s: fl
     env = dict(os.environ if environ is None else environ)
     env["PYTHONPATH"] = os.pathsep.join([entry for entry in sys.path if entry] + [env.get("PYTHONPATH", "")])
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
+        result = bounded.run([sys.executable, "-c", _PROBE], timeout_s, env, "the NPU probe (acl.init)")
+    except bounded.ExpiredError:
         raise DeviceProbeError(f"the runtime did not answer within {timeout_s:g} s (a wedged driver?)") from None
     except OSError as error:
         raise DeviceProbeError(f"the probe process could not start: {error}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +54,14 @@ class NpuResolver:
         self._settings = settings
 
     def resolve(
-        self, source: ModelSource, config: mc.ModelConfig, backend: registry.BackendSpec, version: int
+        self,
+        source: ModelSource,
+        config: mc.ModelConfig,
+        backend: registry.BackendSpec,
+        version: int,
+        cancel: threading.Event | None = None,
     ) -> Resolved:
+        """Blocks for as long as ATC compiles (minutes): run it on the compile threads; `cancel` stops ATC."""
         if backend.name != "ge":
             return Resolved(config, backend)
         mode = NpuMode(self._settings.npu_mode)
@@ -81,8 +88,8 @@ class NpuResolver:
             if mode is NpuMode.REQUIRED:
                 raise ModelLoadError(f"{where}: --npu=required, but {reason} (source CANN's set_env.sh)")
             return self._fallback(config, version, reason)
-        tools = compiler.Toolchain(atc, self._chip, host.cann_version(), self.cache_dir)
-        compiled = compiler.compile_version(config, onnx, source.path, tools)
+        tools = compiler.Toolchain(atc, self._chip, host.cann_version(atc=atc), self.cache_dir)
+        compiled = compiler.compile_version(config, onnx, source.path, tools, cancel)
         return Resolved(config, backend, compiled.om)
 
     @property

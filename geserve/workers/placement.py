@@ -157,7 +157,9 @@ def _check_kind(
         "put the model's model.onnx beside the .om to serve it with ONNX Runtime on such a host, or make the "
         "NPUs visible (install CANN, source its set_env.sh, and check the /dev/davinciN devices)"
         if not settings.device_ids
-        else ""
+        # A Triton config migrated to `ge` often keeps the CPU group it had with onnxruntime.
+        else "; a config migrated from Triton: change kind to KIND_GPU or KIND_AUTO, or drop instance_group (one "
+        'instance per NPU); to serve it on the CPU instead, set backend: "onnxruntime" (it runs model.onnx)'
     )
     named = f" ('{group.name}')" if group.name else ""
     raise ModelLoadError(

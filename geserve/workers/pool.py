@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.atc import compiler
 from geserve.backends import registry
 from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
@@ -23,7 +26,7 @@ from geserve.workers.bls_serving import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import BatchResult, InstanceSpec
-from geserve.workers.npu_mode import NpuResolver
+from geserve.workers.npu_mode import NpuResolver, Resolved
 from geserve.workers.process import ProcessWorker
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
@@ -183,10 +186,16 @@ class PoolFactory:
         self._run = run or RunId.current()
         self._mapped = MappedOutputs()
         self._npu = NpuResolver(settings)
+        self._compiles = ThreadPoolExecutor(settings.compile_concurrency, thread_name_prefix="geserve-atc")
+        self._resolving = 0  # `ge` versions on or waiting for the compile threads
         # Where the instances' BLS requests go: the server sets it once its service exists.
         self.caller: ModelCaller | None = None
         self._pools: list[InstancePool] = []  # every pool it made, until it is stopped
         self._starting = 0  # instances of loads in progress
+
+    def stop_compiles(self) -> None:
+        """The server is stopping: running ATC compiles are killed (their loads fail at once), none starts."""
+        compiler.stop_compiles()  # compiles still queued fail as they begin
 
     @property
     def mapped(self) -> MappedOutputs:
@@ -205,8 +214,10 @@ class PoolFactory:
         """Start every instance of `version`; returns the pool and the config they serve, which the first
         instance completed from the model file. Raises ModelLoadError; nothing is left running then."""
         settings = self._settings
-        # A `ge` version may be compiled from its model.onnx (minutes, in a thread) or served by ONNX Runtime.
-        resolved = await asyncio.to_thread(self._npu.resolve, source, config, registry.by_name(config.backend), version)
+        # A `ge` version may be compiled from its model.onnx (minutes) or served by ONNX Runtime. Compiles run on
+        # their own threads: on the default pool, a few would starve everything else that needs a thread (gzip
+        # bodies, response-cache keys, reaping workers, repository polls).
+        resolved = await self._resolve(source, config, version)
         config, backend = resolved.config, resolved.backend
         specs = await asyncio.to_thread(placement.instance_specs, source, config, backend, version, settings)
         if resolved.model_path is not None:
@@ -258,6 +269,28 @@ class PoolFactory:
                 "model '%s' version %d: every instance is passive, so no request can run on it", completed.name, version
             )
         return InstancePool(scheduled, [worker for worker in started if worker.spec.passive]), completed
+
+    async def _resolve(self, source: ModelSource, config: mc.ModelConfig, version: int) -> Resolved:
+        backend = registry.by_name(config.backend)
+        if backend.name != "ge":  # decided at once: no thread, no queue behind compiles
+            return self._npu.resolve(source, config, backend, version)
+        slots = self._settings.compile_concurrency
+        if self._resolving >= slots:
+            logger.info(
+                "model '%s' version %d waits to compile: %d 'ge' load(s) ahead (--model-compile-concurrency %d)",
+                config.name, version, self._resolving, slots,
+            )  # fmt: skip
+        cancel = threading.Event()
+        self._resolving += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._compiles, self._npu.resolve, source, config, backend, version, cancel
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # the load was given up: its ATC is killed rather than left to run for an hour
+            raise
+        finally:
+            self._resolving -= 1
 
     def _worker(self, spec: InstanceSpec) -> WorkerClient:
         if self._settings.process_workers:

@@ -114,7 +114,9 @@ def test_a_cpu_instance_group_of_a_ge_model_is_refused_naming_the_field(tmp_path
         instance_specs(source, config, _ge_backend(), 1, WorkerSettings(device_ids=(0, 1)))
     assert error.value.message == (
         "model 'affine': instance_group[0] has kind KIND_CPU, but the 'ge' backend runs .om models on "
-        "Ascend NPUs only: use KIND_GPU (the NPUs, chosen by 'gpus') or KIND_AUTO"
+        "Ascend NPUs only: use KIND_GPU (the NPUs, chosen by 'gpus') or KIND_AUTO; a config migrated from Triton: "
+        "change kind to KIND_GPU or KIND_AUTO, or drop instance_group (one instance per NPU); to serve it on the "
+        'CPU instead, set backend: "onnxruntime" (it runs model.onnx)'
     )
     # without NPUs KIND_AUTO is filled in as KIND_CPU: the message says so
     with pytest.raises(ModelLoadError, match=r"this server has no NPUs .* so KIND_AUTO means KIND_CPU here"):

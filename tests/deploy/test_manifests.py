@@ -390,3 +390,18 @@ def test_the_package_says_its_license_and_answers_to_tritonserver() -> None:
     assert any(c.startswith("Programming Language :: Python :: 3.11") for c in meta.get_all("Classifier") or [])
     scripts = {entry.name: entry.value for entry in metadata.entry_points(group="console_scripts")}
     assert scripts["tritonserver"] == scripts["geserve"] == "geserve.cli:main"
+
+
+def test_the_chart_gives_compiled_models_a_writable_cache_and_the_image_a_writable_home() -> None:
+    for values in (None, "values-ascend.yaml"):
+        deployment = by_kind(render_chart(values), "Deployment")[0]
+        container = containers_of(deployment)[0]
+        cache_dir = _options(container["args"]).workers.model_cache_dir
+        assert cache_dir is not None  # not ~/.cache: uid 1000 has no home and the root filesystem is read-only
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "model-cache")
+        assert mount["mountPath"] == str(cache_dir) and not mount.get("readOnly")
+        volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-cache")
+        assert "emptyDir" in volume
+    text = (DEPLOY / "docker" / "Dockerfile.ascend").read_text()
+    assert "HOME=/tmp" in text and "XDG_CACHE_HOME=/var/cache/geserve" in text
+    assert "install -d -o 1000 -g 1000 -m 0755 /var/cache/geserve /var/cache/geserve/geserve/om" in text

@@ -4,12 +4,15 @@ with ONNX Runtime where there is no NPU."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -88,10 +91,14 @@ class Host:
 
     def runs(self, model: str) -> list[list[str]]:
         """The ATC command lines run for `model` so far."""
+        lines = self.runs_all()
+        return [argv for argv in lines if f"--model={self.repository / model / '1' / 'model.onnx'}" in argv]
+
+    def runs_all(self) -> list[list[str]]:
+        """Every ATC command line run so far."""
         if not self.atc_log.is_file():
             return []
-        lines = [json.loads(line) for line in self.atc_log.read_text().splitlines()]
-        return [argv for argv in lines if f"--model={self.repository / model / '1' / 'model.onnx'}" in argv]
+        return [json.loads(line) for line in self.atc_log.read_text().splitlines()]
 
     def npu_executions(self) -> tuple[int, set[int]]:
         """Batches the simulated NPUs ran so far, and the gears they ran at."""
@@ -146,6 +153,7 @@ def test_compiled_at_load_cached_across_restarts_and_recompiled_when_the_onnx_ch
         "--dynamic_batch_size=1,4,8",
         "--soc_version=Ascend310P3",  # the simulated host's chip, asked of pyACL
         "--output_type=FP32",
+        f"--op_compiler_cache_dir={host.cache / '.atc_op_cache'}",  # ATC's operator cache: not $HOME/atc_data
     ]
     log = server.log()
     assert (
@@ -298,3 +306,77 @@ def test_the_server_answers_while_atc_compiles(launch: Launch, tmp_path: Path) -
     assert len(host.runs("affine")) == 1
     _assert_serves(server, "affine")
     assert server.stop() == 0
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_compiles_run_on_their_own_threads_so_requests_needing_a_thread_are_answered(
+    launch: Launch, tmp_path: Path
+) -> None:
+    host = Host(tmp_path)
+    gate = tmp_path / "release-atc"
+    host.env["FAKE_ATC_GATE"] = str(gate)  # every ATC run waits until the test releases it
+    # More compiles than asyncio's default pool has threads (min(32, cores + 4)), which gzip bodies also use.
+    count = min(32, (os.cpu_count() or 1) + 4) + 1
+    names = [f"affine{index}" for index in range(count)]
+    for name in names:
+        _onnx_model(host.repository, name, affine_onnx())
+    write_identity_model(host.repository, "echo")
+    server = host.start(launch, "--device-ids=0,1", "--model-control-mode=explicit", "--load-model=echo")
+    with ThreadPoolExecutor(count) as pool:
+        loads = [
+            pool.submit(httpclient.InferenceServerClient(server.url, network_timeout=300).load_model, name)
+            for name in names
+        ]
+        try:
+            # One ATC runs (--model-compile-concurrency 1) and every other load waits its turn.
+            _wait_for(lambda: len(host.runs_all()) >= 1, "an ATC running")
+            # Every other load queued (said in the log); a bounded wait so that a server without the queue (every
+            # compile on the shared pool) gets as far as the gzip request, which it cannot answer.
+            with contextlib.suppress(AssertionError):
+                _wait_for(lambda: server.log().count("waits to compile") == count - 1, "loads queued", timeout_s=30)
+            x = np.random.default_rng(0).normal(size=(1, 1 << 16)).astype(np.float32)  # 256 KiB: decoded on a thread
+            tensor = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+            answer = client.infer("echo", [tensor], request_compression_algorithm="gzip")
+            np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), x)
+            done = [load.exception() for load in loads if load.done()]
+            assert not done, done  # answered while every compile still waits on ATC
+            assert len(host.runs_all()) == 1
+        finally:
+            gate.touch()
+        for load in loads:
+            load.result()
+    assert all(len(host.runs(name)) == 1 for name in names)
+    assert server.stop() == 0
+
+
+def test_sigterm_during_a_compile_kills_atc_and_exits_promptly(launch: Launch, tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    pids = tmp_path / "atc-pids"
+    pids.mkdir()
+    host.env.update({"FAKE_ATC_GATE": str(tmp_path / "never"), "FAKE_ATC_PID_DIR": str(pids)})  # ATC never ends
+    _onnx_model(host.repository, "affine", affine_onnx())
+    write_identity_model(host.repository, "echo")
+    server = host.start(launch, "--device-ids=0,1", "--model-control-mode=explicit", "--load-model=echo")
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(httpclient.InferenceServerClient(server.url, network_timeout=300).load_model, "affine")
+        _wait_for(lambda: any(pids.iterdir()), "ATC started")
+        [pid_file] = list(pids.iterdir())
+        atc_pid = int(pid_file.read_text())
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.wait_exit(timeout_s=30) == 0
+        assert time.monotonic() - started < 30
+        with pytest.raises(Exception):  # noqa: B017 the load fails with the compile, or with the server gone
+            loading.result()
+    _wait_for(lambda: not Path(f"/proc/{atc_pid}").exists(), "ATC killed", timeout_s=10)
+    log = server.log()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert "compile cancelled" in log, log

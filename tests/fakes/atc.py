@@ -8,8 +8,9 @@ takes 2-100 unique gears and needs `-1` as the first dim of every input, and now
 refused as ATC refuses ops it has no kernel for. The `.om` is written by om_writer with the ONNX file as its
 twin (`<output>.om` and `<output>.om.twin.onnx`, ATC appending `.om`), named and shaped as ATC names them:
 inputs unchanged, outputs `<node>:<index>:<onnx name>` at the largest gear, the runtime-filled gear input last.
-Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, and first sleeps
-$FAKE_ATC_DELAY_S seconds when set.
+Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, writes its pid to a
+file in $FAKE_ATC_PID_DIR when set, waits until the file $FAKE_ATC_GATE exists when set (a test releases it),
+and first sleeps $FAKE_ATC_DELAY_S seconds when set.
 """
 
 from __future__ import annotations
@@ -29,18 +30,85 @@ from tests.fakes.acl.om import twin_path
 from tests.fakes.om_writer import write_om
 
 REQUIRED = ("model", "framework", "output", "soc_version")
-KNOWN = frozenset(
-    {
-        *REQUIRED,
-        "mode", "weight", "input_shape", "dynamic_batch_size", "dynamic_image_size", "dynamic_dims",
-        "input_shape_range", "input_format", "output_type", "precision_mode", "precision_mode_v2",
-        "op_precision_mode", "op_select_implmode", "optypelist_for_implmode", "keep_dtype", "modify_mixlist",
-        "customize_dtypes", "insert_op_conf", "enable_small_channel", "fusion_switch_file", "buffer_optimize",
-        "compression_optimize_conf", "sparsity", "external_weight", "out_nodes", "input_fp16_nodes",
-        "is_input_adjust_hw_layout", "is_output_adjust_hw_layout", "op_debug_level", "op_compiler_cache_mode",
-        "op_compiler_cache_dir", "virtual_type", "status_check", "log",
-    }
-)  # fmt: skip
+# The flags this stand-in knows, grouped as the ATC user guide's parameter overview ("参数概览", atctool
+# atlasatcparam_16_0003) groups them; written from the docs, not from geserve's own list, so a flag geserve
+# passes that ATC lacks fails here too.
+BASIC = ("mode", "model", "weight", "framework", "output", "soc_version", "log")  # 基础功能参数
+INPUT = (  # 输入相关: input_shape, dynamic gears (16_0018...), input_format (16_0015), input_fp16_nodes
+    "input_shape",
+    "dynamic_batch_size",
+    "dynamic_image_size",
+    "dynamic_dims",
+    "input_shape_range",
+    "input_format",
+    "input_fp16_nodes",
+    "is_input_adjust_hw_layout",
+    "insert_op_conf",
+)
+OUTPUT = ("out_nodes", "output_type", "is_output_adjust_hw_layout")  # 输出相关 (output_type: 16_0030)
+PRECISION = (  # 精度相关 (precision_mode: 16_0068)
+    "precision_mode",
+    "precision_mode_v2",
+    "op_precision_mode",
+    "op_select_implmode",
+    "optypelist_for_implmode",
+    "keep_dtype",
+    "modify_mixlist",
+    "customize_dtypes",
+)
+TUNING = (  # 调优/算子编译相关
+    "enable_small_channel",
+    "fusion_switch_file",
+    "buffer_optimize",
+    "compression_optimize_conf",
+    "sparsity",
+    "external_weight",
+    "op_debug_level",
+    "op_compiler_cache_mode",
+    "op_compiler_cache_dir",
+    "virtual_type",
+    "status_check",
+)
+KNOWN = frozenset({*BASIC, *INPUT, *OUTPUT, *PRECISION, *TUNING})
+# Constrained values. input_format per framework (16_0015): ONNX (5) takes NCHW, NCDHW or ND; with
+# --insert_op_conf only NCHW or NHWC (so NCHW for ONNX).
+INPUT_FORMATS = {"5": ("NCHW", "NCDHW", "ND")}
+AIPP_INPUT_FORMATS = ("NCHW", "NHWC")
+PRECISION_MODES = (  # 16_0068
+    "force_fp32",
+    "cube_fp16in_fp32out",
+    "force_fp16",
+    "allow_fp32_to_fp16",
+    "must_keep_origin_dtype",
+    "allow_mix_precision",
+    "allow_mix_precision_fp16",
+    "allow_mix_precision_bf16",
+    "allow_fp32_to_bf16",
+)
+OUTPUT_TYPES = (  # 16_0030; also per node as node:index:TYPE;...
+    "FP32",
+    "FP16",
+    "UINT8",
+    "INT8",
+    "UINT16",
+    "INT16",
+    "UINT32",
+    "INT32",
+    "UINT64",
+    "INT64",
+    "DOUBLE",
+)
+# Options whose value is a file ATC opens (their pages: insert_op_conf, fusion_switch_file, keep_dtype,
+# modify_mixlist, customize_dtypes, compression_optimize_conf; op_precision_mode takes an .ini file path).
+FILE_VALUED = (
+    "insert_op_conf",
+    "fusion_switch_file",
+    "keep_dtype",
+    "modify_mixlist",
+    "customize_dtypes",
+    "compression_optimize_conf",
+    "op_precision_mode",
+)
 EXCLUSIVE_WITH_BATCH = ("dynamic_image_size", "dynamic_dims", "input_shape_range")
 _NUMPY_NAMES = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 2: "uint8", 3: "int8", 9: "bool", 11: "float64"}
 
@@ -105,6 +173,7 @@ def compile_model(flags: dict[str, str]) -> Path:
         raise AtcError(f"E10007: --framework={flags['framework']}: this stand-in compiles ONNX (5) only")
     if not flags["soc_version"].startswith("Ascend"):
         raise AtcError(f"E10004: --soc_version '{flags['soc_version']}' names no Ascend chip")
+    check_values(flags)
     model = onnx.load(flags["model"])
     initializers = {tensor.name for tensor in model.graph.initializer}
     graph_inputs = [tensor for tensor in model.graph.input if tensor.name not in initializers]
@@ -132,6 +201,29 @@ def compile_model(flags: dict[str, str]) -> Path:
     write_om(om, description)
     twin_path(om).write_bytes(Path(flags["model"]).read_bytes())
     return om
+
+
+def check_values(flags: dict[str, str]) -> None:
+    """The values the docs constrain: formats per framework, precision modes, output types, files that exist."""
+    if "input_format" in flags:
+        allowed = AIPP_INPUT_FORMATS if "insert_op_conf" in flags else INPUT_FORMATS.get(flags["framework"], ())
+        if "insert_op_conf" in flags:
+            allowed = tuple(f for f in allowed if f in INPUT_FORMATS.get(flags["framework"], allowed))
+        if flags["input_format"] not in allowed:
+            raise AtcError(f"E10001: --input_format={flags['input_format']} is not one of {list(allowed)} here")
+    if "precision_mode" in flags and flags["precision_mode"] not in PRECISION_MODES:
+        raise AtcError(f"E10001: --precision_mode={flags['precision_mode']} is not a precision mode")
+    if "precision_mode" in flags and "precision_mode_v2" in flags:
+        raise AtcError("E10001: --precision_mode and --precision_mode_v2 cannot be used together")
+    if "output_type" in flags:
+        value = flags["output_type"].strip('"')
+        types = [part.rsplit(":", 1)[-1] for part in value.split(";")] if ":" in value else [value]
+        wrong = [t for t in types if t not in OUTPUT_TYPES]
+        if wrong:
+            raise AtcError(f"E10001: --output_type={flags['output_type']}: {wrong} name no output type")
+    for name in FILE_VALUED:
+        if name in flags and not os.path.isfile(flags[name]):
+            raise AtcError(f"E10001: --{name}={flags[name]}: the file does not exist")
 
 
 def _static_dims(tensor: Any) -> list[int]:
@@ -194,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     if log:
         with open(log, "a") as stream:
             stream.write(json.dumps(arguments) + "\n")
+    pids = os.environ.get("FAKE_ATC_PID_DIR")
+    if pids:
+        Path(pids, f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    gate = os.environ.get("FAKE_ATC_GATE")
+    while gate and not os.path.exists(gate):  # a compile that lasts until the test lets it finish
+        time.sleep(0.05)
     time.sleep(float(os.environ.get("FAKE_ATC_DELAY_S", "0")))  # a real compile takes minutes
     try:
         om = compile_model(parse_flags(arguments))

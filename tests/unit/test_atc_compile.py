@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -356,3 +357,132 @@ def test_with_npus_but_no_atc_auto_falls_back_and_required_fails(
         _resolve(tmp_path / "again", ("model.onnx",), device_ids=(0,), npu_mode="required")
     config, backend = _resolve(tmp_path / "shipped", ("model.onnx", "model.om"), device_ids=(0,))
     assert backend == "ge" and FALLBACK_PARAMETER not in config.parameters  # an .om ships: no compile needed
+
+
+def test_onnx_inputs_never_get_nhwc_an_nhwc_input_is_labelled_nd_and_bad_formats_are_refused(tmp_path: Path) -> None:
+    nhwc = _config(
+        'name: "m" max_batch_size: 0 input [ { name: "x" format: FORMAT_NHWC data_type: TYPE_FP32 dims: [ 1, 8, 8, 3 ] } ]'
+    )
+    assert "--input_format=ND" in command.build(nhwc, "Ascend310P3", []).arguments
+    nchw = _config('name: "m" max_batch_size: 0 input [ { name: "x" format: FORMAT_NCHW dims: [ 1, 3, 8, 8 ] } ]')
+    assert "--input_format=NCHW" in command.build(nchw, "Ascend310P3", []).arguments
+    plain = _config('name: "m" max_batch_size: 0 input [ { name: "x" dims: [ 1, 3, 8, 8 ] } ]')
+    with pytest.raises(ModelLoadError, match=r"'atc_option\.input_format' is 'NHWC'; ATC takes NCHW, NCDHW, ND"):
+        command.build(plain, "S", [options.AtcOption("input_format", "NHWC")])
+    (tmp_path / "aipp.cfg").write_text("aipp_op {}")
+    aipp = options.parse({"atc_option.insert_op_conf": "aipp.cfg"}, "m", tmp_path)
+    with pytest.raises(ModelLoadError, match="insert_op_conf' \\(AIPP\\) ATC takes --input_format=NCHW"):
+        command.build(nhwc, "S", aipp)
+
+
+def test_reshape_gives_the_model_shape_atc_compiles() -> None:
+    config = _config('name: "m" max_batch_size: 8 input [ { name: "x" dims: [ 12 ] reshape { shape: [ 3, 4 ] } } ]')
+    assert command.build(config, "S", []).arguments[0] == "--input_shape=x:-1,3,4"
+
+
+def test_op_precision_mode_is_a_file_in_the_model_folder_and_part_of_the_key(tmp_path: Path) -> None:
+    (tmp_path / "ops.ini").write_text("[ByOpType]\nSoftmax=high_precision\n")
+    [option] = options.parse({"atc_option.op_precision_mode": "ops.ini"}, "m", tmp_path)
+    assert option.file == (tmp_path / "ops.ini").resolve() and option.value == str(option.file)
+    with pytest.raises(ModelLoadError, match="names no file inside the model folder"):
+        options.parse({"atc_option.op_precision_mode": "missing.ini"}, "m", tmp_path)
+
+
+def test_the_cache_key_names_option_files_by_their_place_in_the_model_folder(tmp_path: Path) -> None:
+    keys = []
+    for where in ("first", "second"):  # the same repository copied to another folder (an S3 mirror at start)
+        folder = tmp_path / where / "m"
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "model.onnx").write_bytes(affine_onnx())
+        (folder / "aipp.cfg").write_text("aipp_op {}")
+        parsed = options.parse({"atc_option.insert_op_conf": "aipp.cfg"}, "m", folder)
+        built = command.build(_config(AFFINE), "Ascend310P3", parsed)
+        assert f"--insert_op_conf={(folder / 'aipp.cfg').resolve()}" in built.arguments  # ATC gets the real path
+        keys.append(cache.key(folder / "1" / "model.onnx", built, "Ascend310P3", "8.0.RC1"))
+    assert keys[0] == keys[1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--input_format=NHWC"], "--input_format=NHWC is not one of ['NCHW', 'NCDHW', 'ND']"),
+        (["--precision_mode=fast"], "--precision_mode=fast is not a precision mode"),
+        (["--output_type=FP33"], "['FP33'] name no output type"),
+        (["--op_precision_mode=/nonexistent/ops.ini"], "the file does not exist"),
+        (["--insert_op_conf=/nonexistent/aipp.cfg"], "the file does not exist"),
+    ],
+)
+def test_the_stand_in_atc_checks_the_values_the_docs_constrain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], error: str
+) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(affine_onnx())
+    base = ["--framework=5", f"--model={model}", f"--output={tmp_path / 'o'}", "--soc_version=Ascend310P3"]
+    assert fake_atc.main([*base, "--input_shape=x:1,4", "--output_type=FP32", "--input_format=ND"]) == 0
+    assert fake_atc.main([*base, "--input_shape=x:1,4", *extra]) == 1
+    assert error in capsys.readouterr().out
+
+
+_WRITES_OM = 'for a; do case $a in --output=*) out=${a#--output=};; esac; done; echo om > "$out.om"'
+
+
+def test_a_timed_out_compile_kills_atc_and_every_process_it_started(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    child = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {child}; wait"  # ATC's own compiler processes
+    with pytest.raises(ModelLoadError, match=r"ATC did not finish within 0\.5s \(parameter 'atc_timeout_s'"):
+        compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, _toolchain(tmp_path, script, 0.5))
+    assert not Path(f"/proc/{int(child.read_text())}").exists() or "zombie" in _state(int(child.read_text()))
+
+
+def _state(pid: int) -> str:
+    try:
+        return "zombie" if Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z" else "alive"
+    except OSError:
+        return "gone"
+
+
+def test_atc_timeout_s_sets_a_models_limit_and_bad_values_are_refused(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    limited = _config(AFFINE + 'parameters { key: "atc_timeout_s" value { string_value: "0.5" } }')
+    with pytest.raises(ModelLoadError, match=r"within 0\.5s"):
+        compiler.compile_version(limited, onnx, onnx.parent.parent, _toolchain(tmp_path, "sleep 5", 60))
+    bad = _config(AFFINE + 'parameters { key: "atc_timeout_s" value { string_value: "soon" } }')
+    with pytest.raises(ModelLoadError, match="parameter 'atc_timeout_s' is 'soon'"):
+        compiler.compile_version(bad, onnx, onnx.parent.parent, _toolchain(tmp_path, "exit 0", 60))
+
+
+def test_an_unusable_cache_folder_is_a_load_error_naming_it_and_the_flag(tmp_path: Path) -> None:
+    onnx = _onnx_source(tmp_path)
+    (tmp_path / "file").write_text("not a folder")
+    tools = replace(_toolchain(tmp_path, _WRITES_OM), cache_dir=tmp_path / "file" / "om")
+    with pytest.raises(ModelLoadError, match=r"cache '.*file/om' cannot be used .*give --model-cache-dir a folder"):
+        compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, tools)
+
+
+def test_a_published_entry_is_readable_by_other_users_and_atc_gets_an_op_cache_inside_the_cache(
+    tmp_path: Path,
+) -> None:
+    onnx = _onnx_source(tmp_path)
+    tools = _toolchain(tmp_path, _WRITES_OM)
+    compiled = compiler.compile_version(_config(AFFINE), onnx, onnx.parent.parent, tools)
+    assert compiled.compiled and compiled.om.stat().st_mode & 0o777 == 0o644
+    assert compiled.om.parent.stat().st_mode & 0o777 == 0o755
+    assert f"--op_compiler_cache_dir={tools.cache_dir / compiler.OP_CACHE}" in compiled.argv
+
+
+def test_without_set_env_the_cann_version_is_found_from_atcs_place_and_unknown_is_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    version = tmp_path / "Ascend" / "ascend-toolkit" / "8.0.RC2"
+    fake_atc.install_cann(version, "8.0.RC2")
+    for binary in (version / "bin" / "atc", version / "compiler" / "bin" / "atc"):
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\n")
+    latest = tmp_path / "Ascend" / "ascend-toolkit" / "latest"
+    latest.symlink_to(version)
+    assert host.cann_version({}, atc=str(latest / "bin" / "atc")) == "8.0.RC2"
+    assert host.cann_version({}, atc=str(version / "compiler" / "bin" / "atc")) == "8.0.RC2"
+    assert "CANN version is unknown" not in caplog.text
+    assert host.cann_version({}, atc=str(tmp_path / "elsewhere" / "bin" / "atc")) == "unknown"
+    assert "CANN version is unknown" in caplog.text and "set_env.sh" in caplog.text
