@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import platform
@@ -11,7 +10,7 @@ import sys
 from pathlib import Path
 
 from geserve.errors import ModelLoadError
-from geserve.workers import bounded
+from geserve.workers import bounded, devices
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +27,9 @@ def find_atc() -> str | None:
 
 
 def has_pyacl() -> bool:
-    """pyACL is importable (CANN's set_env.sh puts it on PYTHONPATH); found without importing it."""
-    try:
-        return importlib.util.find_spec("acl") is not None
-    except (ImportError, ValueError):
-        return False
+    """pyACL is importable (CANN's set_env.sh puts it on PYTHONPATH); found without importing it, as device
+    discovery finds it."""
+    return devices.pyacl_importable()
 
 
 def soc_name(timeout_s: float = PROBE_TIMEOUT_S) -> str:
