@@ -27,17 +27,37 @@ MONITORING_APIS = (
 )
 
 
+# What an Ascend install passes besides values-ascend.yaml: the gid of its nodes' HwHiAiUser group.
+ASCEND_NODE: dict[str, Any] = {"npu": {"supplementalGroups": [1000]}}
+
+
+def merged_values(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base` as helm layers -f files and --set: maps merge, anything else replaces."""
+    result = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged_values(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 def render_chart(
-    values_file: str | None = None,
+    values_file: str | tuple[str, ...] | None = None,
     api_versions: tuple[str, ...] = MONITORING_APIS,
     values: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every object the chart renders with its defaults (or a values file of the chart, or values), on a
-    cluster serving `api_versions` besides the built-in APIs (the Prometheus Operator's by default)."""
+    """Every object the chart renders with its defaults (or values files of the chart, in order, then
+    values on top, as `helm -f ... --set ...`), on a cluster serving `api_versions` besides the built-in
+    APIs (the Prometheus Operator's by default)."""
     import helm_python as helm
     from helm_python import _native
 
-    chosen = yaml.safe_load((CHART / values_file).read_text()) if values_file else values
+    files = (values_file,) if isinstance(values_file, str) else values_file or ()
+    chosen: dict[str, Any] = {}
+    for name in files:
+        chosen = merged_values(chosen, yaml.safe_load((CHART / name).read_text()))
+    chosen = merged_values(chosen, values or {})
     # helm's own `--api-versions`; the Python wrapper does not expose it, its native call does.
     options = {"name": "geserve", "namespace": "serving", "kube_version": KUBERNETES_VERSION}
     options["api_versions"] = list(api_versions)  # type: ignore[assignment]
@@ -50,6 +70,15 @@ def render_chart(
         if name.endswith(".yaml"):
             objects += [document for document in yaml.safe_load_all(text) if document]
     return objects
+
+
+def render_installed(
+    values_file: str | None = None, api_versions: tuple[str, ...] = MONITORING_APIS
+) -> list[dict[str, Any]]:
+    """The chart as an install with one of its values files renders it: values-ascend.yaml with the
+    nodes' HwHiAiUser gid, which every Ascend install must pass."""
+    node = ASCEND_NODE if values_file == "values-ascend.yaml" else None
+    return render_chart(values_file, api_versions=api_versions, values=node)
 
 
 def kserve_objects() -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from tests.deploy.manifests import CHART, DEPLOY, by_kind, containers_of, render_chart
+from tests.deploy.manifests import CHART, DEPLOY, by_kind, containers_of, render_installed
 from tests.support import ROOT
 
 _CHIP = re.compile(r"(?i)(?:ascend)?(\d{3})([a-z]?)\d*")
@@ -44,7 +44,7 @@ def test_the_readme_atc_recipe_compiles_for_the_default_image_chip() -> None:
 def test_the_chart_asks_for_npus_of_the_default_image_chip() -> None:
     target = image_chip()
     values = yaml.safe_load((CHART / "values-ascend.yaml").read_text())
-    deployment = by_kind(render_chart("values-ascend.yaml"), "Deployment")[0]
+    deployment = by_kind(render_installed("values-ascend.yaml"), "Deployment")[0]
     resources = containers_of(deployment)[0]["resources"]
     npus = [
         name for kind in ("requests", "limits") for name in resources.get(kind, {}) if name.startswith("huawei.com/")

@@ -25,6 +25,7 @@ from tests.deploy.manifests import (
     crd_schemas,
     kserve_objects,
     render_chart,
+    render_installed,
     validate_core,
     validate_custom,
 )
@@ -43,7 +44,7 @@ def _crds() -> dict[tuple[str, str], dict[str, Any]]:
 
 @pytest.mark.parametrize("values", [None, "values-ascend.yaml"])
 def test_chart_renders_valid_objects(values: str | None) -> None:
-    objects = render_chart(values)
+    objects = render_installed(values)
     kinds = sorted(document["kind"] for document in objects)
     assert kinds == [
         "ConfigMap",
@@ -82,7 +83,7 @@ def _options(args: list[str]) -> Any:
 
 def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
     for values in (None, "values-ascend.yaml"):
-        deployment = by_kind(render_chart(values), "Deployment")[0]
+        deployment = by_kind(render_installed(values), "Deployment")[0]
         pod = deployment["spec"]["template"]["spec"]
         container = containers_of(deployment)[0]
         options = _options(container["args"])
@@ -105,7 +106,7 @@ def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
 
 
 def test_ascend_values_request_npus_and_mount_the_driver_only() -> None:
-    deployment = by_kind(render_chart("values-ascend.yaml"), "Deployment")[0]
+    deployment = by_kind(render_installed("values-ascend.yaml"), "Deployment")[0]
     container = containers_of(deployment)[0]
     assert container["resources"]["requests"]["huawei.com/Ascend310P"] == 1
     assert container["resources"]["limits"]["huawei.com/Ascend310P"] == 1
@@ -261,16 +262,17 @@ def _kinds(objects: list[dict[str, Any]]) -> list[str]:
 
 @pytest.mark.parametrize("values", [None, "values-ascend.yaml"])
 def test_chart_installs_on_a_plain_cluster_and_adds_monitoring_where_its_apis_exist(values: str | None) -> None:
-    plain = render_chart(values, api_versions=())
-    assert _kinds(plain) == ["ConfigMap", "Deployment", "Service", "Service"]  # no CRD it would need
+    plain = render_installed(values, api_versions=())
+    # No CRD it would need; the ConfigMaps: the dashboard, and the adapter rule to install prometheus-adapter with.
+    assert _kinds(plain) == ["ConfigMap", "ConfigMap", "Deployment", "Service", "Service"]
     assert by_kind(plain, "Deployment")[0]["spec"]["replicas"] >= 1  # no HPA: a fixed replica count
     for document in plain:
         validate_core(document)
-    monitored = render_chart(values)
+    monitored = render_installed(values)
     assert {"ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler"} <= set(_kinds(monitored))
     assert "replicas" not in by_kind(monitored, "Deployment")[0]["spec"]  # the HPA owns it
     # Operator present but no custom-metrics API: monitoring yes, an HPA that could never read its metric no.
-    operator_only = render_chart(values, api_versions=MONITORING_APIS[:3])
+    operator_only = render_installed(values, api_versions=MONITORING_APIS[:3])
     assert "ServiceMonitor" in _kinds(operator_only) and "HorizontalPodAutoscaler" not in _kinds(operator_only)
     forced = render_chart(api_versions=(), values={"metrics": {"serviceMonitor": {"enabled": True}}})
     assert "ServiceMonitor" in _kinds(forced)
@@ -300,7 +302,7 @@ def test_the_hpa_metric_is_recorded_by_the_rule_and_served_by_the_adapter_rule_t
 
 def test_the_grace_period_covers_prestop_drain_and_exit_timeout() -> None:
     for values in (None, "values-ascend.yaml"):
-        deployment = by_kind(render_chart(values), "Deployment")[0]
+        deployment = by_kind(render_installed(values), "Deployment")[0]
         pod = deployment["spec"]["template"]["spec"]
         container = containers_of(deployment)[0]
         options = _options(container["args"])
@@ -394,7 +396,7 @@ def test_the_package_says_its_license_and_answers_to_tritonserver() -> None:
 
 def test_the_chart_gives_compiled_models_a_writable_cache_and_the_image_a_writable_home() -> None:
     for values in (None, "values-ascend.yaml"):
-        deployment = by_kind(render_chart(values), "Deployment")[0]
+        deployment = by_kind(render_installed(values), "Deployment")[0]
         container = containers_of(deployment)[0]
         cache_dir = _options(container["args"]).workers.model_cache_dir
         assert cache_dir is not None  # not ~/.cache: uid 1000 has no home and the root filesystem is read-only

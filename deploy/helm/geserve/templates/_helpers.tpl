@@ -25,10 +25,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 Whether an optional object renders: "true" or "false" as set, or, for "auto", only where the cluster
 serves the API it needs (helm template renders it only with --api-versions naming that API).
-Call with (dict "enabled" <value> "api" "<group/version>" "root" $).
+Call with (dict "name" "<value's path>" "enabled" <value> "api" "<group/version>" "root" $).
 */}}
 {{- define "geserve.renders" -}}
 {{- $enabled := toString .enabled -}}
+{{- if not (has $enabled (list "true" "false" "auto")) -}}
+{{- fail (printf "%s is %q: it takes true, false or auto" .name $enabled) -}}
+{{- end -}}
 {{- if or (eq $enabled "true") (and (eq $enabled "auto") (.root.Capabilities.APIVersions.Has .api)) -}}
 true
 {{- end -}}
