@@ -123,7 +123,6 @@ def test_kserve_runtime_args_probes_and_annotations() -> None:
         options = _options(container["args"])
         assert options.repository.paths == (Path("/mnt/models"),)
         assert (options.http.port, options.grpc.port) == (8080, 9000)
-        assert container["ports"][0]["containerPort"] == options.http.port
         for probe in ("readinessProbe", "startupProbe"):
             assert container[probe]["httpGet"] == {"path": "/v2/health/ready", "port": options.http.port}
         annotations = runtime["spec"]["annotations"]
@@ -324,14 +323,15 @@ def _runtime_ports(runtime: dict[str, Any]) -> tuple[dict[str, Any], Any]:
 
 def test_kserve_ports_are_named_as_knative_routes_them() -> None:
     # Knative and KServe route a port named h2c as HTTP/2 (gRPC) and http1 as HTTP/1.1; a serverless
-    # container may declare one port only, so gRPC is reached through an InferenceService that
-    # declares the h2c port itself, as KServe's own gRPC examples do.
+    # container may declare one port only, and KServe merges the runtime's ports with the service's, so
+    # the runtimes declare none (REST gets Knative's default 8080) and a gRPC InferenceService declares
+    # the h2c port itself, as KServe's own gRPC examples do (test_kserve_cluster.py builds the merge).
     objects = kserve_objects()
     runtimes = {document["metadata"]["name"]: document for document in by_kind(objects, "ClusterServingRuntime")}
     assert runtimes
     for runtime in runtimes.values():
         container, options = _runtime_ports(runtime)
-        assert container["ports"] == [{"containerPort": options.http.port, "name": "http1", "protocol": "TCP"}]
+        assert "ports" not in container
         assert options.grpc.port == 9000 and options.http.port == 8080  # KServe's conventions
         assert {"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"])
     services = by_kind(objects, "InferenceService")

@@ -1,0 +1,249 @@
+"""KServe's and Knative's rules mirrored offline: the predictor pod KServe builds, and what Knative accepts of it."""
+
+from __future__ import annotations
+
+import copy
+import re
+from decimal import Decimal
+from typing import Any
+
+Object = dict[str, Any]
+
+# corev1.Container's fields (k8s.io/api/core/v1 types.go): what KServe marshals of `spec.predictor.model`,
+# whose other keys (modelFormat, runtime, storageUri, ...) belong to the ModelSpec around it.
+CONTAINER_FIELDS = frozenset(
+    {
+        "name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
+        "resizePolicy", "restartPolicy", "restartPolicyRules", "volumeMounts", "volumeDevices", "livenessProbe",
+        "readinessProbe", "startupProbe", "lifecycle", "terminationMessagePath", "terminationMessagePolicy",
+        "imagePullPolicy", "securityContext", "stdin", "stdinOnce", "tty",
+    }
+)  # fmt: skip
+# corev1.PodSpec's fields: the part of `spec.predictor` (a v1beta1.PodSpec inlined beside the component
+# extension fields such as minReplicas) that reaches the pod.
+POD_FIELDS = frozenset(
+    {
+        "volumes", "initContainers", "containers", "ephemeralContainers", "restartPolicy",
+        "terminationGracePeriodSeconds", "activeDeadlineSeconds", "dnsPolicy", "nodeSelector",
+        "serviceAccountName", "serviceAccount", "automountServiceAccountToken", "nodeName", "hostNetwork",
+        "hostPID", "hostIPC", "shareProcessNamespace", "securityContext", "imagePullSecrets", "hostname",
+        "subdomain", "affinity", "schedulerName", "tolerations", "hostAliases", "priorityClassName", "priority",
+        "dnsConfig", "readinessGates", "runtimeClassName", "enableServiceLinks", "preemptionPolicy", "overhead",
+        "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers", "schedulingGates", "resourceClaims",
+    }
+)  # fmt: skip
+# The lists a strategic merge patch merges element by element, by these keys (the patchMergeKey tags in
+# k8s.io/api/core/v1 types.go); every other list is replaced by the patch's.
+MERGE_KEYS = {
+    "ports": "containerPort",
+    "env": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "volumes": "name",
+    "containers": "name",
+    "initContainers": "name",
+    "imagePullSecrets": "name",
+    "hostAliases": "ip",
+    "topologySpreadConstraints": "topologyKey",
+}
+# The runtime's pod-level fields KServe's MergePodSpec carries over
+# (kserve/kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go).
+RUNTIME_POD_FIELDS = ("nodeSelector", "affinity", "tolerations", "volumes", "imagePullSecrets")
+RUNTIME_CONTAINER = "kserve-container"  # constants.InferenceServiceContainerName
+
+DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+RAW, SERVERLESS = "raw", "serverless"
+# KServe 0.16 renamed RawDeployment to Standard and Serverless to Knative and still reads the old names
+# (kserve/kserve pkg/constants/constants.go, GetDeploymentMode in .../inferenceservice/utils/utils.go).
+MODES = {"RawDeployment": RAW, "Standard": RAW, "Serverless": SERVERLESS, "Knative": SERVERLESS}
+
+KNATIVE_DEFAULT_USER_PORT = 8080  # knative.dev/serving pkg/apis/serving/v1 DefaultUserPort
+# Ports the queue-proxy and Knative's own listeners hold (knative/serving pkg/apis/serving/k8s_validation.go
+# reservedPorts): backend HTTP, backend HTTP/2, queue admin, the two metrics ports and profiling.
+KNATIVE_RESERVED_PORTS = frozenset({8012, 8013, 8022, 9090, 9091, 8008})
+KNATIVE_PORT_NAMES = frozenset({"", "http1", "h2c"})  # k8s_validation.go validPortNames
+# Pod fields Knative takes without a feature flag (knative/serving pkg/apis/serving/fieldmask.go PodSpecMask);
+# the others are either behind a config-features flag, named here, that is off by default
+# (pkg/apis/config/features.go defaultFeaturesConfig), or never allowed.
+KNATIVE_POD_FIELDS = frozenset(
+    {"serviceAccountName", "containers", "volumes", "imagePullSecrets", "enableServiceLinks"}
+)
+KNATIVE_POD_FLAGS = {
+    "affinity": "kubernetes.podspec-affinity",
+    "hostAliases": "kubernetes.podspec-hostaliases",
+    "nodeSelector": "kubernetes.podspec-nodeselector",
+    "runtimeClassName": "kubernetes.podspec-runtimeclassname",
+    "tolerations": "kubernetes.podspec-tolerations",
+    "securityContext": "kubernetes.podspec-securitycontext",
+    "priorityClassName": "kubernetes.podspec-priorityclassname",
+    "schedulerName": "kubernetes.podspec-schedulername",
+    "initContainers": "kubernetes.podspec-init-containers",
+    "topologySpreadConstraints": "kubernetes.podspec-topologyspreadconstraints",
+    "dnsPolicy": "kubernetes.podspec-dnspolicy",
+    "dnsConfig": "kubernetes.podspec-dnsconfig",
+}
+# Volume sources: secret, configMap and projected always; emptyDir behind a flag that is on by default.
+KNATIVE_VOLUME_SOURCES = frozenset({"secret", "configMap", "projected", "emptyDir"})
+KNATIVE_VOLUME_FLAGS = {
+    "hostPath": "kubernetes.podspec-volumes-hostpath",
+    "persistentVolumeClaim": "kubernetes.podspec-persistent-volume-claim",
+    "csi": "kubernetes.podspec-volumes-csi",
+}
+# Container fields Knative's ContainerMask never takes: the queue-proxy owns the preStop hook.
+KNATIVE_CONTAINER_DISALLOWED = frozenset({"lifecycle", "stdin", "stdinOnce", "tty", "volumeDevices"})
+KUBERNETES_DEFAULT_GRACE_SECONDS = 30  # k8s.io/api/core/v1 DefaultTerminationGracePeriodSeconds
+
+
+def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    """`patch` over `base` as k8s.io/apimachinery strategicpatch.StrategicMergePatch merges two objects whose
+    empty fields were left out (Go's omitempty): maps recursively, keyed lists element by element (the
+    base's order, then the patch's new elements), other lists and scalars replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = copy.deepcopy(base)
+        for name, value in patch.items():
+            merged[name] = strategic_merge(base[name], value, name) if name in base else copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        merge_key = MERGE_KEYS[key]
+        result = [copy.deepcopy(item) for item in base]
+        for item in patch:
+            found = next((i for i, old in enumerate(result) if old.get(merge_key) == item.get(merge_key)), None)
+            if found is None:
+                result.append(copy.deepcopy(item))
+            else:
+                result[found] = strategic_merge(result[found], item)
+        return result
+    return copy.deepcopy(patch)
+
+
+def merge_runtime_container(runtime_container: Object, isvc_container: Object) -> Object:
+    """KServe's MergeRuntimeContainers (kserve/kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go):
+    a strategic merge patch of the InferenceService's container over the runtime's, the runtime's name kept
+    where the patch has none, and the args of both concatenated rather than replaced."""
+    merged = strategic_merge(runtime_container, isvc_container)
+    merged["name"] = merged.get("name") or runtime_container["name"]
+    args = [*runtime_container.get("args", []), *isvc_container.get("args", [])]
+    if args:
+        merged["args"] = args
+    return dict(merged)
+
+
+def predictor_pod(runtime: Object, isvc: Object) -> Object:
+    """The predictor's pod spec as KServe's buildPodSpec makes it for `spec.predictor.model`
+    (kserve/kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go): the runtime's
+    kserve-container merged with the model's container, the pod fields merged by MergePodSpec."""
+    predictor = isvc["spec"]["predictor"]
+    model = predictor["model"]
+    containers = runtime["spec"]["containers"]
+    runtime_container = next((c for c in containers if c["name"] == RUNTIME_CONTAINER), None)
+    assert runtime_container is not None, f"{runtime['metadata']['name']} has no {RUNTIME_CONTAINER} container"
+    isvc_container = {key: value for key, value in model.items() if key in CONTAINER_FIELDS}
+    runtime_pod = {key: runtime["spec"][key] for key in RUNTIME_POD_FIELDS if key in runtime["spec"]}
+    isvc_pod = {key: value for key, value in predictor.items() if key in POD_FIELDS}
+    pod: Object = strategic_merge(runtime_pod, isvc_pod)
+    pod["containers"] = [merge_runtime_container(runtime_container, isvc_container)]
+    pod["containers"] += [c for c in containers if c["name"] != RUNTIME_CONTAINER]
+    return pod
+
+
+def deployment_modes(isvc: Object) -> tuple[str, ...]:
+    """The modes an InferenceService may run in: the one its annotation names, else either, since the
+    default is the cluster's (inferenceservice-config's deploy.defaultDeploymentMode)."""
+    annotations = isvc["metadata"].get("annotations", {})
+    if DEPLOYMENT_MODE not in annotations:
+        return (SERVERLESS, RAW)
+    value = annotations[DEPLOYMENT_MODE]
+    # KServe silently falls back to the cluster's default for a value it does not know.
+    assert value in MODES, f"{isvc['metadata']['name']}: unknown {DEPLOYMENT_MODE} {value!r}"
+    return (MODES[value],)
+
+
+def serving_port(container: Object) -> tuple[int, str]:
+    """The port traffic reaches and its name: the container's first port, else 8080 unnamed. Knative's
+    getUserPort (knative/serving pkg/reconciler/revision/resources/deploy.go) and KServe's raw-mode Service
+    (kserve/kserve .../reconcilers/service/service_reconciler.go createDefaultSvc) agree on it."""
+    ports = container.get("ports") or []
+    if not ports:
+        return KNATIVE_DEFAULT_USER_PORT, ""
+    return int(ports[0]["containerPort"]), str(ports[0].get("name", ""))
+
+
+def knative_violations(pod: Object) -> list[str]:
+    """What Knative's webhook rejects in a Knative Service with this pod spec and default config-features
+    (knative/serving pkg/apis/serving/k8s_validation.go ValidatePodSpec, fieldmask.go)."""
+    problems = []
+    for field in pod:
+        if field not in KNATIVE_POD_FIELDS:
+            flag = KNATIVE_POD_FLAGS.get(field)
+            problems.append(f"{field} needs {flag}" if flag else f"{field} is not allowed")
+    for volume in pod.get("volumes", []):
+        for source in set(volume) - {"name"} - KNATIVE_VOLUME_SOURCES:
+            flag = KNATIVE_VOLUME_FLAGS.get(source)
+            problems.append(f"volume {volume['name']}: {source} needs {flag}" if flag else f"{source} volume")
+    ports = [port for container in pod["containers"] for port in container.get("ports", [])]
+    if len(ports) > 1:  # validateContainersPorts
+        problems.append(f"{len(ports)} container ports: only a single port is allowed across all containers")
+    for port in ports[:1]:  # validateContainerPorts checks the user port
+        if port.get("name", "") not in KNATIVE_PORT_NAMES:
+            problems.append(f"port name {port['name']!r} is not allowed (empty, http1 or h2c)")
+        if port.get("protocol", "TCP") != "TCP":
+            problems.append(f"port protocol {port['protocol']}")
+        if port["containerPort"] in KNATIVE_RESERVED_PORTS:
+            problems.append(f"port {port['containerPort']} is reserved")
+    for container in pod["containers"]:
+        for field in KNATIVE_CONTAINER_DISALLOWED & set(container):
+            problems.append(f"container {container['name']}: {field} is not allowed")
+        port_name = serving_port(container)[1] or "http"  # validateContainersPorts names an unnamed port "http"
+        for probe_name in ("livenessProbe", "readinessProbe"):  # validateProbe
+            probe = container.get(probe_name, {})
+            for handler in ("httpGet", "tcpSocket"):
+                port = probe.get(handler, {}).get("port")
+                if isinstance(port, str) and port != port_name:
+                    problems.append(f"{probe_name}.{handler}.port {port!r} must match the container port")
+    return problems
+
+
+def http_probe_ports(container: Object, mode: str) -> dict[str, int]:
+    """The port each HTTP probe of the serving container is actually sent to. Raw mode: as written (kubelet).
+    Knative: the queue-proxy sends the readiness probe to its explicit port, else to the user port
+    (.../revision/resources/queue.go makeQueueContainer); the liveness probe goes to the user port
+    (deploy.go rewriteUserProbe); kubelet runs the startup probe as written."""
+    user_port = serving_port(container)[0]
+    sent = {}
+    for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
+        http_get = container.get(probe_name, {}).get("httpGet")
+        if http_get is None:
+            continue
+        port = http_get.get("port")
+        if mode == SERVERLESS and (probe_name == "livenessProbe" or (probe_name == "readinessProbe" and not port)):
+            port = user_port
+        assert isinstance(port, int), f"{probe_name} names port {port!r}: give the number geserve listens on"
+        sent[probe_name] = port
+    return sent
+
+
+def pre_stop_seconds(container: Object) -> int:
+    """How long the container's preStop hook holds SIGTERM back: `sleep N`, or nothing."""
+    pre_stop = container.get("lifecycle", {}).get("preStop")
+    if pre_stop is None:
+        return 0
+    command = pre_stop.get("exec", {}).get("command", [])
+    assert len(command) == 2 and command[0] == "sleep", f"preStop {pre_stop} is not a `sleep N`"
+    return int(command[1])
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_FACTORS = {
+    None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}  # fmt: skip
+
+
+def quantity(text: str | int) -> Decimal:
+    """A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity) as a number."""
+    match = _QUANTITY.match(str(text))
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    return Decimal(match.group(1)) * _FACTORS[match.group(2)]
