@@ -1,4 +1,4 @@
-"""The Makefile's venv step: makes .venv, or makes it again when a Python it should not have made it.
+"""The Makefile's venv step: makes .venv, and makes it again when the wrong Python made it.
 
 Standard library only, and nothing newer than Python 3.6, because it runs on whatever `PYTHON` names (default
 `python3`), which may be older than geserve allows; saying so is part of its job.
@@ -15,6 +15,7 @@ redone then and only then.
 """
 
 import argparse
+import operator
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = ".made"
 _REQUIRES_PYTHON = re.compile(r'^requires-python\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
+_COMPARE = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 _CLAUSE = re.compile(r"^(>=|<=|>|<)\s*(\d+(?:\.\d+){0,2})$")
 
 Version = Tuple[int, int, int]
@@ -56,13 +58,7 @@ def parse_requires_python(text: str) -> Tuple[str, List[Tuple[str, Version]]]:
 
 
 def satisfies(version: Version, clauses: Sequence[Tuple[str, Version]]) -> bool:
-    checks = {
-        ">=": lambda a, b: a >= b,
-        ">": lambda a, b: a > b,
-        "<=": lambda a, b: a <= b,
-        "<": lambda a, b: a < b,
-    }
-    return all(checks[operator](version, bound) for operator, bound in clauses)
+    return all(_COMPARE[sign](version, bound) for sign, bound in clauses)
 
 
 def _text(version: Version) -> str:
