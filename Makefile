@@ -2,20 +2,24 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+STAMP_VENV := $(VENV)/.made
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: run test test-multiprocess lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest check-uvicorn npu-check clean
+.PHONY: FORCE run test test-multiprocess lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest check-uvicorn npu-check clean
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+# Every time: makes $(VENV) with $(PYTHON), again when its Python no longer runs, is older than pyproject.toml's
+# requires-python, or is another major.minor than a PYTHON given on the command line or in the environment; refuses
+# a $(PYTHON) older than requires-python, saying so. $(STAMP_VENV) changes only when the venv is made.
+$(STAMP_VENV): FORCE
+	@$(PYTHON) scripts/ensure_venv.py --venv $(VENV) --python-name '$(PYTHON)' \
+		$(if $(filter command line environment environment override,$(origin PYTHON)),--python-chosen)
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
+$(STAMP_RUN): pyproject.toml $(STAMP_VENV)
 	$(BIN)/python -m pip install -q -e '.[onnx]'
 	touch $@
 
-$(STAMP_TEST): pyproject.toml | $(BIN)/python
+$(STAMP_TEST): pyproject.toml $(STAMP_VENV)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@ $(STAMP_RUN)
 
@@ -105,7 +109,7 @@ chaos: $(STAMP_TEST)
 # installed into $(VENV), not the whole test extra.
 STAMP_NPU := $(VENV)/.installed-npu-check
 
-$(STAMP_NPU): pyproject.toml | $(BIN)/python
+$(STAMP_NPU): pyproject.toml $(STAMP_VENV)
 	$(BIN)/python -m pip install -q -e '.[npu-check]'
 	touch $@
 

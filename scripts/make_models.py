@@ -138,6 +138,7 @@ def build_digits(repository: Path) -> float:
     accuracy = float(classifier.score(x_test, y_test))
     model = convert_sklearn(
         classifier,
+        name="digits",  # skl2onnx names an unnamed graph with a fresh uuid, which `make models` would rewrite each run
         initial_types=[("pixels", FloatTensorType([None, 64]))],
         options={LogisticRegression: {"zipmap": False}},
         target_opset={"": OPSET, "ai.onnx.ml": 3},
@@ -147,7 +148,9 @@ def build_digits(repository: Path) -> float:
     kept = [output for output in model.graph.output if output.name == "probabilities"]
     del model.graph.output[:]
     model.graph.output.extend(kept)
+    # Like the models above: geserve made the file; the converter's version is not geserve's.
     model.producer_name = "geserve"
+    model.producer_version = ""
     _save(model, repository / "digits" / "1" / "model.onnx")
     np.save(repository / "digits" / "sample_digit.npy", x_test[:1])
     (repository / "digits" / "sample_label.txt").write_text(f"{int(y_test[0])}\n")

@@ -7,9 +7,6 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from packaging.markers import default_environment
-from packaging.requirements import Requirement
-
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "deploy" / "docker" / "constraints.txt"
 HEADER = """\
@@ -24,15 +21,28 @@ def _key(name: str) -> str:
 
 
 def runtime_closure(root: str = "geserve", extras: tuple[str, ...] = ("onnx",)) -> dict[str, str]:
-    """Distribution key -> installed version for everything `root[extras]` needs at run time."""
+    """Distribution key -> installed version for everything `root[extras]` needs at run time.
+
+    Raises LookupError when `root`, or anything it needs here, is not installed in this interpreter: the pins
+    would leave it out."""
+    try:
+        metadata.distribution(root)
+    except metadata.PackageNotFoundError:
+        # Before packaging is imported: an interpreter without geserve often lacks packaging too.
+        raise LookupError(f"not installed in {sys.executable}: {root}") from None
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
     environment = default_environment()
     found: dict[str, str] = {}
-    pending = [(root, extras)]
+    missing: list[str] = []
+    pending: list[tuple[str, tuple[str, ...], str]] = [(root, extras, "")]
     while pending:
-        name, wanted = pending.pop()
+        name, wanted, needed_by = pending.pop()
         try:
             distribution = metadata.distribution(name)
         except metadata.PackageNotFoundError:
+            missing.append(f"{name} (needed by {needed_by})" if needed_by else name)
             continue
         key = _key(name)
         if key in found and not wanted:
@@ -42,13 +52,24 @@ def runtime_closure(root: str = "geserve", extras: tuple[str, ...] = ("onnx",)) 
             requirement = Requirement(text)
             marker = requirement.marker
             if marker is None or any(marker.evaluate({**environment, "extra": e}) for e in (*wanted, "")):
-                pending.append((requirement.name, tuple(requirement.extras)))
+                pending.append((requirement.name, tuple(requirement.extras), name))
+    if missing:
+        raise LookupError(f"not installed in {sys.executable}: {', '.join(sorted(set(missing)))}")
     found.pop(_key(root), None)
     return found
 
 
 def main() -> int:
-    pins = runtime_closure()
+    try:
+        pins = runtime_closure()
+    except LookupError as error:
+        # An empty or partial file would unpin the images; the environment that `make test` uses has everything.
+        print(
+            f"write_constraints: {error}; run it with the environment where `pip install -e '.[onnx]'` was run, "
+            "e.g. `make .venv/.installed-run && .venv/bin/python scripts/write_constraints.py`",
+            file=sys.stderr,
+        )
+        return 1
     TARGET.write_text(HEADER + "".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
     print(f"{len(pins)} pins written to {TARGET.relative_to(ROOT)}")
     return 0
