@@ -20,7 +20,7 @@ from geserve.core.ensemble import is_ensemble
 from geserve.core.loader import prepare_model
 from geserve.errors import GeserveError
 from geserve.offline import composition
-from geserve.offline.problems import Checked, Problem
+from geserve.offline.problems import Checked, Problem, unchecked
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, scan_repositories
 from geserve.settings import WorkerSettings
@@ -94,15 +94,17 @@ def check_model(source: ModelSource) -> Checked:
         onnx = source.path / str(version) / ONNX_FILE
         if backend.name == "ge" and not path.is_file() and onnx.is_file():
             problems = _compilable(config, source, onnx, config_path)  # compiled with ATC at load
+            checked.completed_at_load = "completed at load from the .om that ATC compiles"
         elif backend.default_filename and not path.is_file():
             problems = [Problem(path, "default_model_filename", f"version {version}'s model file does not exist")]
         else:
             problems, completed = _agreement(config, backend, path, config_path)
             if backend.name == "python" and _defines_auto_complete(path):
                 # Model code completes the config at load, and check never runs model code.
-                checked.completes_itself = True
+                checked.completed_at_load = "its auto_complete_config runs at load, in the server only"
                 checked.notes += [
-                    replace(problem, message=_unchecked(problem.message, config.name)) for problem in problems
+                    replace(problem, message=unchecked(problem.message, {config.name: checked.completed_at_load}))
+                    for problem in problems
                 ]
                 problems = []
             if not problems:
@@ -155,13 +157,6 @@ def _agreement(
     except ImportError as error:  # onnxruntime is an optional extra
         return [Problem(path, "backend", f"cannot be checked here: {error}")], completed
     return [], completed
-
-
-def _unchecked(message: str, model: str) -> str:
-    return (
-        f"not checked: {message}, as read from the config.pbtxt of {model}, whose auto_complete_config only the "
-        "server runs"
-    )
 
 
 def _defines_auto_complete(path: Path) -> bool:

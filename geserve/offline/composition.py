@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from geserve._generated import model_config_pb2 as mc
 from geserve.core.ensemble import Step, check_steps, is_ensemble, steps_of
 from geserve.errors import GeserveError, NotFoundError
-from geserve.offline.problems import Checked, Problem
+from geserve.offline.problems import Checked, Problem, unchecked
 from geserve.repository.scan import ModelSource
 
 
@@ -58,17 +58,14 @@ def _check(source: ModelSource, checked: dict[str, Checked]) -> None:
             check_steps(config, models)
         except GeserveError as error:
             where = source.path / "config.pbtxt"
-            guessing = sorted(step for step in _step_models(result) if checked.get(step, Checked()).completes_itself)
-            if guessing:
-                # Their auto_complete_config runs model code, which check never does: the server may complete them.
-                result.notes.append(
-                    Problem(
-                        where,
-                        "ensemble_scheduling",
-                        f"not checked: {error.message}, as read from the config.pbtxt of {', '.join(guessing)}, "
-                        "whose auto_complete_config only the server runs",
-                    )
-                )
+            reasons = {
+                step: checked[step].completed_at_load
+                for step in _step_models(result)
+                if step in checked and checked[step].completed_at_load
+            }
+            if reasons:
+                # The server may complete those configs at load with what the steps need.
+                result.notes.append(Problem(where, "ensemble_scheduling", unchecked(error.message, reasons)))
                 return
             result.problems.append(Problem(where, "ensemble_scheduling", error.message))
             result.configs.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,4 +26,11 @@ class Checked:
     problems: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)  # what check cannot decide offline: printed, not failed
     configs: dict[int, mc.ModelConfig] = field(default_factory=dict)
-    completes_itself: bool = False  # a python model whose auto_complete_config (not run here) may add to its config
+    # Why load may add to its config what check cannot know (model code, a compile check does not run); "" if not.
+    completed_at_load: str = ""
+
+
+def unchecked(message: str, reasons: Mapping[str, str]) -> str:
+    """A message check cannot confirm: it read configs that load completes further (model -> why)."""
+    read = "; ".join(f"{model}: {reason}" for model, reason in sorted(reasons.items()))
+    return f"not checked: {message}, as read from config.pbtxt ({read})"

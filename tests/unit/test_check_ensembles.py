@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from geserve.cli import main
+from tests.fakes.om_models import affine_onnx
 from tests.support import MODEL_REPOSITORY, ROOT, copy_model, write_identity_model
 
 DIGITS = ("digits_ensemble", "digits_preprocess", "digits", "digits_postprocess")
@@ -146,4 +147,29 @@ def test_a_step_on_a_self_completing_python_model_is_noted_not_failed(
     ), lines
     assert lines[1].startswith(f"{ensemble}: ensemble_scheduling: not checked: "), lines
     assert "non-existing input X in model auto_double" in lines[1], lines
-    assert all("auto_complete_config only the server runs" in line for line in lines[:2]), lines
+    assert all(
+        "auto_double: its auto_complete_config runs at load, in the server only" in line for line in lines[:2]
+    ), lines
+
+
+def test_a_step_on_a_ge_model_compiled_at_load_is_noted_not_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A `ge` model with only model.onnx: its outputs come from the .om that ATC compiles at load.
+    (tmp_path / "affine" / "1").mkdir(parents=True)
+    (tmp_path / "affine" / "1" / "model.onnx").write_bytes(affine_onnx())
+    (tmp_path / "affine" / "config.pbtxt").write_text('backend: "ge" max_batch_size: 4\n')
+    ensemble = tmp_path / "pipeline" / "config.pbtxt"
+    (ensemble.parent / "1").mkdir(parents=True)
+    ensemble.write_text(
+        'name: "pipeline" platform: "ensemble" max_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "affine" model_version: -1\n'
+        'input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } } ] }\n'
+    )
+    assert main(["check", "--model-repository", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "2 model(s) checked: no problems, 1 not checked", lines
+    assert lines[0].startswith(f"{ensemble}: ensemble_scheduling: not checked: "), lines
+    assert "affine: completed at load from the .om that ATC compiles" in lines[0], lines
