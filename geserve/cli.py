@@ -15,7 +15,7 @@ from geserve.cache_config import parse_cache_flags
 from geserve.core.log_control import LogSettings
 from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
-from geserve.flags import build_parser
+from geserve.flags import COMMANDS, build_parser
 from geserve.memory import keep_freed_memory
 from geserve.metrics import config as metrics_config
 from geserve.repository import remote
@@ -59,8 +59,8 @@ def auto_frontend_processes() -> int:
     return 1 if cores < 2 else min(max(cores // 2, 2), 8)
 
 
-def parse_settings(argv: Sequence[str] | None = None) -> Settings:
-    parser = build_parser()
+def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> Settings:
+    parser = build_parser(prog)
     args, extras = parser.parse_known_args(argv)
     if extras:
         parser.error(triton_flags.unrecognized(extras))
@@ -186,10 +186,13 @@ def loop_factory() -> asyncio.AbstractEventLoop:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    # Started as `tritonserver` (the console script of that name), help and errors say so.
+    prog = "tritonserver" if argv is None and Path(sys.argv[0]).name == "tritonserver" else "geserve"
     if arguments and arguments[0] == "tritonserver":
         # Triton's runtimes start the image as `tritonserver --model-repository=...`.
         arguments = arguments[1:]
-    if arguments and arguments[0] in ("inspect", "check", "compile"):
+        prog = "tritonserver"
+    if arguments and arguments[0] in COMMANDS:
         # Offline tools: no server (and but for `compile`'s chip name, no NPU or pyACL).
         if arguments[0] == "compile":
             from geserve.offline import compile as compile_tool
@@ -202,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geserve.offline import check
 
         return check.main(arguments[1:])
-    settings = parse_settings(arguments)
+    settings = parse_settings(arguments, prog)
     log_file = settings.server.logging.log_file
     if log_file:
         logging.basicConfig(filename=log_file)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
 from pathlib import Path
 
 from geserve import trace_flags, triton_flags
@@ -90,12 +91,34 @@ def _boolean(group: argparse._ArgumentGroup, name: str, default: bool, help_text
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The offline tools `geserve COMMAND` runs instead of a server: name -> what it does.
+COMMANDS = {
+    "inspect": "FILE.om: what a compiled model declares, and a config.pbtxt that serves it",
+    "check": "--model-repository DIR: every model checked offline, one line per problem",
+    "compile": "--model-repository DIR: compile every `ge` model's model.onnx with ATC into the cache",
+}
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("geserve")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(version unknown: not installed)"
+
+
+def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
+    """The server's flags; `prog` is the name it was started by (`tritonserver` too), which usage and errors say."""
+    width = max(len(name) for name in COMMANDS) + 2
+    commands = "\n".join(f"  {prog} {name.ljust(width)}{text}" for name, text in COMMANDS.items())
     parser = argparse.ArgumentParser(
-        prog="geserve",
-        description="A Triton-compatible (KServe v2) inference server. Boolean flags take true/false "
+        prog=prog,
+        description="A Triton-compatible (KServe v2) inference server. Boolean flags take true/false\n"
         "(`--strict-readiness=false`); a bare boolean flag means true.",
+        epilog=f"commands (offline tools: they start no server):\n{commands}\n\n"
+        f"`{prog} COMMAND --help` shows a command's flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"geserve {package_version()}")
     group = parser.add_argument_group("model repository")
     group.add_argument(
         "--model-repository",

@@ -29,6 +29,21 @@ logger = logging.getLogger(__name__)
 # How long a stopping listener waits for the other processes holding its socket to close theirs.
 LISTENER_CLOSE_WAIT_S = 2.0
 
+# uvicorn's own lifecycle lines, one set per listener: with the HTTP and metrics listeners in one process they read as
+# two servers, and geserve says which service started where (Listener.start) and when it shuts down.
+_UVICORN_LIFECYCLE = frozenset({"Started server process [%d]", "Finished server process [%d]", "Shutting down"})
+
+
+class _WithoutUvicornLifecycle(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in _UVICORN_LIFECYCLE
+
+
+def _quiet_uvicorn_lifecycle() -> None:
+    uvicorn_logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(existing, _WithoutUvicornLifecycle) for existing in uvicorn_logger.filters):
+        uvicorn_logger.addFilter(_WithoutUvicornLifecycle())
+
 
 class EmbeddedUvicorn(uvicorn.Server):
     """uvicorn inside our own loop: signals belong to the process's lifecycle, not to uvicorn. On shutdown it
@@ -73,6 +88,9 @@ class Listener:
     reuse_port: bool = False
     socket: socket.socket | None = None  # bound before the models load; uvicorn listens on it
     task: asyncio.Task[None] | None = None
+    # Whether its start is logged at INFO: a protocol process among several leaves that to the supervisor, which
+    # says it once for all of them.
+    announce: bool = True
 
     def bind(self) -> None:
         self.socket = bind_socket(self.address, self.port, self.reuse_port)
@@ -86,7 +104,9 @@ class Listener:
         if self.task.done():
             logger.error("the %s failed to start on %s:%d", self.name, self.address, self.port)
             return False
-        logger.info("Started %s at %s:%d", self.name, self.address, self.port)
+        logger.log(
+            logging.INFO if self.announce else logging.DEBUG, "Started %s at %s:%d", self.name, self.address, self.port
+        )
         return True
 
     async def stop(self) -> None:
@@ -144,6 +164,7 @@ def embedded_uvicorn(
     hooks: TransportHooks | None = None,
 ) -> EmbeddedUvicorn:
     http = settings.http
+    _quiet_uvicorn_lifecycle()
     config = uvicorn.Config(
         app,
         host=host,

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -119,11 +119,48 @@ def validate_scheduling(config: mc.ModelConfig) -> None:
             raise ModelLoadError(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
 
 
-def check_steps(config: mc.ModelConfig, models: Mapping[str, Model]) -> None:
+class ComposingModels(Protocol):
+    """The models an ensemble's steps may run on, as its checks see them: loaded ones in the server, checked
+    configs in `geserve check`."""
+
+    def available(self, name: str) -> bool:
+        """Whether the model has a version a step could run on."""
+        ...
+
+    def configs(self, name: str) -> list[mc.ModelConfig]:
+        """The configs of every such version (none for an unknown model)."""
+        ...
+
+    def config(self, step: Step) -> mc.ModelConfig:
+        """The config of the version the step runs on; GeserveError when there is none."""
+        ...
+
+
+class LoadedModels:
+    """The server's view: the versions loaded now, a step's the one a request to it would reach."""
+
+    def __init__(self, models: Mapping[str, Model]) -> None:
+        self._models = models
+
+    def available(self, name: str) -> bool:
+        return _loaded(self._models, name)
+
+    def configs(self, name: str) -> list[mc.ModelConfig]:
+        model = self._models.get(name)
+        return [version.config for version in model.versions.values()] if model is not None else []
+
+    def config(self, step: Step) -> mc.ModelConfig:
+        return _version(self._models, step).config
+
+
+def check_steps(config: mc.ModelConfig, models: ComposingModels) -> None:
     """The checks Triton makes against the composing models' configs (ValidateEnsembleConfig): every model
-    loaded, every input mapped once, and each ensemble tensor with one data type and compatible dims."""
+    available, every input mapped once, each ensemble tensor with one data type and compatible dims, and the
+    response cache only where every step could use it."""
     name = config.name
-    missing = sorted({step.model_name for step in steps_of(config) if not _loaded(models, step.model_name)})
+    step_models = dict.fromkeys(step.model_name for step in steps_of(config))
+    response_cache.check_ensemble_steps(config, [found for model in step_models for found in models.configs(model)])
+    missing = sorted(model for model in step_models if not models.available(model))
     if missing:
         raise ModelLoadError(f"ensemble {name} contains models that are not available: {', '.join(missing)}")
     batching = config.max_batch_size > 0
@@ -133,7 +170,7 @@ def check_steps(config: mc.ModelConfig, models: Mapping[str, Model]) -> None:
         dims = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
         tensors[tensor.name] = _TensorNode(name, batching, tensor.data_type, dims)
     for step in steps_of(config):
-        composing = _version(models, step).config
+        composing = models.config(step)
         if composing.model_transaction_policy.decoupled and not config.model_transaction_policy.decoupled:
             raise ModelLoadError(
                 f"ensemble {name} step {step.index} uses decoupled model {step.model_name}, so the ensemble must be "

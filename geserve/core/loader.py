@@ -98,8 +98,7 @@ async def _load_version(
 ) -> ModelVersion:
     started_ns = time.monotonic_ns()
     if ensemble.is_ensemble(config):
-        response_cache.check_ensemble_steps(config, response_cache.step_versions(config, models))
-        ensemble.check_steps(config, models)
+        ensemble.check_steps(config, ensemble.LoadedModels(models))
         stats = ModelStats()
         stats.load_duration_s = (time.monotonic_ns() - started_ns) / 1e9
         steps_scheduler = ensemble.EnsembleScheduler(config, models, stats)

@@ -53,6 +53,7 @@ class ModelRepository:
     ) -> None:
         self.repositories = list(settings.paths)
         self._remote_urls = settings.remotes
+        self._named = ", ".join([*map(str, settings.paths), *settings.remotes])  # as the command line gave them
         self._mirrors: list[S3Mirror] = []  # made at startup, their folders added to `repositories`
         self._mirror_root: Path | None = None  # a temporary folder of ours, removed at shutdown
         self._mirror_lock = threading.Lock()  # one sync at a time: index, poll and load may overlap
@@ -97,6 +98,8 @@ class ModelRepository:
                 logger.error("failed to load '%s': no such model in the repository", name)
                 self.models[name] = Model(name, reason=f"failed to load '{name}', failed to poll from model repository")
             sources = {name: source for name, source in sources.items() if name in wanted}
+        # Loading takes seconds to minutes (ATC compiles take longer): say so before the first model is ready.
+        logger.info("loading %d model(s) from %s", len(sources), self._named)
         steps = {name: await asyncio.to_thread(_composing_models, source) for name, source in sources.items()}
         # Composing models first, then each ensemble once the models it uses have been tried.
         await asyncio.gather(*(self._load_source(source) for name, source in sources.items() if steps[name] is None))
@@ -302,8 +305,8 @@ class ModelRepository:
             for version in model.versions.values():
                 for listener in self.listeners:
                     listener(version)
-            if model.versions:
-                logger.info("model '%s' is ready (versions %s)", source.name, sorted(model.versions))
+            for number, version in sorted(model.versions.items()):
+                logger.info("model '%s' version %d ready (%s)", source.name, number, _served_by(version))
         if old is not None and old is not model:
             await self._retire(old, wait=False)
         return model
@@ -374,6 +377,15 @@ class ModelRepository:
 _MAX_NAME_BYTES = 255
 _MAX_PATH_BYTES = 1024
 _MAX_DEPTH = 32
+
+
+def _served_by(version: ModelVersion) -> str:
+    """What the ready line says serves a version: its backend and how many instances, or that it is an ensemble."""
+    config = version.config
+    if is_ensemble(config):
+        return "ensemble"
+    count = version.instance_count
+    return f"{config.backend or config.platform}, {count} instance{'' if count == 1 else 's'}"
 
 
 def _composing_models(source: ModelSource) -> tuple[str, ...] | None:

@@ -9,7 +9,7 @@ import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,7 +20,7 @@ from geserve.errors import ModelLoadError
 from geserve.types import CacheSnapshot, response_parameters, with_parameters
 
 if TYPE_CHECKING:
-    from geserve.core.models import Model, ModelVersion
+    from geserve.core.models import ModelVersion
 
 logger = logging.getLogger(__name__)
 
@@ -49,31 +49,22 @@ def check_config(config: mc.ModelConfig) -> None:
         )
 
 
-def check_ensemble_steps(config: mc.ModelConfig, steps: list[ModelVersion]) -> None:
-    """An ensemble caches at the top level only when each of its steps could be cached (Triton's rule)."""
+def check_ensemble_steps(config: mc.ModelConfig, steps: Sequence[mc.ModelConfig]) -> None:
+    """An ensemble caches at the top level only when each of its steps could be cached (Triton's rule); `steps`
+    are the configs of the versions its steps may run on."""
     if not enabled(config):
         return
     for step in steps:
-        if step.decoupled:
+        if step.model_transaction_policy.decoupled:
             raise ModelLoadError(
                 f"Response Cache does not currently support model '{config.name}': its step model '{step.name}' "
                 "has a 'decoupled' transaction policy"
             )
-        if step.config.HasField("sequence_batching"):
+        if step.HasField("sequence_batching"):
             raise ModelLoadError(
                 f"Response Cache does not currently support model '{config.name}': its step model '{step.name}' "
                 "uses sequence batching"
             )
-
-
-def step_versions(config: mc.ModelConfig, models: Mapping[str, Model]) -> list[ModelVersion]:
-    """The loaded versions an ensemble's steps may run on."""
-    versions: list[ModelVersion] = []
-    for step in config.ensemble_scheduling.step:
-        model = models.get(step.model_name)
-        if model is not None:
-            versions.extend(model.versions.values())
-    return versions
 
 
 def request_key(model: str, version: int, request: ScheduledRequest, load: int = 0, steps: int = 0) -> bytes:

@@ -86,6 +86,7 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
         )
         http = http_listener(api, settings, hooks)
         http.socket = socket.socket(fileno=launch.http_fd)
+        http.announce = False
         listeners.append(http)
     grpc = None
     if settings.grpc.enabled:
@@ -97,7 +98,7 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
     try:
         if grpc is not None:
             await grpc.start()
-            logger.info("Started GRPCInferenceService at %s:%d", settings.grpc.address, settings.grpc.port)
+            logger.debug("Started GRPCInferenceService at %s:%d", settings.grpc.address, settings.grpc.port)
         for listener in listeners:
             if not await listener.start():
                 return 1

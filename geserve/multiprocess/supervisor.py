@@ -102,6 +102,7 @@ class Supervisor:
         self._protocols: dict[int, _Child] = {}
         self._state = _State()
         self._connection_counts: mmap.mmap | None = None
+        self._announced = False
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -183,9 +184,25 @@ class Supervisor:
                 child.ready = True
                 if child.role == "engine":
                     logger.info("the engine (pid %d) is serving", child.pid)
+                elif not self._announced and all(other.ready for other in self._protocols.values()):
+                    self._announce()
             elif word == b"":
                 self._selector.unregister(child.control)
                 break
+
+    def _announce(self) -> None:
+        """One line per service once every protocol process listens, as a single process says it."""
+        self._announced = True
+        settings, count = self.settings, len(self._protocols)
+        if settings.grpc.enabled:
+            address = settings.grpc.address
+            logger.info(
+                "Started GRPCInferenceService at %s:%d (%d protocol processes)", address, settings.grpc.port, count
+            )
+        if settings.http.enabled:
+            # The port the supervisor bound (a --http-port of 0 picks one).
+            port = self._http.getsockname()[1] if self._http is not None else settings.http.port
+            logger.info("Started HTTPService at %s:%d (%d protocol processes)", settings.http.address, port, count)
 
     def _begin_shutdown(self) -> None:
         """Not ready everywhere at once (the engine answers readiness), the drain window, then stop accepting."""

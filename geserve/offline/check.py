@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
@@ -15,8 +16,11 @@ from geserve.backends import registry
 from geserve.backends.acl import completion
 from geserve.backends.acl.description import check_output_dims, check_servable
 from geserve.backends.acl.om_file import read_description
+from geserve.core.ensemble import is_ensemble
 from geserve.core.loader import prepare_model
 from geserve.errors import GeserveError
+from geserve.offline import composition
+from geserve.offline.problems import Checked, Problem, unchecked
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, scan_repositories
 from geserve.settings import WorkerSettings
@@ -40,16 +44,6 @@ _FIELDS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    path: Path
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.field}: {self.message}"
-
-
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="geserve check", description=__doc__)
     parser.add_argument("--model-repository", type=Path, action="append", required=True, metavar="DIR")
@@ -62,42 +56,65 @@ def main(argv: Sequence[str]) -> int:
         return 1
     for name, reason in sorted(scan.conflicts.items()):
         problems.append(Problem(Path(name), "name", reason))
-    for source in scan.models.values():
-        problems += check_model(source)
-    for problem in problems:
+    checked = {name: check_model(source) for name, source in scan.models.items()}
+    composition.check_ensembles(scan.models, checked)
+    notes: list[Problem] = []
+    for result in checked.values():
+        problems += result.problems
+        notes += result.notes
+    for problem in [*problems, *notes]:
         sys.stdout.write(f"{problem}\n")
+    noted = f", {len(notes)} not checked" if notes else ""
     if problems:
-        sys.stdout.write(f"{len(problems)} problem(s) in {len(scan.models)} model(s)\n")
+        sys.stdout.write(f"{len(problems)} problem(s) in {len(scan.models)} model(s){noted}\n")
         return 1
-    sys.stdout.write(f"{len(scan.models)} model(s) checked: no problems\n")
+    sys.stdout.write(f"{len(scan.models)} model(s) checked: no problems{noted}\n")
     return 0
 
 
-def check_model(source: ModelSource) -> list[Problem]:
-    """What would keep the model from loading, found without loading it on a device."""
+def check_model(source: ModelSource) -> Checked:
+    """What would keep the model from loading, found without loading it on a device; an ensemble's steps are
+    checked once every model is (`composition`)."""
     config_path = source.path / "config.pbtxt"
     try:
         # Placed as on a machine without accelerators: every KIND_AUTO group on the CPU.
         config, versions = prepare_model(source, PoolFactory(WorkerSettings()))
+        if is_ensemble(config):
+            return Checked(configs=dict.fromkeys(versions, config))
         backend = registry.by_name(config.backend)
     except GeserveError as error:
-        return [Problem(config_path, _field(error.message, "config"), error.message)]
-    problems = []
+        return Checked([Problem(config_path, _field(error.message, "config"), error.message)])
+    checked = Checked()
     for version in versions:
         try:
             path = model_file_path(source, config, backend, version)
         except GeserveError as error:
-            problems.append(Problem(config_path, "parameters.model_path", error.message))
+            checked.problems.append(Problem(config_path, "parameters.model_path", error.message))
             break
         onnx = source.path / str(version) / ONNX_FILE
         if backend.name == "ge" and not path.is_file() and onnx.is_file():
-            problems += _compilable(config, source, onnx, config_path)  # compiled with ATC at load
+            problems = _compilable(config, source, onnx, config_path)  # compiled with ATC at load
+            checked.completed_at_load = "completed at load from the .om that ATC compiles"
+        elif backend.default_filename and not path.is_file():
+            problems = [Problem(path, "default_model_filename", f"version {version}'s model file does not exist")]
+        else:
+            problems, completed = _agreement(config, backend, path, config_path)
+            if backend.name == "python" and _defines_auto_complete(path):
+                # Model code completes the config at load, and check never runs model code.
+                checked.completed_at_load = "its auto_complete_config runs at load, in the server only"
+                checked.notes += [
+                    replace(problem, message=unchecked(problem.message, {config.name: checked.completed_at_load}))
+                    for problem in problems
+                ]
+                problems = []
+            if not problems:
+                checked.configs[version] = completed
+            checked.problems += problems
             continue
-        if backend.default_filename and not path.is_file():
-            problems.append(Problem(path, "default_model_filename", f"version {version}'s model file does not exist"))
-            continue
-        problems += _agreement(config, backend, path, config_path)
-    return problems
+        if not problems:
+            checked.configs[version] = config
+        checked.problems += problems
+    return checked
 
 
 def _compilable(config: mc.ModelConfig, source: ModelSource, onnx: Path, config_path: Path) -> list[Problem]:
@@ -111,7 +128,9 @@ def _compilable(config: mc.ModelConfig, source: ModelSource, onnx: Path, config_
     return []
 
 
-def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path, config_path: Path) -> list[Problem]:
+def _agreement(
+    config: mc.ModelConfig, backend: registry.BackendSpec, path: Path, config_path: Path
+) -> tuple[list[Problem], mc.ModelConfig]:
     """The config completed from, and checked against, the model file, as the backend would at load."""
     completed = mc.ModelConfig()
     completed.CopyFrom(config)
@@ -122,7 +141,7 @@ def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path
             try:
                 check_output_dims(om, config.name, str(path))
             except GeserveError as error:  # the file's own fault, whatever the config says
-                return [Problem(path, "model file", error.message)]
+                return [Problem(path, "model file", error.message)], completed
             completion.complete(completed, om, True, str(path))
         elif backend.name == "onnxruntime":
             instance = backend.create()
@@ -134,10 +153,22 @@ def _agreement(config: mc.ModelConfig, backend: registry.BackendSpec, path: Path
         config_io.validate_config(completed)
     except GeserveError as error:
         where = path if error.message.startswith(f"'{path}'") else config_path  # the file itself is unreadable
-        return [Problem(where, _field(error.message, "model file"), error.message)]
+        return [Problem(where, _field(error.message, "model file"), error.message)], completed
     except ImportError as error:  # onnxruntime is an optional extra
-        return [Problem(path, "backend", f"cannot be checked here: {error}")]
-    return []
+        return [Problem(path, "backend", f"cannot be checked here: {error}")], completed
+    return [], completed
+
+
+def _defines_auto_complete(path: Path) -> bool:
+    """Whether model.py defines `auto_complete_config`, read without running it."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False  # the server's load reports an unreadable model.py
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "auto_complete_config"
+        for node in ast.walk(tree)
+    )
 
 
 def _field(message: str, default: str) -> str:

@@ -262,7 +262,7 @@ class PoolFactory:
         except BaseException:
             await asyncio.gather(*(worker.stop(settings.stop_timeout_s) for worker in started))
             raise
-        logger.info("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
+        logger.debug("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
         scheduled = [worker for worker in started if not worker.spec.passive]
         if not scheduled:
             logger.warning(
