@@ -203,6 +203,20 @@ def knative_violations(pod: Object) -> list[str]:
     return problems
 
 
+def knative_release_for_probes(container: Object) -> tuple[int, int]:
+    """The oldest Knative release whose webhook admits the probe ports of this serving container. Before 1.1 a
+    readiness or liveness probe could name no port at all; 1.1 accepts the serving port only (knative/serving
+    #12225); 1.3 accepts any other (#12606, pkg/apis/serving/k8s_validation.go validateProbe)."""
+    user_port = serving_port(container)[0]
+    needed = (1, 0)
+    for probe_name in ("livenessProbe", "readinessProbe"):
+        for handler in ("httpGet", "tcpSocket"):
+            port = container.get(probe_name, {}).get(handler, {}).get("port")
+            if port is not None:
+                needed = max(needed, (1, 1) if port == user_port else (1, 3))
+    return needed
+
+
 def http_probe_ports(container: Object, mode: str) -> dict[str, int]:
     """The port each HTTP probe of the serving container is actually sent to. Raw mode: as written (kubelet).
     Knative: the queue-proxy sends the readiness probe to its explicit port, else to the user port
@@ -247,3 +261,127 @@ def quantity(text: str | int) -> Decimal:
     if match is None:
         raise ValueError(f"not a Kubernetes quantity: {text!r}")
     return Decimal(match.group(1)) * _FACTORS[match.group(2)]
+
+
+# KServe's own ClusterServingRuntimes, as its chart installs them (kserve/kserve charts/kserve-resources/templates/
+# clusterservingruntimes.yaml, from config/runtimes/kserve-*.yaml), and ModelMesh's Triton runtime (.../templates/
+# modelmesh/clusterservingruntimes.yaml): the fields runtime selection and the runtime webhook read. Each format is
+# (name, version, autoSelect, priority).
+def _runtime(protocols: list[str], formats: list[tuple[str, str, bool, int | None]], multi: bool = False) -> Object:
+    entries = []
+    for name, version, auto_select, priority in formats:
+        entry: Object = {"name": name, "version": version}
+        if auto_select:
+            entry["autoSelect"] = True
+        if priority is not None:
+            entry["priority"] = priority
+        entries.append(entry)
+    return {"protocolVersions": protocols, "multiModel": multi, "supportedModelFormats": entries}
+
+
+KSERVE_RUNTIMES: dict[str, Object] = {
+    "kserve-tritonserver": _runtime(
+        ["v2", "grpc-v2"],
+        [
+            ("tensorrt", "8", True, 1), ("tensorflow", "1", True, 1), ("tensorflow", "2", True, 1),
+            ("onnx", "1", True, 1), ("pytorch", "1", False, None), ("triton", "2", True, 1),
+        ],
+    ),
+    "kserve-mlserver": _runtime(
+        ["v2"],
+        [
+            ("sklearn", "0", True, 2), ("sklearn", "1", True, 2), ("xgboost", "1", True, 2), ("xgboost", "2", True, 2),
+            ("lightgbm", "3", True, 2), ("lightgbm", "4", True, 2), ("mlflow", "1", True, 1), ("mlflow", "2", True, 1),
+        ],
+    ),
+    "kserve-sklearnserver": _runtime(["v1", "v2"], [("sklearn", "1", True, 1)]),
+    "kserve-xgbserver": _runtime(["v1", "v2"], [("xgboost", "1", True, 1)]),
+    "kserve-lgbserver": _runtime(["v1", "v2"], [("lightgbm", "3", True, 1)]),
+    "kserve-tensorflow-serving": _runtime(["v1", "grpc-v1"], [("tensorflow", "1", True, 2), ("tensorflow", "2", True, 2)]),
+    "kserve-torchserve": _runtime(["v1", "v2", "grpc-v2"], [("pytorch", "1", True, 2)]),
+    "kserve-paddleserver": _runtime(["v1", "v2"], [("paddle", "2", True, 1)]),
+    "kserve-pmmlserver": _runtime(["v1", "v2"], [("pmml", "3", True, 1), ("pmml", "4", True, 1)]),
+    "kserve-huggingfaceserver": _runtime(["v1", "v2"], [("huggingface", "1", True, 1)]),
+    "triton-2.x": _runtime(
+        ["grpc-v2"],
+        [
+            ("keras", "2", True, None), ("onnx", "1", True, None), ("pytorch", "1", True, None),
+            ("tensorflow", "1", True, None), ("tensorflow", "2", True, None), ("tensorrt", "7", True, None),
+        ],
+        multi=True,
+    ),
+}  # fmt: skip
+
+
+def priority_collisions(new: Object, existing: Object) -> list[str]:
+    """The formats for which KServe's runtime webhook refuses the runtime spec `new` beside `existing`
+    (kserve/kserve pkg/webhook/admission/servingruntime/servingruntime_webhook.go validateServingRuntimePriority):
+    both single- or both multi-model, a protocol version in common, and a format of the same name and version that
+    both auto-select at the same priority. A format that is not auto-selected is never compared."""
+    if bool(new.get("multiModel")) != bool(existing.get("multiModel")) or existing.get("disabled"):
+        return []
+    if not set(new.get("protocolVersions") or []) & set(existing.get("protocolVersions") or []):
+        return []
+    collisions = []
+    for theirs in existing.get("supportedModelFormats", []):
+        for ours in new.get("supportedModelFormats", []):
+            same = ours["name"].lower() == theirs["name"].lower() and ours.get("version") == theirs.get("version")
+            auto = ours.get("autoSelect") is True and theirs.get("autoSelect") is True
+            if same and auto and ours.get("priority") is not None and ours.get("priority") == theirs.get("priority"):
+                collisions.append(f"{ours['name']}:{ours.get('version')}")
+    return collisions
+
+
+def runtime_supports_model(spec: Object, model: Object) -> bool:
+    """RuntimeSupportsModel (kserve/kserve pkg/apis/serving/v1beta1/predictor_model.go): the model's format label
+    (`mt:<name>` or `mt:<name>:<version>`) among the runtime's; without a named runtime only the formats the runtime
+    auto-selects have labels."""
+    labels = set()
+    for entry in spec.get("supportedModelFormats", []):
+        if model.get("runtime") or entry.get("autoSelect") is True:
+            labels.add(f"mt:{entry['name']}")
+            if entry.get("version") is not None:
+                labels.add(f"mt:{entry['name']}:{entry['version']}")
+    model_format = model["modelFormat"]
+    version = model_format.get("version")
+    return (f"mt:{model_format['name']}:{version}" if version is not None else f"mt:{model_format['name']}") in labels
+
+
+def _protocol_supported(spec: Object, protocol: str | None) -> bool:
+    """ServingRuntimeSpec.IsProtocolVersionSupported: a runtime that lists no protocol takes every one."""
+    listed = spec.get("protocolVersions") or []
+    return not protocol or not listed or protocol in listed
+
+
+def select_runtime(model: Object, runtimes: list[tuple[str, Object]]) -> str | None:
+    """The ClusterServingRuntime KServe's predictor reconciler gives `spec.predictor.model`, `runtimes` in the order
+    KServe lists them (newest first), or None where it reports NoSupportingRuntime
+    (kserve/kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go). A named runtime is taken if it
+    is enabled, supports the model's protocolVersion when one is given and any of its formats matches. Otherwise
+    GetSupportingRuntimes keeps the enabled single-model runtimes that auto-select the format and support the model's
+    protocol (v1 when none is given), and sortSupportedRuntimeByPriority puts the highest priority of the format
+    first, a runtime without one last; equals keep the list order here, which Go's sort.Slice does not promise."""
+    named = model.get("runtime")
+    if named:
+        spec = dict(runtimes).get(named)
+        if spec is None or spec.get("disabled") or not _protocol_supported(spec, model.get("protocolVersion")):
+            return None
+        return named if runtime_supports_model(spec, model) else None
+    protocol = model.get("protocolVersion") or "v1"
+    candidates = [
+        (name, spec)
+        for name, spec in runtimes
+        if not spec.get("disabled")
+        and not spec.get("multiModel")
+        and runtime_supports_model(spec, model)
+        and _protocol_supported(spec, protocol)
+    ]
+
+    def rank(candidate: tuple[str, Object]) -> tuple[bool, int]:
+        # GetPriority: the first entry of the format's name, whatever its version or autoSelect.
+        entry = next(e for e in candidate[1]["supportedModelFormats"] if e["name"] == model["modelFormat"]["name"])
+        priority = entry.get("priority")
+        return (priority is None, -(priority or 0))
+
+    candidates.sort(key=rank)
+    return candidates[0][0] if candidates else None

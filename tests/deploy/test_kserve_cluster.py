@@ -12,25 +12,28 @@ import pytest
 from geserve.cli import parse_settings
 from geserve.settings import Settings
 from tests.deploy.kserve import (
+    KSERVE_RUNTIMES,
     KUBERNETES_DEFAULT_GRACE_SECONDS,
     RAW,
     SERVERLESS,
     deployment_modes,
     http_probe_ports,
+    knative_release_for_probes,
     knative_violations,
     merge_runtime_container,
     pre_stop_seconds,
     predictor_pod,
+    priority_collisions,
     quantity,
+    select_runtime,
     serving_port,
 )
 from tests.deploy.manifests import DEPLOY, by_kind, kserve_objects, validate_core
 
 Object = dict[str, Any]
 
-# KServe's own Triton runtime (kserve/kserve config/runtimes/kserve-tritonserver.yaml): the formats it
-# auto-selects, at these priorities, and its container args, which the geserve image answers as well.
-KSERVE_TRITON_PRIORITIES = {"tensorrt": 1, "tensorflow": 1, "onnx": 1, "triton": 1}
+# KServe's own Triton runtime (kserve/kserve config/runtimes/kserve-tritonserver.yaml): its container args, which
+# the geserve image answers as well.
 KSERVE_TRITON_ARGS = [
     "tritonserver",
     "--model-store=/mnt/models",
@@ -163,6 +166,23 @@ def test_traffic_reaches_the_listener_for_its_protocol_and_probes_reach_http() -
                 assert probe_port == options.http.port, f"{_name(isvc)} ({mode}): {probe_name} goes to {probe_port}"
 
 
+def test_the_knative_release_the_services_need_is_stated() -> None:
+    """Knative's webhook admits a probe on a port other than the serving port only from 1.3 on, one on the serving
+    port from 1.1 on: the REST services (serving and probing 8080) need 1.1, the gRPC ones (serving 9000) 1.3, and
+    the README names the release and what to do on an older one."""
+    needed = {}
+    for isvc, pod in _pods():
+        if SERVERLESS in deployment_modes(isvc):
+            grpc = isvc["spec"]["predictor"]["model"].get("protocolVersion") == "grpc-v2"
+            needed[_name(isvc)] = release = knative_release_for_probes(pod["containers"][0])
+            assert release == ((1, 3) if grpc else (1, 1)), _name(isvc)
+    major, minor = max(needed.values())
+    kserve_section = (DEPLOY / "README.md").read_text().split("## KServe", 1)[1]
+    paragraph = next((p for p in kserve_section.split("\n\n") if f"Knative {major}.{minor} or later" in p), None)
+    assert paragraph is not None, f"the README does not say the services need Knative {major}.{minor} or later"
+    assert "raw mode" in paragraph and "RawDeployment" in paragraph
+
+
 def test_runtime_probes_give_a_busy_server_time() -> None:
     for name, runtime in _runtimes().items():
         container = runtime["spec"]["containers"][0]
@@ -193,20 +213,44 @@ def test_services_that_need_knative_feature_flags_run_in_raw_mode() -> None:
     assert deployment_modes(ascend) == (RAW,)
 
 
+_RUNTIME_PORT = re.compile(r"runtime's (?:[\w-]+ )?ports?\b", re.IGNORECASE)
+
+
+def test_comments_speak_only_of_ports_the_runtimes_declare() -> None:
+    """The ClusterServingRuntimes declare no ports, so a comment in deploy/kserve that speaks of the runtime's port
+    (one an InferenceService would replace or add to) describes a pod KServe does not build."""
+    declared = [name for name, runtime in _runtimes().items() if runtime["spec"]["containers"][0].get("ports")]
+    for path in sorted((DEPLOY / "kserve").glob("*.yaml")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _RUNTIME_PORT.search(line.partition("#")[2]):
+                assert declared, f"{path.name}:{number}: no runtime declares a port: {line.strip()}"
+
+
+# The gid of the group that owns /dev/davinci*, as the chart asks for it; `id -g HwHiAiUser` would give the
+# account's primary group instead, which need not be that one.
+NPU_GROUP_COMMAND = "getent group HwHiAiUser | cut -d: -f3"
+
+
 def test_the_npu_group_is_a_value_the_user_sets() -> None:
     """HwHiAiUser's group id is whatever the driver's installer chose on the nodes: every manifest that sets
-    supplementalGroups says, beside it, how to find the right one."""
+    supplementalGroups says, beside it, how to find the right one, with the command the chart names."""
     found = 0
     for path in sorted((DEPLOY / "kserve").glob("*.yaml")):
-        lines = path.read_text().splitlines()
+        text = path.read_text()
+        assert "id -g HwHiAiUser" not in text, path.name
+        lines = text.splitlines()
         for number, line in enumerate(lines):
             if "supplementalGroups:" in line:
                 found += 1
                 nearby = "\n".join(lines[max(0, number - 3) : number + 1])
-                assert "id -g HwHiAiUser" in nearby, f"{path.name}:{number + 1}"
+                assert NPU_GROUP_COMMAND in nearby, f"{path.name}:{number + 1}"
     assert found
-    kserve_section = (DEPLOY / "README.md").read_text().split("## KServe", 1)[1]
-    assert "supplementalGroups" in kserve_section and "id -g HwHiAiUser" in kserve_section
+    readme = (DEPLOY / "README.md").read_text()
+    assert "id -g HwHiAiUser" not in readme
+    kserve_section = readme.split("## KServe", 1)[1]
+    assert "supplementalGroups" in kserve_section and NPU_GROUP_COMMAND in kserve_section
+    chart = (DEPLOY / "helm" / "geserve" / "templates" / "deployment.yaml").read_text()
+    assert NPU_GROUP_COMMAND in chart
 
 
 def test_trained_models_fit_their_service_memory_limit() -> None:
@@ -243,16 +287,78 @@ def test_quantities_parse_as_kubernetes_reads_them() -> None:
         quantity("4 GB")
 
 
-def test_auto_selection_does_not_take_formats_from_kserve_triton() -> None:
-    """An InferenceService that names no runtime gets the highest priority (kserve/kserve pkg/apis/serving/
-    v1beta1/predictor_model.go sortSupportedRuntimeByPriority): geserve never outbids kserve-tritonserver."""
+def _model(name: str, version: str | None = None, runtime: str | None = None, protocol: str | None = None) -> Object:
+    model: Object = {"modelFormat": {"name": name} | ({"version": version} if version else {})}
+    if runtime:
+        model["runtime"] = runtime
+    if protocol:
+        model["protocolVersion"] = protocol
+    return model
+
+
+def test_the_runtime_selection_model_follows_kserve() -> None:
+    """The rules below are not vacuous: an equal auto-selected priority is refused, a higher one wins, a format that
+    is not auto-selected is reached only by naming the runtime, and the model's protocol must be served."""
+    triton = KSERVE_RUNTIMES["kserve-tritonserver"]
+    onnx = {"name": "onnx", "version": "1", "autoSelect": True, "priority": 1}
+    rival = {"protocolVersions": ["grpc-v2"], "supportedModelFormats": [onnx]}
+    assert priority_collisions(rival, triton) == ["onnx:1"]
+    assert priority_collisions(rival | {"multiModel": True}, triton) == []
+    assert priority_collisions(rival | {"protocolVersions": ["v1"]}, triton) == []
+    higher = rival | {"supportedModelFormats": [onnx | {"priority": 2}]}
+    assert priority_collisions(higher, triton) == []
+    runtimes = [("kserve-tritonserver", triton), ("rival", higher)]
+    assert select_runtime(_model("onnx", protocol="grpc-v2"), runtimes) == "rival"
+    assert select_runtime(_model("onnx", protocol="v2"), runtimes) == "kserve-tritonserver"  # rival lacks v2
+    assert select_runtime(_model("onnx"), runtimes) is None  # v1 by default: neither serves it
+    hidden = rival | {"supportedModelFormats": [{"name": "onnx", "version": "1"}]}
+    assert priority_collisions(hidden, triton) == []
+    runtimes = [("hidden", hidden), ("kserve-tritonserver", triton)]
+    assert select_runtime(_model("onnx", protocol="grpc-v2"), runtimes) == "kserve-tritonserver"
+    assert select_runtime(_model("onnx", runtime="hidden", protocol="grpc-v2"), runtimes) == "hidden"
+    assert select_runtime(_model("onnx", runtime="hidden", protocol="v2"), runtimes) is None
+
+
+def test_installing_geserve_is_admitted_beside_kserve_runtimes() -> None:
+    """KServe's runtime webhook refuses a ClusterServingRuntime whose auto-selected format and version carry the
+    priority another runtime gives them (kserve-tritonserver: onnx 1 at priority 1)."""
+    for name, runtime in _runtimes().items():
+        for theirs, spec in KSERVE_RUNTIMES.items():
+            assert not priority_collisions(runtime["spec"], spec), f"{name} beside {theirs}"
+            assert not priority_collisions(spec, runtime["spec"]), f"{theirs} beside {name}"
+
+
+def test_services_that_name_no_runtime_keep_kserve_runtimes() -> None:
+    """An InferenceService that names no runtime gets what it got before geserve was installed, for every format a
+    KServe runtime auto-selects, whether geserve's runtimes are the newest (listed first) or the oldest."""
+    ours = [(name, runtime["spec"]) for name, runtime in _runtimes().items()]
+    theirs = list(KSERVE_RUNTIMES.items())
+    checked = 0
+    for spec in KSERVE_RUNTIMES.values():
+        for entry in spec["supportedModelFormats"]:
+            if entry.get("autoSelect") is not True:
+                continue
+            for version in (None, entry["version"]):
+                for protocol in (None, "v1", "v2", "grpc-v2"):
+                    model = _model(entry["name"], version, protocol=protocol)
+                    before = select_runtime(model, theirs)
+                    for order in (ours + theirs, theirs + ours):
+                        checked += 1
+                        assert select_runtime(model, order) == before, f"{model} now goes to geserve"
+    assert checked
+
+
+def test_services_that_name_geserve_get_it() -> None:
+    runtimes = [(name, runtime["spec"]) for name, runtime in _runtimes().items()] + list(KSERVE_RUNTIMES.items())
+    for isvc in _services():
+        model = isvc["spec"]["predictor"]["model"]
+        assert model.get("runtime"), f"{_name(isvc)} relies on auto-selection"
+        assert select_runtime(model, runtimes) == model["runtime"], _name(isvc)
     for name, runtime in _runtimes().items():
         for entry in runtime["spec"]["supportedModelFormats"]:
-            theirs = KSERVE_TRITON_PRIORITIES.get(entry["name"])
-            if theirs is not None and entry.get("autoSelect"):
-                assert entry.get("priority", 0) <= theirs, f"{name}: {entry}"
-    for isvc in _services():
-        assert isvc["spec"]["predictor"]["model"].get("runtime"), f"{_name(isvc)} relies on auto-selection"
+            for protocol in (None, *runtime["spec"]["protocolVersions"]):
+                model = _model(entry["name"], runtime=name, protocol=protocol)
+                assert select_runtime(model, runtimes) == name, model
 
 
 def _run_instructions(dockerfile: str) -> list[str]:
