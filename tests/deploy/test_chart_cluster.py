@@ -6,11 +6,12 @@ import itertools
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from helm_python import HelmRenderError
+from helm_python import HelmRenderError, values_from_yaml
 
 from tests.deploy.manifests import (
     ASCEND_NODE,
@@ -22,6 +23,7 @@ from tests.deploy.manifests import (
     merged_values,
     render_chart,
     render_installed,
+    render_templates,
     validate_core,
 )
 
@@ -271,8 +273,12 @@ def test_the_readme_fetches_the_adapter_rules_the_chart_renders_before_the_adapt
 # -- Ascend nodes -----------------------------------------------------------------------------------
 
 
+def _pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"])
+
+
 def _pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return dict(by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"])
+    return _pod_spec(by_kind(objects, "Deployment")[0])
 
 
 def test_ascend_values_require_the_hwhiaiuser_gid() -> None:
@@ -287,6 +293,34 @@ def test_ascend_values_require_the_hwhiaiuser_gid() -> None:
         with pytest.raises(HelmRenderError, match=re.escape("npu.supplementalGroups")):
             render_chart("values-ascend.yaml", values={"npu": {"supplementalGroups": wrong}})
     assert "supplementalGroups" not in _pod(render_chart())["securityContext"]  # CPU nodes: none asked
+
+
+def test_the_values_reach_helm_as_a_values_file_does(tmp_path: Path) -> None:
+    # helm reads -f files and a chart's values.yaml alike (sigs.k8s.io/yaml: every number a float64),
+    # --set as int64; the tests hand values over as a file does, so a template fit only for --set fails.
+    (tmp_path / "Chart.yaml").write_text("apiVersion: v2\nname: kinds\nversion: 0.1.0\n")
+    (tmp_path / "values.yaml").write_text("fromFile: 1000000\n")
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "kinds.yaml").write_text(
+        "kinds: {{ kindOf .Values.fromFile }} {{ kindOf .Values.given }}\n"
+    )
+    rendered = render_templates(tmp_path, {"given": 1000000}, ())
+    assert yaml.safe_load(rendered["kinds/templates/kinds.yaml"]) == {"kinds": "float64 float64"}
+
+
+def test_any_gid_kubernetes_accepts_renders_from_a_values_file() -> None:
+    # Directory-service gids often pass a million, which a float64 prints as 1e+06. Kubernetes takes
+    # 0..2147483647 (kubernetes/kubernetes pkg/apis/core/validation/validation.go applies
+    # staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go IsValidGroupID).
+    for gids in ([1000000], [0, 2147483647], [123456789, 1000]):
+        node = values_from_yaml(f"npu:\n  supplementalGroups: {json.dumps(gids)}\n")
+        deployment = by_kind(render_chart("values-ascend.yaml", values=node), "Deployment")[0]
+        assert _pod_spec(deployment)["securityContext"]["supplementalGroups"] == gids
+        validate_core(deployment)
+    for wrong in ("[-1]", "[2147483648]", "[12.5]", '["1000"]', "[true]", "[null]", "[[1000]]"):
+        node = values_from_yaml(f"npu:\n  supplementalGroups: {wrong}\n")
+        with pytest.raises(HelmRenderError, match=re.escape("npu.supplementalGroups holds")):
+            render_chart("values-ascend.yaml", values=node)
 
 
 def test_the_readme_ascend_installs_pass_the_gid() -> None:
