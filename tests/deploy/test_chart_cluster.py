@@ -28,6 +28,7 @@ from tests.deploy.manifests import (
 )
 
 README = DEPLOY / "README.md"
+VOLCANO_FILES = ("values-ascend.yaml", "values-ascend-volcano.yaml")
 OPERATOR_ONLY = MONITORING_APIS[:3]  # the Prometheus Operator, before prometheus-adapter is installed
 
 
@@ -349,7 +350,7 @@ def test_the_volcano_values_schedule_with_volcano_and_hand_its_npus_to_the_runti
     # MindCluster's Volcano inference examples (gitcode.com/Ascend/mindcluster-deploy,
     # samples/inference/volcano/infer-deploy*.yaml): schedulerName volcano, the ring-controller.atlas
     # pod label, and ASCEND_VISIBLE_DEVICES from the pod annotation named after the NPU resource.
-    objects = render_chart(("values-ascend.yaml", "values-ascend-volcano.yaml"), values=ASCEND_NODE)
+    objects = render_chart(VOLCANO_FILES, values=ASCEND_NODE)
     deployment = by_kind(objects, "Deployment")[0]
     validate_core(deployment)
     pod = _pod(objects)
@@ -362,6 +363,25 @@ def test_the_volcano_values_schedule_with_volcano_and_hand_its_npus_to_the_runti
     visible = next(e for e in container["env"] if e["name"] == "ASCEND_VISIBLE_DEVICES")
     assert visible["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{npus[0]}']"
     assert pod["securityContext"]["supplementalGroups"] == ASCEND_NODE["npu"]["supplementalGroups"]
+
+
+def test_the_volcano_values_keep_the_users_own_env_given_before_or_after_them() -> None:
+    # helm replaces lists wholesale: an `env` in one values file drops the `env` of every file before it.
+    ascend, volcano = (yaml.safe_load((CHART / name).read_text()) for name in VOLCANO_FILES)
+    mine = merged_values(ASCEND_NODE, {"env": [{"name": "ASCEND_GLOBAL_LOG_LEVEL", "value": "1"}]})
+    for layers in ((ascend, mine, volcano), (ascend, volcano, mine)):
+        chosen: dict[str, Any] = {}
+        for layer in layers:
+            chosen = merged_values(chosen, layer)
+        deployment = by_kind(render_chart(values=chosen), "Deployment")[0]
+        validate_core(deployment)
+        env = {entry["name"]: entry for entry in containers_of(deployment)[0]["env"]}
+        assert env["ASCEND_GLOBAL_LOG_LEVEL"]["value"] == "1"
+        assert env["ASCEND_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"].startswith("metadata.annotations[")
+    # Two ASCEND_VISIBLE_DEVICES would leave the pod with whichever the kubelet applies last.
+    twice = merged_values(mine, {"env": [{"name": "ASCEND_VISIBLE_DEVICES", "value": "0"}]})
+    with pytest.raises(HelmRenderError, match=re.escape("ASCEND_VISIBLE_DEVICES")):
+        render_chart(VOLCANO_FILES, values=twice)
 
 
 def test_pod_labels_never_replace_the_selector_labels() -> None:
