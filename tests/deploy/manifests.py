@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -50,26 +51,32 @@ def render_chart(
     """Every object the chart renders with its defaults (or values files of the chart, in order, then
     values on top, as `helm -f ... --set ...`), on a cluster serving `api_versions` besides the built-in
     APIs (the Prometheus Operator's by default)."""
-    import helm_python as helm
-    from helm_python import _native
-
     files = (values_file,) if isinstance(values_file, str) else values_file or ()
     chosen: dict[str, Any] = {}
     for name in files:
         chosen = merged_values(chosen, yaml.safe_load((CHART / name).read_text()))
     chosen = merged_values(chosen, values or {})
-    # helm's own `--api-versions`; the Python wrapper does not expose it, its native call does.
-    options = {"name": "geserve", "namespace": "serving", "kube_version": KUBERNETES_VERSION}
-    options["api_versions"] = list(api_versions)  # type: ignore[assignment]
-    chart = helm.Chart.load(CHART)
-    rendered = json.loads(
-        _native.call_string("helm_render", chart._raw(), json.dumps(chosen) if chosen else None, json.dumps(options))
-    )
+    rendered = render_templates(CHART, chosen, api_versions)
     objects = []
     for name, text in sorted(rendered.items()):
         if name.endswith(".yaml"):
             objects += [document for document in yaml.safe_load_all(text) if document]
     return objects
+
+
+def render_templates(chart: Path, values: dict[str, Any], api_versions: tuple[str, ...]) -> dict[str, str]:
+    """Template path -> text of the chart at `chart` rendered offline with `values`. The values reach
+    helm as JSON, which it decodes as it decodes a `-f` file: every number a float64."""
+    import helm_python as helm
+    from helm_python import _native
+
+    # helm's own `--api-versions`; the Python wrapper does not expose it, its native call does.
+    options = {"name": "geserve", "namespace": "serving", "kube_version": KUBERNETES_VERSION}
+    options["api_versions"] = list(api_versions)  # type: ignore[assignment]
+    loaded = helm.Chart.load(chart)
+    given = json.dumps(values) if values else None
+    rendered: dict[str, str] = json.loads(_native.call_string("helm_render", loaded._raw(), given, json.dumps(options)))
+    return rendered
 
 
 def render_installed(

@@ -6,11 +6,12 @@ import itertools
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from helm_python import HelmRenderError
+from helm_python import HelmRenderError, values_from_yaml
 
 from tests.deploy.manifests import (
     ASCEND_NODE,
@@ -22,10 +23,12 @@ from tests.deploy.manifests import (
     merged_values,
     render_chart,
     render_installed,
+    render_templates,
     validate_core,
 )
 
 README = DEPLOY / "README.md"
+VOLCANO_FILES = ("values-ascend.yaml", "values-ascend-volcano.yaml")
 OPERATOR_ONLY = MONITORING_APIS[:3]  # the Prometheus Operator, before prometheus-adapter is installed
 
 
@@ -271,8 +274,12 @@ def test_the_readme_fetches_the_adapter_rules_the_chart_renders_before_the_adapt
 # -- Ascend nodes -----------------------------------------------------------------------------------
 
 
+def _pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"])
+
+
 def _pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return dict(by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"])
+    return _pod_spec(by_kind(objects, "Deployment")[0])
 
 
 def test_ascend_values_require_the_hwhiaiuser_gid() -> None:
@@ -287,6 +294,34 @@ def test_ascend_values_require_the_hwhiaiuser_gid() -> None:
         with pytest.raises(HelmRenderError, match=re.escape("npu.supplementalGroups")):
             render_chart("values-ascend.yaml", values={"npu": {"supplementalGroups": wrong}})
     assert "supplementalGroups" not in _pod(render_chart())["securityContext"]  # CPU nodes: none asked
+
+
+def test_the_values_reach_helm_as_a_values_file_does(tmp_path: Path) -> None:
+    # helm reads -f files and a chart's values.yaml alike (sigs.k8s.io/yaml: every number a float64),
+    # --set as int64; the tests hand values over as a file does, so a template fit only for --set fails.
+    (tmp_path / "Chart.yaml").write_text("apiVersion: v2\nname: kinds\nversion: 0.1.0\n")
+    (tmp_path / "values.yaml").write_text("fromFile: 1000000\n")
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "kinds.yaml").write_text(
+        "kinds: {{ kindOf .Values.fromFile }} {{ kindOf .Values.given }}\n"
+    )
+    rendered = render_templates(tmp_path, {"given": 1000000}, ())
+    assert yaml.safe_load(rendered["kinds/templates/kinds.yaml"]) == {"kinds": "float64 float64"}
+
+
+def test_any_gid_kubernetes_accepts_renders_from_a_values_file() -> None:
+    # Directory-service gids often pass a million, which a float64 prints as 1e+06. Kubernetes takes
+    # 0..2147483647 (kubernetes/kubernetes pkg/apis/core/validation/validation.go applies
+    # staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go IsValidGroupID).
+    for gids in ([1000000], [0, 2147483647], [123456789, 1000]):
+        node = values_from_yaml(f"npu:\n  supplementalGroups: {json.dumps(gids)}\n")
+        deployment = by_kind(render_chart("values-ascend.yaml", values=node), "Deployment")[0]
+        assert _pod_spec(deployment)["securityContext"]["supplementalGroups"] == gids
+        validate_core(deployment)
+    for wrong in ("[-1]", "[2147483648]", "[12.5]", '["1000"]', "[true]", "[null]", "[[1000]]"):
+        node = values_from_yaml(f"npu:\n  supplementalGroups: {wrong}\n")
+        with pytest.raises(HelmRenderError, match=re.escape("npu.supplementalGroups holds")):
+            render_chart("values-ascend.yaml", values=node)
 
 
 def test_the_readme_ascend_installs_pass_the_gid() -> None:
@@ -315,7 +350,7 @@ def test_the_volcano_values_schedule_with_volcano_and_hand_its_npus_to_the_runti
     # MindCluster's Volcano inference examples (gitcode.com/Ascend/mindcluster-deploy,
     # samples/inference/volcano/infer-deploy*.yaml): schedulerName volcano, the ring-controller.atlas
     # pod label, and ASCEND_VISIBLE_DEVICES from the pod annotation named after the NPU resource.
-    objects = render_chart(("values-ascend.yaml", "values-ascend-volcano.yaml"), values=ASCEND_NODE)
+    objects = render_chart(VOLCANO_FILES, values=ASCEND_NODE)
     deployment = by_kind(objects, "Deployment")[0]
     validate_core(deployment)
     pod = _pod(objects)
@@ -328,6 +363,25 @@ def test_the_volcano_values_schedule_with_volcano_and_hand_its_npus_to_the_runti
     visible = next(e for e in container["env"] if e["name"] == "ASCEND_VISIBLE_DEVICES")
     assert visible["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{npus[0]}']"
     assert pod["securityContext"]["supplementalGroups"] == ASCEND_NODE["npu"]["supplementalGroups"]
+
+
+def test_the_volcano_values_keep_the_users_own_env_given_before_or_after_them() -> None:
+    # helm replaces lists wholesale: an `env` in one values file drops the `env` of every file before it.
+    ascend, volcano = (yaml.safe_load((CHART / name).read_text()) for name in VOLCANO_FILES)
+    mine = merged_values(ASCEND_NODE, {"env": [{"name": "ASCEND_GLOBAL_LOG_LEVEL", "value": "1"}]})
+    for layers in ((ascend, mine, volcano), (ascend, volcano, mine)):
+        chosen: dict[str, Any] = {}
+        for layer in layers:
+            chosen = merged_values(chosen, layer)
+        deployment = by_kind(render_chart(values=chosen), "Deployment")[0]
+        validate_core(deployment)
+        env = {entry["name"]: entry for entry in containers_of(deployment)[0]["env"]}
+        assert env["ASCEND_GLOBAL_LOG_LEVEL"]["value"] == "1"
+        assert env["ASCEND_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"].startswith("metadata.annotations[")
+    # Two ASCEND_VISIBLE_DEVICES would leave the pod with whichever the kubelet applies last.
+    twice = merged_values(mine, {"env": [{"name": "ASCEND_VISIBLE_DEVICES", "value": "0"}]})
+    with pytest.raises(HelmRenderError, match=re.escape("ASCEND_VISIBLE_DEVICES")):
+        render_chart(VOLCANO_FILES, values=twice)
 
 
 def test_pod_labels_never_replace_the_selector_labels() -> None:
