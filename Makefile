@@ -11,9 +11,19 @@ STAMP_TEST := $(VENV)/.installed-test
 # Every time: makes $(VENV) with $(PYTHON), again when its Python no longer runs, is older than pyproject.toml's
 # requires-python, or is another major.minor than a PYTHON given on the command line or in the environment; refuses
 # a $(PYTHON) older than requires-python, saying so. $(STAMP_VENV) changes only when the venv is made.
+# A host without the default python3 (only python3.11, say) keeps using a venv that runs; with no venv either, make
+# says to name one.
+PYTHON_CHOSEN := $(if $(filter command line environment environment override,$(origin PYTHON)),--python-chosen)
 $(STAMP_VENV): FORCE
-	@$(PYTHON) scripts/ensure_venv.py --venv $(VENV) --python-name '$(PYTHON)' \
-		$(if $(filter command line environment environment override,$(origin PYTHON)),--python-chosen)
+	@if command -v '$(PYTHON)' >/dev/null 2>&1 || [ -n '$(PYTHON_CHOSEN)' ]; then \
+		'$(PYTHON)' scripts/ensure_venv.py --venv '$(VENV)' --python-name '$(PYTHON)' $(PYTHON_CHOSEN); \
+	elif '$(BIN)/python' -c '' >/dev/null 2>&1; then \
+		'$(BIN)/python' scripts/ensure_venv.py --venv '$(VENV)' --python-name '$(BIN)/python'; \
+	else \
+		echo "ensure_venv: no '$(PYTHON)' on PATH and no $(VENV) that runs: name a Python >=3.11," \
+			"e.g. \`make run PYTHON=python3.11\`" >&2; \
+		exit 1; \
+	fi
 
 $(STAMP_RUN): pyproject.toml $(STAMP_VENV)
 	$(BIN)/python -m pip install -q -e '.[onnx]'

@@ -145,3 +145,30 @@ def test_make_refuses_an_older_python_before_making_anything(tmp_path: Path) -> 
     assert result.returncode != 0
     assert f"geserve needs Python >=3.11, and PYTHON={python} (Python 3." in result.stderr
     assert not venv.exists()
+
+
+def test_make_keeps_a_venv_that_runs_on_a_host_without_python3(tmp_path: Path) -> None:
+    """Only python3.11 installed, no `python3`: the venv it made keeps serving; without one, make says what to do."""
+    empty_path = tmp_path / "bin"
+    empty_path.mkdir()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    make = shutil.which("make")
+    assert make is not None
+    environment = {**os.environ, "PATH": str(empty_path)}
+    environment.pop("PYTHON", None)
+    kept = subprocess.run(
+        [make, "--no-print-directory", f"{venv}/.made", f"VENV={venv}"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    assert (venv / ensure_venv.STAMP).read_text() == "adopted\n"
+
+    missing = tmp_path / "none"
+    refused = subprocess.run(
+        [make, "--no-print-directory", f"{missing}/.made", f"VENV={missing}"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert f"no 'python3' on PATH and no {missing} that runs: name a Python >=3.11" in refused.stderr
+    assert not missing.exists()
