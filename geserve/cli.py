@@ -197,14 +197,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments[0] == "compile":
             from geserve.offline import compile as compile_tool
 
-            return compile_tool.main(arguments[1:])
+            return compile_tool.main(arguments[1:], prog)
         if arguments[0] == "inspect":
             from geserve.offline import inspect
 
-            return inspect.main(arguments[1:])
+            return inspect.main(arguments[1:], prog)
         from geserve.offline import check
 
-        return check.main(arguments[1:])
+        return check.main(arguments[1:], prog)
     settings = parse_settings(arguments, prog)
     log_file = settings.server.logging.log_file
     if log_file:

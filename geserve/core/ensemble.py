@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,6 +119,15 @@ def validate_scheduling(config: mc.ModelConfig) -> None:
             raise ModelLoadError(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
 
 
+class StepError(ModelLoadError):
+    """A step check that failed on what a composing model's config leaves out (a mapped tensor, a tensor's data
+    type or dims): `undeclared_in` names those models. Every other step failure is a plain ModelLoadError."""
+
+    def __init__(self, message: str, undeclared_in: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.undeclared_in = tuple(sorted(set(undeclared_in)))
+
+
 class ComposingModels(Protocol):
     """The models an ensemble's steps may run on, as its checks see them: loaded ones in the server, checked
     configs in `geserve check`."""
@@ -213,14 +222,16 @@ def _same_dims(left: tuple[int, ...], right: tuple[int, ...]) -> bool:
 def _consistent(ensemble: str, tensor: str, known: _TensorNode, found: _TensorNode) -> None:
     prefix = f"in ensemble {ensemble}, ensemble tensor {tensor}: "
     if known.datatype != found.datatype:
-        raise ModelLoadError(
+        raise StepError(
             f"{prefix}inconsistent data type: {mc.DataType.Name(known.datatype)} is inferred from model "  # type: ignore[arg-type]
-            f"{known.model} while {mc.DataType.Name(found.datatype)} is inferred from model {found.model}"  # type: ignore[arg-type]
+            f"{known.model} while {mc.DataType.Name(found.datatype)} is inferred from model {found.model}",  # type: ignore[arg-type]
+            [node.model for node in (known, found) if node.datatype == mc.TYPE_INVALID],
         )
     if not _same_dims(known.dims, found.dims) and not _same_dims(known.full_dims, found.full_dims):
-        raise ModelLoadError(
+        raise StepError(
             f"{prefix}inconsistent shape: {list(known.full_dims)} is inferred from model {known.model} while "
-            f"{list(found.full_dims)} is inferred from model {found.model}"
+            f"{list(found.full_dims)} is inferred from model {found.model}",
+            [node.model for node in (known, found) if not node.dims],
         )
 
 
@@ -229,9 +240,10 @@ def _check_mapping(ensemble: str, step: Step, composing: mc.ModelConfig, tensors
     inputs = {tensor.name: tensor for tensor in composing.input}
     for input_name, tensor in step.inputs.items():
         if input_name not in inputs:
-            raise ModelLoadError(
+            raise StepError(
                 f"in ensemble {ensemble}, ensemble tensor {tensor} is mapping to non-existing input {input_name} "
-                f"in model {step.model_name}"
+                f"in model {step.model_name}",
+                [step.model_name],
             )
     for declared_input in composing.input:
         if declared_input.name not in step.inputs:
@@ -247,9 +259,10 @@ def _check_mapping(ensemble: str, step: Step, composing: mc.ModelConfig, tensors
     for output_name, tensor in step.outputs.items():
         declared_output = outputs.get(output_name)
         if declared_output is None:
-            raise ModelLoadError(
+            raise StepError(
                 f"in ensemble {ensemble}, ensemble tensor {tensor} is mapped from non-existing output {output_name} "
-                f"in model {step.model_name}"
+                f"in model {step.model_name}",
+                [step.model_name],
             )
         node = _TensorNode(step.model_name, batching, declared_output.data_type, tuple(declared_output.dims))
         _link(ensemble, tensor, node, tensors)

@@ -7,7 +7,6 @@ import ast
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
@@ -19,7 +18,7 @@ from geserve.backends.acl.om_file import read_description
 from geserve.core.ensemble import is_ensemble
 from geserve.core.loader import prepare_model
 from geserve.errors import GeserveError
-from geserve.offline import composition
+from geserve.offline import completable, composition
 from geserve.offline.problems import Checked, Problem, unchecked
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource, scan_repositories
@@ -44,8 +43,8 @@ _FIELDS = (
 )
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="geserve check", description=__doc__)
+def main(argv: Sequence[str], prog: str = "geserve") -> int:
+    parser = argparse.ArgumentParser(prog=f"{prog} check", description=__doc__)
     parser.add_argument("--model-repository", type=Path, action="append", required=True, metavar="DIR")
     args = parser.parse_args(argv)
     problems: list[Problem] = []
@@ -97,16 +96,13 @@ def check_model(source: ModelSource) -> Checked:
             checked.completed_at_load = "completed at load from the .om that ATC compiles"
         elif backend.default_filename and not path.is_file():
             problems = [Problem(path, "default_model_filename", f"version {version}'s model file does not exist")]
+        elif backend.name == "python" and _defines_auto_complete(path):
+            # Model code completes the config at load, and check never runs model code.
+            checked.completed_at_load = "its auto_complete_config runs at load, in the server only"
+            problems, notes = _self_completing(config, config_path, checked.completed_at_load)
+            checked.notes += notes
         else:
             problems, completed = _agreement(config, backend, path, config_path)
-            if backend.name == "python" and _defines_auto_complete(path):
-                # Model code completes the config at load, and check never runs model code.
-                checked.completed_at_load = "its auto_complete_config runs at load, in the server only"
-                checked.notes += [
-                    replace(problem, message=unchecked(problem.message, {config.name: checked.completed_at_load}))
-                    for problem in problems
-                ]
-                problems = []
             if not problems:
                 checked.configs[version] = completed
             checked.problems += problems
@@ -157,6 +153,24 @@ def _agreement(
     except ImportError as error:  # onnxruntime is an optional extra
         return [Problem(path, "backend", f"cannot be checked here: {error}")], completed
     return [], completed
+
+
+def _self_completing(config: mc.ModelConfig, config_path: Path, reason: str) -> tuple[list[Problem], list[Problem]]:
+    """A python model whose auto_complete_config may fill what its config leaves out: (problems, notes). What fails
+    validation even as that function could at best complete the config is a problem; what only the config as written
+    fails, a note."""
+    try:
+        config_io.validate_config(config)
+    except GeserveError as error:
+        as_written = error.message
+    else:
+        return [], []
+    try:
+        config_io.validate_config(completable.as_auto_complete_could_fill(config))
+    except GeserveError as error:
+        return [Problem(config_path, _field(error.message, "config"), error.message)], []
+    note = unchecked(as_written, {config.name: reason})
+    return [], [Problem(config_path, _field(as_written, "model file"), note)]
 
 
 def _defines_auto_complete(path: Path) -> bool:

@@ -17,8 +17,8 @@ from geserve.workers.npu_mode import ONNX_FILE, has_om
 from geserve.workers.pool import PoolFactory
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="geserve compile", description=__doc__)
+def main(argv: Sequence[str], prog: str = "geserve") -> int:
+    parser = argparse.ArgumentParser(prog=f"{prog} compile", description=__doc__)
     parser.add_argument("--model-repository", type=Path, action="append", required=True, metavar="DIR")
     parser.add_argument(
         "--model-cache-dir",

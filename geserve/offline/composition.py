@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.core.ensemble import Step, check_steps, is_ensemble, steps_of
 from geserve.errors import GeserveError, NotFoundError
+from geserve.offline import completable
 from geserve.offline.problems import Checked, Problem, unchecked
 from geserve.repository.scan import ModelSource
 
 
 class CheckedModels:
     """The versions that checked clean, standing for the loaded ones: a step without a version number runs on the
-    latest, as a request to the model would."""
+    latest, as a request to the model would. `unloaded` are ensembles the server has not loaded yet when it loads
+    the one checked: it finds no version of them."""
 
-    def __init__(self, checked: Mapping[str, Checked]) -> None:
+    def __init__(self, checked: Mapping[str, Checked], unloaded: Collection[str] = ()) -> None:
         self._checked = checked
+        self._unloaded = frozenset(unloaded)
 
     def available(self, name: str) -> bool:
         found = self._checked.get(name)
-        return found is not None and bool(found.configs)
+        return name not in self._unloaded and found is not None and bool(found.configs)
 
     def configs(self, name: str) -> list[mc.ModelConfig]:
         found = self._checked.get(name)
-        return list(found.configs.values()) if found is not None else []
+        return list(found.configs.values()) if found is not None and name not in self._unloaded else []
 
     def config(self, step: Step) -> mc.ModelConfig:
         configs = self._checked[step.model_name].configs
@@ -39,37 +42,59 @@ class CheckedModels:
 
 
 def check_ensembles(sources: Mapping[str, ModelSource], checked: dict[str, Checked]) -> None:
-    """Each ensemble whose own config checked clean, once the models its steps use are checked (in the order the
-    server loads them); a failed one is no longer available to the ensembles that use it."""
+    """Each ensemble whose own config checked clean, once the models its steps use are checked, in the order the
+    server loads them (core.repository.ModelRepository.load_startup); a failed one is no longer available to the
+    ensembles that use it."""
     waiting = {name: _step_models(result) for name, result in checked.items() if _is_ensemble(result)}
     while waiting:
         tried = set(checked) - set(waiting)
         ready = [name for name, needs in waiting.items() if needs <= tried or not needs & set(waiting)]
-        for name in ready or sorted(waiting):  # a cycle between ensembles: each fails naming what it lacks
+        if ready:
+            for name in ready:
+                del waiting[name]
+                _check(sources[name], checked, ())
+            continue
+        # A cycle between ensembles, or one that uses itself: the server loads them one after another, and each
+        # finds those after it (itself too) not loaded yet: it fails naming them "not available".
+        for name in sorted(waiting):
+            unloaded = set(waiting)
             del waiting[name]
-            _check(sources[name], checked)
+            _check(sources[name], checked, unloaded)
 
 
-def _check(source: ModelSource, checked: dict[str, Checked]) -> None:
+def _check(source: ModelSource, checked: dict[str, Checked], unloaded: Collection[str]) -> None:
     result = checked[source.name]
-    models = CheckedModels(checked)
+    models = CheckedModels(checked, unloaded)
+    completed = {name: found.completed_at_load for name, found in checked.items() if found.completed_at_load}
+    where = source.path / "config.pbtxt"
     for _, config in sorted(result.configs.items()):
         try:
             check_steps(config, models)
         except GeserveError as error:
-            where = source.path / "config.pbtxt"
-            reasons = {
-                step: checked[step].completed_at_load
-                for step in _step_models(result)
-                if step in checked and checked[step].completed_at_load
-            }
-            if reasons:
-                # The server may complete those configs at load with what the steps need.
+            reasons = completable.could_resolve(error, completed)
+            certain = _check_without(config, models, set(completed)) if reasons else None
+            if reasons and certain is None:
                 result.notes.append(Problem(where, "ensemble_scheduling", unchecked(error.message, reasons)))
                 return
-            result.problems.append(Problem(where, "ensemble_scheduling", error.message))
+            result.problems.append(Problem(where, "ensemble_scheduling", (certain or error).message))
             result.configs.clear()
             return
+
+
+def _check_without(config: mc.ModelConfig, models: CheckedModels, completed: set[str]) -> GeserveError | None:
+    """The steps on models that are checked in full, checked again without the others: what fails among them fails
+    at load whatever completion adds to the others' configs."""
+    rest = mc.ModelConfig()
+    rest.CopyFrom(config)
+    del rest.ensemble_scheduling.step[:]
+    rest.ensemble_scheduling.step.extend(
+        step for step in config.ensemble_scheduling.step if step.model_name not in completed
+    )
+    try:
+        check_steps(rest, models)
+    except GeserveError as error:
+        return error
+    return None
 
 
 def _is_ensemble(result: Checked) -> bool:

@@ -17,8 +17,8 @@ from geserve.backends.acl.om_file import read_description
 from geserve.errors import GeserveError
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="geserve inspect", description=__doc__)
+def main(argv: Sequence[str], prog: str = "geserve") -> int:
+    parser = argparse.ArgumentParser(prog=f"{prog} inspect", description=__doc__)
     parser.add_argument("file", type=Path, help="an ATC-compiled .om file")
     parser.add_argument("--json", action="store_true", help="the description as JSON (the keys of expected.json)")
     parser.add_argument("--name", default="", help="the model name for the config (default: the file's stem)")
@@ -26,7 +26,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         om = read_description(args.file)
     except GeserveError as error:
-        sys.stderr.write(f"geserve inspect: {error.message}\n")
+        sys.stderr.write(f"{parser.prog}: {error.message}\n")
         return 1
     if args.json:
         sys.stdout.write(json.dumps(om.to_json(), indent=1) + "\n")

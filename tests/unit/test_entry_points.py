@@ -63,3 +63,24 @@ def test_a_tritonserver_first_word_says_tritonserver(capsys: pytest.CaptureFixtu
         main(["tritonserver", "--help"])
     assert raised.value.code == 0
     assert capsys.readouterr().out.startswith("usage: tritonserver ")
+
+
+def test_tritonserver_offline_commands_say_tritonserver(tmp_path: Path) -> None:
+    helped = _run("tritonserver", "check", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: tritonserver check "), helped.stdout[:200]
+    refused = _run("tritonserver", "inspect", str(tmp_path / "missing.om"))
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(f"tritonserver inspect: '{tmp_path / 'missing.om'}' cannot be read"), (
+        refused.stderr
+    )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_offline_command_after_a_tritonserver_first_word_says_tritonserver(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["tritonserver", command, "--help"])
+    assert raised.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: tritonserver {command} ")
