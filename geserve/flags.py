@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from importlib import metadata
 from pathlib import Path
 
-from geserve import trace_flags, triton_flags
+from geserve import __version__, trace_flags, triton_flags
 from geserve.core.log_control import FORMATS
 from geserve.restrictions import GROUPS
 from geserve.settings import (
@@ -99,13 +98,6 @@ COMMANDS = {
 }
 
 
-def package_version() -> str:
-    try:
-        return metadata.version("geserve")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "(version unknown: not installed)"
-
-
 def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
     """The server's flags; `prog` is the name it was started by (`tritonserver` too), which usage and errors say."""
     width = max(len(name) for name in COMMANDS) + 2
@@ -118,7 +110,7 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         f"`{prog} COMMAND --help` shows a command's flags.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"geserve {package_version()}")
+    parser.add_argument("--version", action="version", version=f"geserve {__version__}")
     group = parser.add_argument_group("model repository")
     group.add_argument(
         "--model-repository",

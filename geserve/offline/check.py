@@ -91,6 +91,7 @@ def check_model(source: ModelSource) -> Checked:
             checked.problems.append(Problem(config_path, "parameters.model_path", error.message))
             break
         onnx = source.path / str(version) / ONNX_FILE
+        served = config
         if backend.name == "ge" and not path.is_file() and onnx.is_file():
             problems = _compilable(config, source, onnx, config_path)  # compiled with ATC at load
             checked.completed_at_load = "completed at load from the .om that ATC compiles"
@@ -102,13 +103,9 @@ def check_model(source: ModelSource) -> Checked:
             problems, notes = _self_completing(config, config_path, checked.completed_at_load)
             checked.notes += notes
         else:
-            problems, completed = _agreement(config, backend, path, config_path)
-            if not problems:
-                checked.configs[version] = completed
-            checked.problems += problems
-            continue
+            problems, served = _agreement(config, backend, path, config_path)
         if not problems:
-            checked.configs[version] = config
+            checked.configs[version] = served
         checked.problems += problems
     return checked
 

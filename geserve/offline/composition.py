@@ -47,8 +47,7 @@ def check_ensembles(sources: Mapping[str, ModelSource], checked: dict[str, Check
     ensembles that use it."""
     waiting = {name: _step_models(result) for name, result in checked.items() if _is_ensemble(result)}
     while waiting:
-        tried = set(checked) - set(waiting)
-        ready = [name for name, needs in waiting.items() if needs <= tried or not needs & set(waiting)]
+        ready = [name for name, needs in waiting.items() if not needs & waiting.keys()]
         if ready:
             for name in ready:
                 del waiting[name]
@@ -67,18 +66,18 @@ def _check(source: ModelSource, checked: dict[str, Checked], unloaded: Collectio
     models = CheckedModels(checked, unloaded)
     completed = {name: found.completed_at_load for name, found in checked.items() if found.completed_at_load}
     where = source.path / "config.pbtxt"
-    for _, config in sorted(result.configs.items()):
-        try:
-            check_steps(config, models)
-        except GeserveError as error:
-            reasons = completable.could_resolve(error, completed)
-            certain = _check_without(config, models, set(completed)) if reasons else None
-            if reasons and certain is None:
-                result.notes.append(Problem(where, "ensemble_scheduling", unchecked(error.message, reasons)))
-                return
-            result.problems.append(Problem(where, "ensemble_scheduling", (certain or error).message))
-            result.configs.clear()
+    # Every version of an ensemble has the one config.pbtxt (check_model), so one check stands for them all.
+    config = next(iter(result.configs.values()))
+    try:
+        check_steps(config, models)
+    except GeserveError as error:
+        reasons = completable.could_resolve(error, completed)
+        certain = _check_without(config, models, set(completed)) if reasons else None
+        if reasons and certain is None:
+            result.notes.append(Problem(where, "ensemble_scheduling", unchecked(error.message, reasons)))
             return
+        result.problems.append(Problem(where, "ensemble_scheduling", (certain or error).message))
+        result.configs.clear()
 
 
 def _check_without(config: mc.ModelConfig, models: CheckedModels, completed: set[str]) -> GeserveError | None:

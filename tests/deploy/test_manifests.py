@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from geserve.cli import parse_settings
+from tests.deploy.kserve import quantity
 from tests.deploy.manifests import (
     CHART,
     CRDS,
@@ -95,7 +96,7 @@ def test_deployment_probes_ports_and_hardening_match_the_cli() -> None:
         # /dev/shm in memory, large enough for at least a few workers' pairs of arenas
         shm = next(volume for volume in pod["volumes"] if volume["name"] == "dshm")
         assert shm["emptyDir"]["medium"] == "Memory"
-        assert _bytes(shm["emptyDir"]["sizeLimit"]) >= 8 * 2 * options.workers.arena_bytes
+        assert quantity(shm["emptyDir"]["sizeLimit"]) >= 8 * 2 * options.workers.arena_bytes
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -132,14 +133,6 @@ def test_kserve_runtime_args_probes_and_annotations() -> None:
         assert {f["name"] for f in runtime["spec"]["supportedModelFormats"]} == {"onnx", "python", "om"}
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         assert options.repository.control_mode.value == "explicit"  # the model agent drives the repository API
-
-
-def _bytes(quantity: str) -> int:
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
-    for suffix, factor in units.items():
-        if quantity.endswith(suffix):
-            return int(quantity[: -len(suffix)]) * factor
-    return int(quantity)
 
 
 # -- container images ----------------------------------------------------------------------------
