@@ -12,9 +12,10 @@ from pathlib import Path
 
 from geserve import trace_flags, triton_flags
 from geserve.cache_config import parse_cache_flags
-from geserve.core.log_control import LogSettings
+from geserve.core.log_control import LogControl
 from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
+from geserve.event_loop import loop_factory
 from geserve.flags import COMMANDS, build_parser
 from geserve.memory import keep_freed_memory
 from geserve.metrics import config as metrics_config
@@ -175,15 +176,6 @@ def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> 
     return Settings(server, http, grpc, metrics, repository, workers)
 
 
-def loop_factory() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     # Started as `tritonserver` (the console script of that name), help and errors say so.
@@ -211,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(filename=log_file)
     else:
         logging.basicConfig()
-    LogSettings(settings.server.logging).apply()
+    LogControl(settings.server.logging).apply()
     keep_freed_memory()
     if settings.server.frontend_processes > 1:
         from geserve.multiprocess.supervisor import Supervisor

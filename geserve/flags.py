@@ -99,7 +99,34 @@ COMMANDS = {
 
 
 def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
-    """The server's flags; `prog` is the name it was started by (`tritonserver` too), which usage and errors say."""
+    """The server's flags; `prog` is the name it was started by (`tritonserver` too), which usage and errors say.
+    Each group's flags come from a function of their own; the groups and their order are what `--help` shows."""
+    parser = _bare_parser(prog)
+    # --help has always listed the lifecycle, worker and NPU flags under "model repository": kept so.
+    group = parser.add_argument_group("model repository")
+    _add_repository_flags(group)
+    _add_lifecycle_flags(group)
+    _add_worker_flags(group)
+    _add_npu_flags(group)
+    _add_server_id_flag(group)
+    group = parser.add_argument_group("model control")
+    _add_model_control_flags(group)
+    _add_client_memory_flags(group)
+    group = parser.add_argument_group("HTTP")
+    _add_http_flags(group)
+    _add_http_limit_flags(group)
+    _add_grpc_flags(parser.add_argument_group("gRPC"))
+    _add_metrics_flags(parser.add_argument_group("metrics"))
+    _add_cache_flags(parser.add_argument_group("response cache"))
+    group = parser.add_argument_group("logging")
+    _add_logging_flags(group)
+    trace_flags.add_flags(group)
+    triton_flags.add_flags(parser)
+    return parser
+
+
+def _bare_parser(prog: str) -> argparse.ArgumentParser:
+    """The parser with its description, the offline commands in its epilog, and --version."""
     width = max(len(name) for name in COMMANDS) + 2
     commands = "\n".join(f"  {prog} {name.ljust(width)}{text}" for name, text in COMMANDS.items())
     parser = argparse.ArgumentParser(
@@ -111,7 +138,11 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"geserve {__version__}")
-    group = parser.add_argument_group("model repository")
+    return parser
+
+
+def _add_repository_flags(group: argparse._ArgumentGroup) -> None:
+    """Where the models are, how their configs are completed, and what a failed load means."""
     group.add_argument(
         "--model-repository",
         "--model-store",
@@ -137,6 +168,10 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
     )
     _boolean(group, "--exit-on-error", True, "exit when any model fails to load")
     _boolean(group, "--strict-readiness", True, "ready only while every model is ready")
+
+
+def _add_lifecycle_flags(group: argparse._ArgumentGroup) -> None:
+    """How the server stops, and how many processes it runs as."""
     group.add_argument(
         "--exit-timeout-secs",
         type=int,
@@ -161,6 +196,10 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         "gRPC byte work and one engine owning the models, batching and workers; auto: from the usable cores "
         "(default: 1)",
     )
+
+
+def _add_worker_flags(group: argparse._ArgumentGroup) -> None:
+    """The worker processes' shared memory, and how many batches each holds at once."""
     group.add_argument(
         "--worker-arena-size",
         type=_positive,
@@ -178,6 +217,10 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         "pair of arenas (default: 2 for .om models, whose worker copies the next batch to the NPU while one "
         "runs; 1 for the others, where 2 formed smaller batches and lowered throughput)",
     )
+
+
+def _add_npu_flags(group: argparse._ArgumentGroup) -> None:
+    """Which NPUs instances use, and how `ge` models without an .om are served: compiled by ATC, or by ONNX Runtime."""
     group.add_argument(
         "--device-ids",
         type=_device_ids,
@@ -211,11 +254,17 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         help="ATC compiles of model.onnx run at once, on threads of their own so that a compile never holds up "
         "requests; more wait their turn (default: 1, as ATC itself compiles on every core)",
     )
+
+
+def _add_server_id_flag(group: argparse._ArgumentGroup) -> None:
+    """The name server metadata reports."""
     group.add_argument(
         "--id", dest="server_id", default="triton", help="server name in server metadata (default: triton)"
     )
 
-    group = parser.add_argument_group("model control")
+
+def _add_model_control_flags(group: argparse._ArgumentGroup) -> None:
+    """Which models load at start, and how the repository is followed afterwards."""
     group.add_argument(
         "--model-control-mode",
         choices=[mode.value for mode in ControlMode],
@@ -237,6 +286,10 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
     )
+
+
+def _add_client_memory_flags(group: argparse._ArgumentGroup) -> None:
+    """Client shared-memory regions and BYTES inputs: what clients may hand the server."""
     _boolean(group, "--allow-client-shm", False, "let clients register system shared-memory regions for tensors")
     group.add_argument(
         "--max-bytes-tensor-elements",
@@ -262,7 +315,9 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         help=f"most bytes the registered shared-memory regions span together (default: {DEFAULT_CLIENT_SHM_BYTES})",
     )
 
-    group = parser.add_argument_group("HTTP")
+
+def _add_http_flags(group: argparse._ArgumentGroup) -> None:
+    """The HTTP/REST front-end: whether it serves, where, which API groups it restricts, and its largest body."""
     _boolean(group, "--allow-http", True, "serve HTTP/REST")
     group.add_argument(
         "--http-restricted-api",
@@ -282,6 +337,10 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         metavar="BYTES",
         help=f"largest request body, also after decompression (default: {DEFAULT_MAX_INPUT_SIZE})",
     )
+
+
+def _add_http_limit_flags(group: argparse._ArgumentGroup) -> None:
+    """What one HTTP connection may take of the server: time for its head and body, unread responses, the count."""
     limits = HttpSettings()
     group.add_argument(
         "--http-header-timeout-secs",
@@ -338,7 +397,9 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         "the file-descriptor limit, which geserve raises to its hard limit)",
     )
 
-    group = parser.add_argument_group("gRPC")
+
+def _add_grpc_flags(group: argparse._ArgumentGroup) -> None:
+    """The gRPC front-end: address, restrictions, keepalive, and its limits."""
     _boolean(group, "--allow-grpc", True, "serve gRPC")
     group.add_argument(
         "--grpc-restricted-protocol",
@@ -384,7 +445,9 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         "limit)",
     )
 
-    group = parser.add_argument_group("metrics")
+
+def _add_metrics_flags(group: argparse._ArgumentGroup) -> None:
+    """The Prometheus metrics endpoint and what it publishes."""
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
     group.add_argument("--metrics-address", default="", help="metrics bind address (default: the HTTP address)")
     group.add_argument("--metrics-port", type=_port, default=8002, help="metrics port (default: 8002)")
@@ -405,7 +468,9 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
     _boolean(group, "--allow-cpu-metrics", True, "publish nv_cpu_* metrics")
     _boolean(group, "--allow-gpu-metrics", True, 'NPU memory and utilization as nv_gpu_* (gpu_uuid="NPU-<id>")')
 
-    group = parser.add_argument_group("response cache")
+
+def _add_cache_flags(group: argparse._ArgumentGroup) -> None:
+    """The response cache."""
     group.add_argument(
         "--cache-config",
         action="append",
@@ -422,7 +487,9 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
         help="deprecated: --cache-config=local,size=BYTES",
     )
 
-    group = parser.add_argument_group("logging")
+
+def _add_logging_flags(group: argparse._ArgumentGroup) -> None:
+    """Log levels, format and file (trace flags join this group: trace_flags)."""
     group.add_argument(
         "--log-verbose",
         type=int,
@@ -435,6 +502,3 @@ def build_parser(prog: str = "geserve") -> argparse.ArgumentParser:
     _boolean(group, "--log-error", True, "log errors")
     group.add_argument("--log-format", choices=list(FORMATS), default="default", help="log line format")
     group.add_argument("--log-file", default="", metavar="PATH", help="log to this file instead of the console")
-    trace_flags.add_flags(group)
-    triton_flags.add_flags(parser)
-    return parser

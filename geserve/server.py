@@ -17,15 +17,15 @@ from geserve.memory import freeze_startup_objects
 from geserve.metrics.registry import create_registry
 from geserve.settings import Settings
 from geserve.sockets import raise_descriptor_limit
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 from geserve.workers.runs import RunId, sweep_orphaned_segments
 
 logger = logging.getLogger(__name__)
 
 
-def create_service(settings: Settings, run: RunId, pools: PoolFactory | None = None) -> InferenceService:
+def create_service(settings: Settings, run: RunId, pools: InstancePools | None = None) -> InferenceService:
     """The InferenceService of a run, its instance pools' factory wired in (workers call it back for BLS)."""
-    pools = pools or PoolFactory(settings.workers, run=run)
+    pools = pools or InstancePools(settings.workers, run=run)
     metrics = settings.metrics if settings.metrics.enabled else None
     service = InferenceService(settings.server, settings.repository, pools, metrics=metrics)
     pools.caller = service  # python models' BLS requests
@@ -59,7 +59,7 @@ class Server:
         # named by every segment any of its processes creates: a later server removes them once this run is
         # gone, and leaves those of live runs alone.
         self.run = run or RunId.current()
-        self._pools = PoolFactory(settings.workers, run=self.run)
+        self._pools = InstancePools(settings.workers, run=self.run)
         self.service = create_service(settings, self.run, self._pools)
         self._metrics_registry = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
         self._stop = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import logging
 import os
 import platform
@@ -9,8 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from geserve import helper_process
 from geserve.errors import ModelLoadError
-from geserve.workers import bounded, devices
 
 logger = logging.getLogger(__name__)
 
@@ -27,16 +28,19 @@ def find_atc() -> str | None:
 
 
 def has_pyacl() -> bool:
-    """pyACL is importable (CANN's set_env.sh puts it on PYTHONPATH); found without importing it, as device
-    discovery finds it."""
-    return devices.pyacl_importable()
+    """Whether a worker's `import acl` would find pyACL (CANN's set_env.sh puts it on PYTHONPATH), found without
+    importing it: the workers start with this process's sys.path. The path finder, not importlib.util.find_spec,
+    which answers from sys.modules."""
+    return importlib.machinery.PathFinder.find_spec("acl", sys.path) is not None
 
 
 def soc_name(timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """The host's chip as ATC's --soc_version takes it, e.g. Ascend310P3; raises ModelLoadError."""
     try:
-        done = bounded.run([sys.executable, "-c", _SOC_PROBE], timeout_s, what="the chip probe (acl.get_soc_name)")
-    except bounded.ExpiredError:
+        done = helper_process.run(
+            [sys.executable, "-c", _SOC_PROBE], timeout_s, what="the chip probe (acl.get_soc_name)"
+        )
+    except helper_process.ExpiredError:
         raise ModelLoadError(f"asking pyACL for the chip name (acl.get_soc_name) took over {timeout_s:g}s") from None
     except OSError as error:
         raise ModelLoadError(f"cannot ask pyACL for the chip name: {error}") from None

@@ -18,8 +18,9 @@ MAX_VERBOSE_LEVEL = 2**32 - 1
 _DATE_FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S%z"}
 
 
-class LogSettings:
-    """The logging settings in force: the server's at start, then as the logging extension changes them."""
+class LogControl:
+    """The logging settings in force, and applying them: the server's LoggingSettings at start, then as the logging
+    extension changes them."""
 
     def __init__(self, initial: LoggingSettings | None = None) -> None:
         self.current = initial or LoggingSettings()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -17,9 +17,6 @@ from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
-
-if TYPE_CHECKING:
-    from geserve.core.response_cache import ResponseCache
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +57,8 @@ class ModelVersion:
         self.max_batch_size = config.max_batch_size
         self.decoupled = config.model_transaction_policy.decoupled
         self.labels: dict[str, list[str]] = {}  # per output, from its label_filename (classification)
-        # Set when the config enables the response cache and the server has one.
-        self.response_cache: ResponseCache | None = None
+        # Set when the config enables the response cache and the server has one (core.response_cache).
+        self.response_cache: VersionCache | None = None
         # How many instances serve it (None: not known, an ensemble's steps): BLS call chains are checked against it.
         self.instance_count: int | None = None
         batched = config.max_batch_size > 0
@@ -90,6 +87,15 @@ class ModelVersion:
     async def stop(self, timeout_s: float) -> None:
         """Let the requests already admitted finish (up to `timeout_s`), then stop the instances."""
         await self._instances.stop(timeout_s)
+
+
+class VersionCache(Protocol):
+    """The response cache as a version sees it: what answers its requests, from the cache or its scheduler. A
+    protocol, so that the cache may know versions and versions need not know the cache."""
+
+    async def execute(self, version: ModelVersion, request: ScheduledRequest, started_ns: int) -> ScheduledResponse:
+        """The request's outputs, from the cache or else from the version's scheduler (then cached)."""
+        ...
 
 
 class ModelScheduler(Protocol):

@@ -1,4 +1,4 @@
-"""What core needs to bring a model version's instances up: workers.pool.PoolFactory, injected by the server."""
+"""What core needs to bring a model version's instances up: workers.pool.InstancePools, injected by the server."""
 
 from __future__ import annotations
 

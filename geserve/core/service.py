@@ -18,7 +18,7 @@ from geserve.core import calls, limits, response_cache, validation
 from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
-from geserve.core.log_control import LogSettings
+from geserve.core.log_control import LogControl
 from geserve.core.models import ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.raw import raw_input
@@ -97,7 +97,7 @@ class InferenceService:
         self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)
-        self._log_settings = LogSettings(server.logging)
+        self._log_control = LogControl(server.logging)
         self._monitor = InstanceMonitor(self.loaded_versions)
         self._accepting = False
         self._draining = False
@@ -168,12 +168,12 @@ class InferenceService:
         self._traces.record(trace)
 
     async def log_settings(self) -> dict[str, Any]:
-        return self._log_settings.as_json()
+        return self._log_control.as_json()
 
     async def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply changes (nothing changes when any is bad); returns the settings now in force."""
-        self._log_settings.update(changes)
-        return self._log_settings.as_json()
+        self._log_control.update(changes)
+        return self._log_control.as_json()
 
     def start_draining(self) -> None:
         """Report not ready from now on, while still serving (the first step of shutdown)."""

@@ -9,7 +9,7 @@ import logging
 import signal
 import socket
 
-from geserve.cli import loop_factory
+from geserve.event_loop import loop_factory
 from geserve.multiprocess.control import ControlLine, Launch
 from geserve.multiprocess.engine import serve_engine
 from geserve.multiprocess.protocol import serve_protocol

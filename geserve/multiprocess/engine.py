@@ -14,14 +14,14 @@ from geserve.metrics.registry import create_registry
 from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, ControlLine, Launch
 from geserve.multiprocess.endpoint import EngineEndpoint
 from geserve.server import create_service, start_service
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 
 logger = logging.getLogger(__name__)
 
 
 async def serve_engine(launch: Launch, control: ControlLine) -> int:
     settings = launch.settings
-    pools = PoolFactory(settings.workers, run=launch.run)
+    pools = InstancePools(settings.workers, run=launch.run)
     service = create_service(settings, launch.run, pools)
     # Request tensors in the protocol processes' arenas are tracked with the pipeline outputs: a worker is
     # given them in place.

@@ -9,7 +9,7 @@ import logging
 import socket
 from typing import Any
 
-from geserve.core.log_control import LogSettings
+from geserve.core.log_control import LogControl
 from geserve.errors import GeserveError
 from geserve.http.connections import ListeningHere, ThisProcessOnly, TransportHooks
 from geserve.http.direct import BodyAllocator, heap_body
@@ -29,7 +29,7 @@ _CONNECT_RETRY_S = 0.02
 def _apply_log_settings(name: str, value: Any) -> None:
     """The logging extension changed the engine's settings: this process logs the same way."""
     if name == LOG_SETTINGS_EVENT:
-        LogSettings(LoggingSettings(**value)).apply()
+        LogControl(LoggingSettings(**value)).apply()
 
 
 async def _connect(api: RemoteInferenceAPI, path: str, control: asyncio.Task[bytes]) -> bool:

@@ -25,7 +25,7 @@ from geserve.repository.scan import ModelSource, scan_repositories
 from geserve.settings import WorkerSettings
 from geserve.workers.npu_mode import ONNX_FILE
 from geserve.workers.placement import model_file_path
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 
 # Which config field a backend's message is about, by the words it uses.
 _FIELDS = (
@@ -77,7 +77,7 @@ def check_model(source: ModelSource) -> Checked:
     config_path = source.path / "config.pbtxt"
     try:
         # Placed as on a machine without accelerators: every KIND_AUTO group on the CPU.
-        config, versions = prepare_model(source, PoolFactory(WorkerSettings()))
+        config, versions = prepare_model(source, InstancePools(WorkerSettings()))
         if is_ensemble(config):
             return Checked(configs=dict.fromkeys(versions, config))
         backend = registry.by_name(config.backend)

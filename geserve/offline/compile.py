@@ -14,7 +14,7 @@ from geserve.errors import GeserveError, ModelLoadError
 from geserve.repository.scan import ModelSource, scan_repositories
 from geserve.settings import WorkerSettings
 from geserve.workers.npu_mode import ONNX_FILE, has_om
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 
 
 def main(argv: Sequence[str], prog: str = "geserve") -> int:
@@ -64,7 +64,7 @@ class _Compiling:
     def model(self, source: ModelSource) -> list[tuple[str, bool]]:
         """(line, succeeded) per version; one line for the model when it is skipped or unreadable."""
         try:
-            config, versions = prepare_model(source, PoolFactory(WorkerSettings()))
+            config, versions = prepare_model(source, InstancePools(WorkerSettings()))
             backend = registry.by_name(config.backend)
         except GeserveError as error:
             return [(f"{source.name}: failed: {error.message}", False)]

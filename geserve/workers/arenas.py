@@ -31,10 +31,11 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class Placement:
-    """Where one batch's inputs were written and where its outputs go; released once it is answered."""
+class ArenaSlot:
+    """One batch's hold on a slot of the arenas: where its inputs were written and where its outputs go; released
+    once the batch is answered."""
 
-    slot: int
+    index: int
     inputs: tuple[TensorRef, ...]
     output_arena: str
     output_overflow: str  # the segment the worker creates when the outputs do not fit the arena
@@ -63,18 +64,18 @@ class Arenas:
 
     def create(self) -> None:
         """Create every arena (raises OSError or UnavailableError when /dev/shm cannot hold them)."""
-        for slot in range(self._count):
+        for index in range(self._count):
             pair = (self._run.segment_name("in"), self._run.segment_name("out"))
             for name in pair:
                 self._segments[name] = create_segment(name, self._arena_bytes)
             self._slots.append(pair)
-            self._free.put_nowait(slot)
+            self._free.put_nowait(index)
 
-    async def place(self, inputs: Mapping[str, Sequence[np.ndarray]]) -> Placement:
+    async def write_inputs(self, inputs: Mapping[str, Sequence[np.ndarray]]) -> ArenaSlot:
         """Wait for a free slot and write the batch's inputs (each given as the requests' row blocks)."""
-        slot = await self._free.get()
+        index = await self._free.get()
         try:
-            input_name, output_name = self._slots[slot]
+            input_name, output_name = self._slots[index]
             layout = TensorLayout()
             passed: list[TensorRef] = []  # a previous step's outputs, still in shared memory: read in place
             for name, parts in inputs.items():
@@ -90,12 +91,12 @@ class Arenas:
                 overflow = await asyncio.to_thread(create_segment, self._run.segment_name("in"), layout.size)
             target = overflow if overflow is not None else self._segments[input_name]
             segment = overflow.name if overflow is not None else input_name
-            placement = Placement(slot, (), output_name, self._run.segment_name("out"), overflow)
-            placement.inputs = await off_loop(layout.size, COPY_BYTES, layout.write, buffer_of(target), segment)
-            placement.inputs += tuple(passed)
-            return placement
+            slot = ArenaSlot(index, (), output_name, self._run.segment_name("out"), overflow)
+            slot.inputs = await off_loop(layout.size, COPY_BYTES, layout.write, buffer_of(target), segment)
+            slot.inputs += tuple(passed)
+            return slot
         except BaseException:
-            self._free.put_nowait(slot)
+            self._free.put_nowait(index)
             raise
 
     async def collect(
@@ -124,14 +125,14 @@ class Arenas:
             if overflow is not None:
                 discard(overflow)
 
-    def release(self, placement: Placement, collected: bool) -> None:
+    def release(self, slot: ArenaSlot, collected: bool) -> None:
         """The batch is answered (or failed): its overflow segments go and its slot is free again. Once its
         outputs were collected, an output overflow segment is already gone (`read` unlinks it)."""
-        if placement.input_overflow is not None:
-            discard(placement.input_overflow)
+        if slot.input_overflow is not None:
+            discard(slot.input_overflow)
         if not collected:
-            unlink_quietly(placement.output_overflow)  # left behind when the worker died mid-write
-        self._free.put_nowait(placement.slot)
+            unlink_quietly(slot.output_overflow)  # left behind when the worker died mid-write
+        self._free.put_nowait(slot.index)
 
     def unlink(self) -> None:
         """Unlink every arena (also usable from a signal handler's fast path)."""

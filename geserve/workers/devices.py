@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
 import json
 import logging
 import os
@@ -11,8 +10,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from geserve import helper_process
+from geserve.atc import host
 from geserve.codecs import visible_devices
-from geserve.workers import bounded
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,6 @@ def visible_entries(environ: Mapping[str, str] | None = None) -> list[str] | Non
     return None if value is None else list(visible_devices.parse(value).kept)
 
 
-def pyacl_importable() -> bool:
-    """Whether a worker's `import acl` would find a module: the workers start with this process's sys.path.
-    The path finder, not importlib.util.find_spec, which answers from sys.modules."""
-    return importlib.machinery.PathFinder.find_spec("acl", sys.path) is not None
-
-
 def runtime_device_count(environ: Mapping[str, str] | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> int:
     """acl.rt.get_device_count() (the devices ASCEND_RT_VISIBLE_DEVICES leaves visible, pyacl.md §5), asked
     in a short-lived process of this interpreter, with this process's sys.path and environment as a worker
@@ -73,8 +67,8 @@ def runtime_device_count(environ: Mapping[str, str] | None = None, timeout_s: fl
     env = dict(os.environ if environ is None else environ)
     env["PYTHONPATH"] = os.pathsep.join([entry for entry in sys.path if entry] + [env.get("PYTHONPATH", "")])
     try:
-        result = bounded.run([sys.executable, "-c", _PROBE], timeout_s, env, "the NPU probe (acl.init)")
-    except bounded.ExpiredError:
+        result = helper_process.run([sys.executable, "-c", _PROBE], timeout_s, env, "the NPU probe (acl.init)")
+    except helper_process.ExpiredError:
         raise DeviceProbeError(f"the runtime did not answer within {timeout_s:g} s (a wedged driver?)") from None
     except OSError as error:
         raise DeviceProbeError(f"the probe process could not start: {error}") from None
@@ -100,7 +94,7 @@ def discover_devices(
     environ = os.environ if environ is None else environ
     entries = visible_entries(environ)
     _warn_dropped(environ)
-    if pyacl_importable():
+    if host.has_pyacl():
         try:
             return tuple(range(runtime_device_count(environ, probe_timeout_s)))
         except DeviceProbeError as error:

@@ -23,7 +23,7 @@ _IDLE_SEGMENTS = 4
 
 class MappedOutputs:
     """The handoff mappings in use, so that a pipeline's next step can be given a view of one by reference
-    (`ref_of`). One per server, made by whoever makes its workers (the PoolFactory) and shared by every
+    (`ref_of`). One per server, made by whoever makes its workers (the InstancePools) and shared by every
     worker's HandoffSegments, which map outputs, and Arenas, which pass them on."""
 
     def __init__(self) -> None:

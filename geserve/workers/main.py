@@ -32,11 +32,11 @@ from geserve.workers.messages import (
     StatusReport,
 )
 from geserve.workers.output_blocks import OutputBlocks
-from geserve.workers.runner import Batch, InstanceRunner
+from geserve.workers.runner import InstanceRunner, StagedBatch
 from geserve.workers.runs import RunId
 from geserve.workers.shm import (
     REQUEST_ARENA_ROLE,
-    OutputPlacement,
+    InPlaceOutputs,
     TensorLayout,
     TensorRef,
     attach_foreign_segment,
@@ -62,7 +62,7 @@ class _Running:
     """A batch the worker has staged or launched, and the one-off segments its inputs are read from."""
 
     message: RunBatch
-    batch: Batch
+    batch: StagedBatch
     extra: dict[str, shared_memory.SharedMemory]
 
 
@@ -72,8 +72,11 @@ def _close(segments: dict[str, shared_memory.SharedMemory]) -> None:
             segment.close()
 
 
-class _Segments:
-    """The worker's arenas (attached once), and the one-off segments of batches too large for them."""
+class _ShmBatchRunner:
+    """Runs the batches RunBatch messages describe through shared memory: reads their inputs from the worker's
+    arenas (attached once), the segments reused batch after batch (pipeline handoffs, protocol processes' request
+    arenas) and the one-off segments of batches too large for an arena, stages them on the instance runner, and
+    writes their outputs back to shared memory."""
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.arenas = {name: attach_segment(name) for name in spec.arenas}
@@ -118,20 +121,20 @@ class _Segments:
         """Wait for (or run) a staged batch and place its outputs in shared memory."""
         message = running.message
         try:
-            placement = OutputPlacement(buffer_of(self.arenas[message.output_arena]), message.output_arena)
+            in_place = InPlaceOutputs(buffer_of(self.arenas[message.output_arena]), message.output_arena)
             keep = message.keep_outputs  # the front-end keeps them: not in the arena, which the next batch reuses
-            allocate = None if keep else placement.allocate
+            allocate = None if keep else in_place.allocate
             result, whole = runner.finish(running.batch, allocate, emit, split=False)
             running.batch.inputs = {}
-            blocks = OutputBlocks(runner.output_datatypes, placement)
+            blocks = OutputBlocks(runner.output_datatypes, in_place)
             try:
                 placed = blocks.place(result.results, whole, message.requests)
                 overflow = message.output_overflow
-                blocks.written(self._write(blocks.layout, message.output_arena, overflow, placement.end, keep))
+                blocks.written(self._write(blocks.layout, message.output_arena, overflow, in_place.end, keep))
             except (GeserveError, OSError) as error:  # the outputs do not fit in /dev/shm: every request fails
                 if isinstance(error, OSError):
                     error = UnavailableError(f"the batch's outputs cannot be placed in shared memory: {error}")
-                blocks, placed = OutputBlocks(runner.output_datatypes, placement), (error,) * len(message.requests)
+                blocks, placed = OutputBlocks(runner.output_datatypes, in_place), (error,) * len(message.requests)
             parameters = tuple(response_parameters(outcome) for outcome in result.results)
             kept = parameters if any(parameters) else ()
             return BatchPlaced(
@@ -191,7 +194,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         inboxes.append(Inbox(connection, runner.cancelled, outbox, threaded, loading=spec.model_name))
 
     try:
-        segments = _Segments(spec)
+        batches = _ShmBatchRunner(spec)
         config = runner.load(open_inbox)
     except ModelLoadError as error:
         outbox.send(LoadFailed(error.message))
@@ -210,7 +213,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         while True:
             if running is not None and not inbox.ready(waiter.done if waiter is not None else None):
                 finished, running = running, None
-                if not _answer(segments, runner, outbox, finished, waiter):
+                if not _answer(batches, runner, outbox, finished, waiter):
                     break
                 continue
             try:
@@ -221,18 +224,18 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                 break
             if isinstance(message, Shutdown):
                 if running is not None:
-                    _answer(segments, runner, outbox, running, waiter)
+                    _answer(batches, runner, outbox, running, waiter)
                     running = None
                 break
             if isinstance(message, RunBatch):
                 if running is not None and not runner.stages_ahead:
                     finished, running = running, None
-                    if not _answer(segments, runner, outbox, finished, waiter):
+                    if not _answer(batches, runner, outbox, finished, waiter):
                         break
-                staged = segments.stage(runner, message)
+                staged = batches.stage(runner, message)
                 if running is not None:
                     finished, running = running, None
-                    if not _answer(segments, runner, outbox, finished, waiter):
+                    if not _answer(batches, runner, outbox, finished, waiter):
                         runner.discard(staged.batch)  # its requests fail with the retiring worker
                         _close(staged.extra)
                         break
@@ -259,12 +262,12 @@ class _DeviceWaiter:
     def __init__(self, runner: InstanceRunner) -> None:
         self._runner = runner
         self.done, self._signal = multiprocessing.Pipe(duplex=False)
-        self._batches: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[StagedBatch | None] = queue.SimpleQueue()
         self._pending = 0
         self._thread = threading.Thread(target=self._run, name="geserve-device-wait", daemon=True)
         self._thread.start()
 
-    def watch(self, batch: Batch) -> None:
+    def watch(self, batch: StagedBatch) -> None:
         self._pending += 1
         self._batches.put(batch)
 
@@ -288,13 +291,13 @@ class _DeviceWaiter:
 
 
 def _answer(
-    segments: _Segments, runner: InstanceRunner, outbox: Outbox, running: _Running, waiter: _DeviceWaiter | None
+    batches: _ShmBatchRunner, runner: InstanceRunner, outbox: Outbox, running: _Running, waiter: _DeviceWaiter | None
 ) -> bool:
     """Finish a batch and send its answer; False when the device failed under it and the worker must go."""
     if waiter is not None:
         waiter.take()
     requests = running.message.requests
-    placed = segments.finish(runner, running, outbox.emitter(requests) if requests else None)
+    placed = batches.finish(runner, running, outbox.emitter(requests) if requests else None)
     try:
         outbox.send(placed)
     except GeserveError as refused:  # over the channel's limit (the model's response parameters): nothing was sent

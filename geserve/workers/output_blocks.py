@@ -8,7 +8,7 @@ from geserve.backends.base import RequestResult
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError
 from geserve.workers.messages import PlacedResult, RequestInfo, RowRange
-from geserve.workers.shm import OutputPlacement, TensorLayout, TensorRef
+from geserve.workers.shm import InPlaceOutputs, TensorLayout, TensorRef
 
 
 class OutputBlocks:
@@ -17,9 +17,9 @@ class OutputBlocks:
     get consecutive views of it) or wrote it in place; per-request outputs (python models) are stacked
     into one block when their dims agree, else each is a block of its own (BYTES, ragged shapes)."""
 
-    def __init__(self, datatypes: dict[str, str], placement: OutputPlacement) -> None:
+    def __init__(self, datatypes: dict[str, str], in_place: InPlaceOutputs) -> None:
         self._datatypes = datatypes
-        self._placement = placement
+        self._in_place = in_place
         self._blocks: list[TensorRef | int] = []  # a ref in place, or the layout entry to be written
         self.layout = TensorLayout()
         self._written: tuple[TensorRef, ...] = ()
@@ -59,7 +59,7 @@ class OutputBlocks:
 
     def _block(self, name: str, array: np.ndarray) -> int:
         block = len(self._blocks)
-        ref = self._placement.ref_of(name, array)
+        ref = self._in_place.ref_of(name, array)
         if ref is not None:
             self._blocks.append(ref)
         else:

@@ -1,4 +1,4 @@
-"""InstancePool: a model version's instances (placement, start, idle/busy, restarts, retirement) and its factory."""
+"""InstancePool: a version's instances (placement, start, idle/busy, restarts, retirement); InstancePools makes them."""
 
 from __future__ import annotations
 
@@ -170,8 +170,9 @@ class InstancePool:
 MAX_INSTANCES_PER_SERVER = 256
 
 
-class PoolFactory:
-    """Builds started pools from configs: what core calls to bring a model version up, injected by the server."""
+class InstancePools:
+    """Builds started pools from configs and counts every instance they hold against the server's cap: core's
+    PoolFactory (core.pool_factory), injected by the server."""
 
     # Names of the shared-memory segments the workers create (any run's); clients may not register them.
     segment_prefix = SHM_PREFIX

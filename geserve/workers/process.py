@@ -134,10 +134,10 @@ class ProcessWorker:
             self._chains.remove(batch.chain)
 
     async def _execute(self, batch: Batch) -> BatchResult:
-        placement = await self._arenas.place(batch.inputs)
+        slot = await self._arenas.write_inputs(batch.inputs)
         channel = self._supervisor.channel
         if not self.alive or channel is None:
-            self._arenas.release(placement, False)
+            self._arenas.release(slot, False)
             raise UnavailableError(self._supervisor.exited_message())
         stream_ids = channel.open_streams(batch.streams)  # request index -> stream id
         infos = list(batch.requests)
@@ -152,15 +152,15 @@ class ProcessWorker:
             # A pipeline's step: its outputs go to a segment of their own, which the next step reads in place.
             handoff_segment = self._handoff.acquire() if batch.keep_outputs else ""
         except BaseException:  # /dev/shm full: the batch fails, and its arena slot and streams are let go
-            self._arenas.release(placement, False)
+            self._arenas.release(slot, False)
             channel.forget_streams(stream_ids.values())
             _unwatch(cancellable)
             raise
         try:
-            arena, overflow = placement.output_arena, handoff_segment or placement.output_overflow
+            arena, overflow = slot.output_arena, handoff_segment or slot.output_overflow
             message = RunBatch(
                 channel.new_id(),
-                placement.inputs,
+                slot.inputs,
                 batch.output_names,
                 arena,
                 overflow,
@@ -185,7 +185,7 @@ class ProcessWorker:
             # The pipe broke (or was closed on EOF) before the exit was reaped: the worker is gone.
             raise UnavailableError(self._supervisor.exited_message()) from None
         finally:
-            self._arenas.release(placement, collected)
+            self._arenas.release(slot, collected)
             if handoff_segment:
                 self._handoff.release(handoff_segment)
             channel.forget_streams(stream_ids[index] for index in failed)

@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class Batch:
-    """One batch between `stage` and `finish`: what it runs on, and its result if it already failed."""
+class StagedBatch:
+    """A batch in the runner's hands, from `stage` to `finish`: the arrays it runs on, what the backend staged of
+    it, and its result if it already failed. (The batch a scheduler hands an instance is workers.batch.Batch.)"""
 
     inputs: Mapping[str, np.ndarray]
     output_names: tuple[str, ...]
@@ -104,10 +105,10 @@ class InstanceRunner:
 
     def stage(
         self, inputs: Mapping[str, np.ndarray], output_names: tuple[str, ...], requests: Sequence[RequestInfo]
-    ) -> Batch:
+    ) -> StagedBatch:
         """A batch made ready to launch: a pipelined backend copies its inputs to the device now, even while
         the batch before it runs."""
-        batch = Batch(inputs, output_names, requests, time.monotonic_ns())
+        batch = StagedBatch(inputs, output_names, requests, time.monotonic_ns())
         loaded = self._loaded
         if loaded is None:
             batch.failure = self._failed(
@@ -125,7 +126,7 @@ class InstanceRunner:
             batch.failure = self._failed(error, requests, batch.started)
         return batch
 
-    def launch(self, batch: Batch) -> None:
+    def launch(self, batch: StagedBatch) -> None:
         """Start a staged batch (the one launched before it has finished)."""
         backend = self._pipeline
         if batch.staged is None or batch.failure is not None or backend is None:
@@ -155,13 +156,13 @@ class InstanceRunner:
         implicit state, which the next batch must read only after the running one has updated it."""
         return self.pipelined and not self._states
 
-    def wait(self, batch: Batch) -> None:
+    def wait(self, batch: StagedBatch) -> None:
         """Block until a launched batch is done on the device (from a thread of its own); never raises."""
         backend = self._pipeline
         if batch.staged is not None and batch.failure is None and backend is not None:
             backend.wait(batch.staged)
 
-    def discard(self, batch: Batch) -> None:
+    def discard(self, batch: StagedBatch) -> None:
         """Give back what a staged batch holds on the device when it will never run."""
         backend = self._pipeline
         if batch.staged is not None and batch.failure is None and backend is not None:
@@ -170,7 +171,7 @@ class InstanceRunner:
 
     def finish(
         self,
-        batch: Batch,
+        batch: StagedBatch,
         allocate: OutputAllocator | None = None,
         emit: ResponseEmitter | None = None,
         *,

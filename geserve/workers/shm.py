@@ -164,7 +164,7 @@ class TensorLayout:
         return tuple(refs)
 
 
-class OutputPlacement:
+class InPlaceOutputs:
     """Outputs a backend writes in place, bump-allocated in the output arena while they fit there;
     an output that does not fit gets ordinary memory and is laid out afterwards."""
 
@@ -172,7 +172,7 @@ class OutputPlacement:
         self._buffer = buffer
         self._segment = segment
         self.end = 0
-        self.placed: dict[str, tuple[np.ndarray, TensorRef]] = {}
+        self.allocated: dict[str, tuple[np.ndarray, TensorRef]] = {}
 
     def allocate(self, name: str, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
         dtype = dtypes.from_wire(datatype).numpy
@@ -180,14 +180,14 @@ class OutputPlacement:
         if datatype == "BYTES" or self.end + align(nbytes) > len(self._buffer):
             return np.empty(shape, dtype)
         array: np.ndarray = np.ndarray(shape, dtype=dtype, buffer=self._buffer, offset=self.end)
-        self.placed[name] = (array, TensorRef(name, datatype, tuple(shape), self.end, nbytes, self._segment))
+        self.allocated[name] = (array, TensorRef(name, datatype, tuple(shape), self.end, nbytes, self._segment))
         self.end += align(nbytes)
         return array
 
     def ref_of(self, name: str, array: np.ndarray) -> TensorRef | None:
         """The output's place in the arena, if the backend returned the very array it was given."""
-        placed = self.placed.get(name)
-        return placed[1] if placed is not None and placed[0] is array else None
+        allocated = self.allocated.get(name)
+        return allocated[1] if allocated is not None and allocated[0] is array else None
 
 
 def write_tensors(arrays: Mapping[str, np.ndarray], name: str) -> tuple[TensorRef, ...]:

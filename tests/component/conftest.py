@@ -11,7 +11,7 @@ import pytest
 
 from geserve.core.service import InferenceService
 from geserve.settings import ControlMode, MetricsSettings, RepositorySettings, ServerSettings, WorkerSettings
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 from tests.support import copy_model, write_identity_model
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
@@ -42,7 +42,7 @@ async def in_process_service(
 ) -> InferenceService:
     """The models of `repository`, loaded and served on threads of this process (no server, no socket)."""
     settings = RepositorySettings(paths=(repository,), control_mode=ControlMode.EXPLICIT, startup_models=("*",))
-    pools = PoolFactory(WorkerSettings(process_workers=False))
+    pools = InstancePools(WorkerSettings(process_workers=False))
     service = InferenceService(server or ServerSettings(), settings, pools, metrics=MetricsSettings(**metrics))
     pools.caller = service
     assert await service.load_models() == {}

@@ -60,11 +60,11 @@ def test_a_mapped_input_is_passed_to_the_next_worker_by_reference(arenas: Arenas
     (outputs,) = mapped.map_results(blocks, (((0, 0, -1),),))
     assert isinstance(outputs, dict)
     fresh = np.ones((2, 2), dtype=np.float32)
-    placement = asyncio.run(arenas.place({"IN": [outputs["OUT"]], "OTHER": [fresh]}))
-    by_name = {ref.name: ref for ref in placement.inputs}
+    slot = asyncio.run(arenas.write_inputs({"IN": [outputs["OUT"]], "OTHER": [fresh]}))
+    by_name = {ref.name: ref for ref in slot.inputs}
     assert by_name["IN"].segment == blocks[0].segment and by_name["IN"].offset == blocks[0].offset
     assert by_name["OTHER"].segment in arenas.names  # an ordinary input is written into the arena
-    arenas.release(placement, collected=True)
+    arenas.release(slot, collected=True)
     del outputs
     gc.collect()
     assert not os.path.exists(f"/dev/shm/{blocks[0].segment}")
@@ -103,9 +103,9 @@ def test_a_mapping_is_known_only_to_the_outputs_object_that_made_it(arenas: Aren
     (outputs,) = other.map_results(blocks, (((0, 0, -1),),))
     assert isinstance(outputs, dict)
     assert other.ref_of(outputs["OUT"]) is not None and mapped.ref_of(outputs["OUT"]) is None
-    placement = asyncio.run(arenas.place({"IN": [outputs["OUT"]]}))
-    assert placement.inputs[0].segment in arenas.names  # copied into the arena, not passed by reference
-    arenas.release(placement, collected=True)
+    slot = asyncio.run(arenas.write_inputs({"IN": [outputs["OUT"]]}))
+    assert slot.inputs[0].segment in arenas.names  # copied into the arena, not passed by reference
+    arenas.release(slot, collected=True)
     del outputs
     gc.collect()
     assert not os.path.exists(f"/dev/shm/{blocks[0].segment}")

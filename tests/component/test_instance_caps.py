@@ -11,7 +11,7 @@ from geserve.core.service import InferenceService
 from geserve.errors import GeserveError
 from geserve.settings import ControlMode, RepositorySettings, ServerSettings, WorkerSettings
 from geserve.workers import pool as pools_module
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 from tests.support import write_identity_model
 
 
@@ -22,7 +22,7 @@ def _groups(*counts: int) -> str:
 
 async def _service(repository: Path) -> InferenceService:
     settings = RepositorySettings(paths=(repository,), control_mode=ControlMode.EXPLICIT, startup_models=())
-    pools = PoolFactory(WorkerSettings(process_workers=False))
+    pools = InstancePools(WorkerSettings(process_workers=False))
     service = InferenceService(ServerSettings(), settings, pools)
     pools.caller = service
     assert await service.load_models() == {}

@@ -13,11 +13,11 @@ from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError, InternalError
 from geserve.workers.arenas import Arenas
 from geserve.workers.handoff import MappedOutputs
-from geserve.workers.main import _Segments
+from geserve.workers.main import _ShmBatchRunner
 from geserve.workers.messages import BatchPlaced, InstanceSpec, RequestInfo, RunBatch
 from geserve.workers.output_blocks import OutputBlocks
 from geserve.workers.runs import RunId
-from geserve.workers.shm import OutputPlacement, buffer_of
+from geserve.workers.shm import InPlaceOutputs, buffer_of
 
 
 @pytest.fixture
@@ -37,21 +37,21 @@ def round_trip(
 ) -> tuple[tuple[RequestResult, ...], BatchPlaced]:
     """What the worker answers (through a pickle, as over the pipe), read back as the front-end reads it."""
     _, output_arena = arenas.names
-    segments = _Segments(InstanceSpec("m", 1, "m_0", "identity", b"", "", 0, False, 30, arenas=arenas.names))
+    batches = _ShmBatchRunner(InstanceSpec("m", 1, "m_0", "identity", b"", "", 0, False, 30, arenas=arenas.names))
     message = RunBatch(7, (), ("A", "B"), output_arena, f"{output_arena}_overflow", requests)
-    placement = OutputPlacement(buffer_of(segments.arenas[output_arena]), output_arena)
+    arena_outputs = InPlaceOutputs(buffer_of(batches.arenas[output_arena]), output_arena)
     outputs = dict(whole or {})
     for name, array in (in_place or {}).items():  # as a backend that writes its outputs where it is told
-        target = placement.allocate(name, "FP32", array.shape)
+        target = arena_outputs.allocate(name, "FP32", array.shape)
         target[...] = array
         outputs[name] = target
-    blocks = OutputBlocks({"A": "FP32", "B": "FP32", "S": "BYTES"}, placement)
+    blocks = OutputBlocks({"A": "FP32", "B": "FP32", "S": "BYTES"}, arena_outputs)
     placed = blocks.place(results, outputs, message.requests)
-    blocks.written(segments._write(blocks.layout, output_arena, message.output_overflow, placement.end))
+    blocks.written(batches._write(blocks.layout, output_arena, message.output_overflow, arena_outputs.end))
     answer = pickle.loads(pickle.dumps(BatchPlaced(7, blocks.refs(), placed, 1, 2)))
-    del outputs, placement
+    del outputs, arena_outputs
     collected = asyncio.run(arenas.collect(answer.blocks, answer.results))
-    for segment in segments.arenas.values():
+    for segment in batches.arenas.values():
         segment.close()
     return collected, answer
 

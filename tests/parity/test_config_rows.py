@@ -14,7 +14,7 @@ from geserve.errors import ModelLoadError
 from geserve.repository import config as config_io
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
-from geserve.workers.pool import PoolFactory
+from geserve.workers.pool import InstancePools
 from tests.parity.proof import check_test_file
 from tests.parity.table import Row, rows_of
 
@@ -155,7 +155,7 @@ def load(config: mc.ModelConfig, tmp_path: Path) -> None:
     (folder / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
     if config.backend == "python":
         (folder / "1" / "model.py").write_text(PYTHON_MODEL, encoding="utf-8")
-    prepared, _ = prepare_model(ModelSource(MODEL, folder), PoolFactory(WorkerSettings()))
+    prepared, _ = prepare_model(ModelSource(MODEL, folder), InstancePools(WorkerSettings()))
     config_io.validate_config(prepared)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,18 @@ FORBIDDEN = {
         "geserve.cli",
     ),
     "geserve.offline": (*FRONT_END_PACKAGES, "geserve.server", "geserve.cli"),
+    # ATC is what a worker pool calls to compile a `ge` model and what the offline tools call: below both.
+    "geserve.atc": (
+        "geserve.core",
+        *BELOW_CORE,
+        *FRONT_END_PACKAGES,
+        "geserve.offline",
+        "geserve.multiprocess",
+        "geserve.server",
+        "geserve.cli",
+    ),
+    # The processes the supervisor forks are started from the settings the entry point built, not by it.
+    "geserve.multiprocess": ("geserve.cli", "geserve.__main__"),
     "geserve.repository": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.settings"),
     "geserve.codecs": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.repository", "geserve.settings"),
     "geserve.settings": ("geserve.",),
@@ -80,6 +93,8 @@ FORBIDDEN = {
     "geserve.triton_flags": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.errors": ("geserve.",),
     "geserve.offload": ("geserve.",),
+    "geserve.event_loop": ("geserve.",),
+    "geserve.helper_process": ("geserve.",),
     "geserve.types": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.repository", "geserve.settings"),
     **{module: ("geserve.batching", "geserve.backends") for module in PROTOCOL_SIDE},
     "geserve.multiprocess.supervisor": SUPERVISOR_FORBIDDEN,
@@ -178,6 +193,10 @@ def test_dependency_direction(module: str, path: Path) -> None:
         ("geserve.multiprocess.supervisor", "from geserve.multiprocess.engine import serve_engine"),
         ("geserve.multiprocess.supervisor", "from geserve.multiprocess import protocol"),
         ("geserve.multiprocess.supervisor", "def start():\n    from geserve.core.service import InferenceService"),
+        ("geserve.multiprocess.child", "from geserve.cli import loop_factory"),
+        ("geserve.multiprocess.engine", "def serve():\n    from geserve import cli"),
+        ("geserve.atc.host", "from geserve.workers import devices"),
+        ("geserve.atc.compiler", "def compile():\n    import geserve.workers.pool"),
     ],
 )
 def test_the_rules_catch_what_the_picture_forbids(module: str, source: str) -> None:
@@ -188,12 +207,14 @@ def test_the_rules_catch_what_the_picture_forbids(module: str, source: str) -> N
     ("module", "source"),
     [
         ("geserve.multiprocess.remote", "from geserve.core.api import InferenceAPI"),
-        ("geserve.multiprocess.protocol", "from geserve.core.log_control import LogSettings"),
+        ("geserve.multiprocess.protocol", "from geserve.core.log_control import LogControl"),
         ("geserve.multiprocess.protocol", "from geserve.listeners import http_listener"),
         ("geserve.multiprocess.engine", "from geserve.server import create_service"),
         ("geserve.multiprocess.supervisor", "from geserve.multiprocess.child import run_child"),
         ("geserve.multiprocess.supervisor", "from geserve.workers.runs import RunId"),
         ("geserve.listeners", "import uvicorn"),
+        ("geserve.workers.devices", "from geserve.atc import host"),
+        ("geserve.multiprocess.child", "from geserve.event_loop import loop_factory"),
     ],
 )
 def test_the_rules_allow_what_the_picture_allows(module: str, source: str) -> None:
@@ -205,3 +226,135 @@ def test_every_module_has_a_one_line_docstring(module: str, path: Path) -> None:
     docstring = ast.get_docstring(ast.parse(path.read_text()))
     assert docstring, f"{module} has no module docstring"
     assert "\n" not in docstring.strip(), f"{module}'s docstring should be one line"
+
+
+def _module_named(imported: str, modules: set[str]) -> str | None:
+    """The geserve module an imported name loads: itself, or the module that defines it (`a.b.name` -> `a.b`)."""
+    while imported and imported not in modules:
+        imported = imported.rpartition(".")[0]
+    return imported or None
+
+
+def _imported_modules(module: str, path: Path, modules: set[str]) -> set[str]:
+    """The geserve modules `module` imports anywhere: at the top, in a function, under TYPE_CHECKING. `from a import
+    b` imports module `a.b` when there is one, else module `a` (b is a name defined there)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(_module_named(alias.name, modules) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package
+                for _ in range(node.level - 1):
+                    parent = parent.rpartition(".")[0]
+                base = f"{parent}.{base}" if base else parent
+            found.update(_module_named(f"{base}.{alias.name}", modules) for alias in node.names)
+    return {name for name in found if name is not None and name != module}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative): each is a set of
+    modules every one of which imports, directly or not, every other."""
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = lowlink[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            following = next((n for n in edges if n not in index or n in on_stack), None)
+            if following is not None:
+                if following in index:
+                    lowlink[node] = min(lowlink[node], index[following])
+                else:
+                    index[following] = lowlink[following] = len(index)
+                    stack.append(following)
+                    on_stack.add(following)
+                    work.append((following, iter(sorted(graph[following]))))
+                continue
+            work.pop()
+            if work:
+                lowlink[work[-1][0]] = min(lowlink[work[-1][0]], lowlink[node])
+            if lowlink[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def _a_cycle(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """One circle through a component's first module, for the failure to name (breadth first: the shortest)."""
+    start = component[0]
+    members = set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for target in sorted(graph[node] & members):
+                if target == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if target not in came_from:
+                    came_from[target] = node
+                    following.append(target)
+        frontier = following
+    return component
+
+
+def _import_graph() -> dict[str, set[str]]:
+    found = _modules()
+    names = {name for name, _ in found}
+    return {name: _imported_modules(name, path, names) for name, path in found}
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = _import_graph()
+    circles = [" -> ".join(_a_cycle(component, graph)) for component in _cycles(graph)]
+    assert not circles, "import cycles between geserve modules:\n" + "\n".join(circles)
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}, [["a", "b"], ["c", "d"]]),
+    ],
+)
+def test_the_cycle_finder_finds_every_circle(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert sorted(_cycles(graph)) == expected
+    for component in expected:
+        circle = _a_cycle(component, graph)
+        assert circle[0] == circle[-1] and all(b in graph[a] for a, b in itertools.pairwise(circle))
+
+
+def test_function_level_and_type_checking_imports_count(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from geserve.core import models\n"
+        "if TYPE_CHECKING:\n    from geserve.core.stats import ModelStats\n"
+        "def late():\n    import geserve.cli\n    from geserve.workers import batch\n"
+    )
+    modules = {"geserve.core", "geserve.core.models", "geserve.core.stats", "geserve.cli", "geserve.workers.batch"}
+    found = _imported_modules("geserve.x", source, modules)
+    assert found == {"geserve.core.models", "geserve.core.stats", "geserve.cli", "geserve.workers.batch"}
