@@ -1,4 +1,5 @@
-"""The Ascend chip the deployment targets is one chip: the default image, the chart and the README's ATC recipe."""
+"""The Ascend chip the deployment targets is one chip: the default image, the chart and the ATC recipes of
+docs/ascend.md."""
 
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ def test_the_chip_helpers_read_each_way_of_naming_a_chip() -> None:
     assert chip("910b") == chip("Ascend910B3") == "910B" and chip("Ascend910") == "910"
 
 
-def test_the_readme_atc_recipe_compiles_for_the_default_image_chip() -> None:
+def test_the_docs_atc_recipes_compile_for_the_default_image_chip() -> None:
     # `<this host's chip>` stands for the chip geserve asks the host for when it compiles at load.
-    versions = re.findall(r"--soc_version=([^\s<]\S*)", (ROOT / "README.md").read_text())
-    assert versions, "the README has no ATC recipe"
+    versions = re.findall(r"--soc_version=([^\s<]\S*)", (ROOT / "docs" / "ascend.md").read_text())
+    assert versions, "docs/ascend.md has no ATC recipe"
     assert {chip(version) for version in versions} == {image_chip()}, versions
 
 

@@ -20,9 +20,9 @@ def mentioned_name(row: Row) -> str:
 
 def check_test_file(row: Row) -> None:
     path = ROOT / row.test_file
-    assert row.test_file.startswith("tests/"), f"README line {row.line}: '{row.test_file}' is not a test file"
-    assert path.is_file(), f"README line {row.line}: {row.test_file} does not exist"
+    assert row.test_file.startswith("tests/"), f"{row.where}: '{row.test_file}' is not a test file"
+    assert path.is_file(), f"{row.where}: {row.test_file} does not exist"
     if row.test_file.startswith("tests/parity/"):
         return  # the parity test parametrized by this row is the proof
     word = mentioned_name(row)
-    assert word in path.read_text(encoding="utf-8"), f"README line {row.line}: {row.test_file} never mentions {word}"
+    assert word in path.read_text(encoding="utf-8"), f"{row.where}: {row.test_file} never mentions {word}"

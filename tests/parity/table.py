@@ -1,4 +1,4 @@
-"""The README's "Triton compatibility" tables, parsed: the one list of rows the parity tests check."""
+"""The "Triton compatibility" tables of docs/compatibility.md, parsed: the one list of rows the parity tests check."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-SECTION = "## Triton compatibility"
+PAGE_NAME = "docs/compatibility.md"
+PAGE = ROOT / PAGE_NAME
+TITLE = "# Triton compatibility"
 STATUSES = ("works", "refused", "not applicable")
 
-# Each table's heading starts with one of these; the kind says what its keys name.
+# Each table's `##` heading starts with one of these; the kind says what its keys name.
 KINDS = {
     "Model configuration": "config",
     "tritonserver flags": "flag",
@@ -38,23 +39,35 @@ class Row:
     def id(self) -> str:
         return f"{self.kind}:{self.key}"
 
+    @property
+    def where(self) -> str:
+        """The row's place, for messages: the page and line."""
+        return f"{PAGE_NAME} line {self.line}"
+
+
+def _title_start(text: str) -> int:
+    title = re.search(rf"^{re.escape(TITLE)}$", text, re.MULTILINE)
+    if title is None:
+        raise ValueError(f"no '{TITLE}' heading")
+    return title.start()
+
 
 def section_text(text: str) -> str:
-    """The README's "Triton compatibility" section, up to the next second-level heading."""
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
+    """The page from its "Triton compatibility" title up to the next first-level heading, if any."""
+    start = _title_start(text)
+    end = text.find("\n# ", start + len(TITLE))
     return text[start : end if end >= 0 else len(text)]
 
 
 def parse_rows(text: str) -> list[Row]:
-    """Every table row of the section, each with the kind its `###` heading names."""
+    """Every table row of the section, each with the kind its `##` heading names."""
     rows: list[Row] = []
     kind: str | None = None
     columns: list[str] = []
-    first_line = text[: text.index(SECTION)].count("\n") + 1
+    first_line = text[: _title_start(text)].count("\n") + 1
     for offset, line in enumerate(section_text(text).splitlines()):
-        if line.startswith("### "):
-            title = line.removeprefix("### ")
+        if line.startswith("## "):
+            title = line.removeprefix("## ")
             kind = next((value for prefix, value in KINDS.items() if title.startswith(prefix)), None)
             columns = []
             continue
@@ -83,9 +96,9 @@ def parse_rows(text: str) -> list[Row]:
 
 
 @functools.cache
-def readme_rows() -> tuple[Row, ...]:
-    return tuple(parse_rows(README.read_text(encoding="utf-8")))
+def compatibility_rows() -> tuple[Row, ...]:
+    return tuple(parse_rows(PAGE.read_text(encoding="utf-8")))
 
 
 def rows_of(kind: str) -> list[Row]:
-    return [row for row in readme_rows() if row.kind == kind]
+    return [row for row in compatibility_rows() if row.kind == kind]

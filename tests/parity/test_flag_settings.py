@@ -45,7 +45,7 @@ def _attribute(settings: Settings, path: str) -> object:
 
 @pytest.mark.parametrize("row", [row for row in rows_of("flag") if row.test_file == THIS_FILE], ids=lambda r: r.key)
 def test_flag_reaches_its_setting(row: Row) -> None:
-    assert row.key in SETTINGS, f"README line {row.line} names {THIS_FILE}, which has no case for {row.key}"
+    assert row.key in SETTINGS, f"{row.where} names {THIS_FILE}, which has no case for {row.key}"
     value, path, expected = SETTINGS[row.key]
     default = _attribute(parse_settings(["--model-repository", "model_repository"]), path)
     assert default != expected, "the case must change the setting"

@@ -158,7 +158,7 @@ def test_working_name_is_there(row: Row) -> None:
     else:
         assert resolve_pb_utils(row.key) is not None, f"pb_utils has no {row.key}"
     if row.test_file == THIS_FILE:
-        assert row.key in BEHAVIOUR, f"README line {row.line} names {THIS_FILE}, which has no case for {row.key}"
+        assert row.key in BEHAVIOUR, f"{row.where} names {THIS_FILE}, which has no case for {row.key}"
         assert BEHAVIOUR[row.key]()
     else:
         check_test_file(row)

@@ -1,22 +1,22 @@
-"""The README table parser: headings pick the kind, header names pick the columns, nothing else is a row."""
+"""The compatibility table parser: headings pick the kind, header names pick the columns, nothing else is a row."""
 
 from __future__ import annotations
 
 from tests.parity.table import parse_rows
 
-TEXT = """# title
+TEXT = """<!-- a line before the title -->
 
-## Triton compatibility
+# Triton compatibility
 
 Prose with a | pipe that is not a table.
 
-### Model configuration (`config.pbtxt`)
+## Model configuration (`config.pbtxt`)
 
 | field | status | how or why | proved by |
 |---|---|---|---|
 | `max_batch_size` | works | the batch dim | `tests/unit/test_config.py` |
 
-### tritonserver flags
+## tritonserver flags
 
 | flag | group | status | how or why | proved by |
 |---|---|---|---|---|
@@ -24,6 +24,14 @@ Prose with a | pipe that is not a table.
 
 ## Next section
 
+| `ignored` | works | under a heading of no kind | `x` |
+
+# Another page
+
+## Python backend API
+
+| name | status | how or why | proved by |
+|---|---|---|---|
 | `ignored` | works | outside the section | `x` |
 """
 

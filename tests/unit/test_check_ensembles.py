@@ -23,7 +23,7 @@ DIGITS = ("digits_ensemble", "digits_preprocess", "digits", "digits_postprocess"
 
 
 def test_check_passes_the_shipped_repository() -> None:
-    # The command the README recommends for CI, run as a user runs it.
+    # The command docs/ascend.md recommends for CI, run as a user runs it.
     result = subprocess.run(
         [sys.executable, "-m", "geserve", "check", "--model-repository", str(MODEL_REPOSITORY)],
         capture_output=True,

@@ -1,5 +1,5 @@
-"""The README's first steps hold in a clone: the `geserve inspect` example names a file the clone has and prints
-what the command prints."""
+"""The docs' `geserve inspect` example holds in a clone: it names a file the clone has and shows what the command
+prints."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ _CONSOLE = re.compile(r"```console\n\$ \.venv/bin/geserve inspect (\S+)\n(.*?)``
 
 
 def test_the_inspect_example_runs_on_a_tracked_file_and_shows_its_output() -> None:
-    examples = _CONSOLE.findall((ROOT / "README.md").read_text())
-    assert examples, "the README shows `.venv/bin/geserve inspect` on a file of this repository"
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    examples = [example for page in pages for example in _CONSOLE.findall(page.read_text())]
+    assert _CONSOLE.findall((ROOT / "docs" / "ascend.md").read_text()), "docs/ascend.md shows no `geserve inspect`"
     for path, shown in examples:
         assert (ROOT / path).is_file(), f"{path} does not exist"
         if (ROOT / ".git").exists():  # a clone, not an unpacked sdist: the file must be committed, not just here
