@@ -107,7 +107,7 @@ TRITONSERVER_FLAGS = (
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """The tritonserver flags above, hidden from --help (the README's table lists them)."""
+    """The tritonserver flags above, hidden from --help (docs/compatibility.md lists them)."""
     for flag in (*IGNORED, *REFUSED, "--backend-config"):
         parser.add_argument(flag, action="append", nargs="?", const="true", help=argparse.SUPPRESS)
 

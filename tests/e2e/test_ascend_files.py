@@ -67,9 +67,9 @@ parameters {
 """
 
 
-def _readme_config() -> str:
-    """The example config.pbtxt of the README's "Serving on Ascend" section, as printed there."""
-    text = (ROOT / "README.md").read_text()
+def _documented_config() -> str:
+    """The example config.pbtxt of docs/ascend.md, as printed there."""
+    text = (ROOT / "docs" / "ascend.md").read_text()
     section = text[text.index("**Configure**") :]
     block = re.search(r"```\n(.*?)```", section, re.S)
     assert block is not None
@@ -91,7 +91,7 @@ def _repository(root: Path) -> Path:
     (repository / "resnet50_v2" / "1").mkdir(parents=True)
     (repository / "resnet50_v2" / "config.pbtxt").write_text(GE_BACKEND_CONFIG)
     write_om(repository / "resnet50" / "1" / "resnet50_bs16.om", resnet50_description([1, 2, 4, 8, 16], "resnet50_v2"))
-    (repository / "resnet50" / "config.pbtxt").write_text(_readme_config())
+    (repository / "resnet50" / "config.pbtxt").write_text(_documented_config())
     return repository
 
 
