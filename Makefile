@@ -43,14 +43,20 @@ lint: $(STAMP_TEST)
 typecheck: $(STAMP_TEST)
 	$(BIN)/mypy
 
-# The whole suite with every server one process, then the e2e suite again with each a supervisor, an engine and
-# two protocol processes (--frontend-processes=2).
+# Test processes per pass (pytest-xdist), each taking whole files so that a file's shared servers start once: the
+# end-to-end tests mostly wait on their servers, so three keep two cores busy.
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
+
+# The whole suite with every server one process, then the end-to-end tests the process layout can change again with
+# each server a supervisor, an engine and two protocol processes (--frontend-processes=2). The files marked
+# one_layout hold what only the engine, the workers and the backends do (or choose their layouts themselves).
 test: lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider
-	$(MAKE) test-multiprocess
+	$(PYTEST)
+	$(MAKE) --no-print-directory test-multiprocess
 
 test-multiprocess: $(STAMP_TEST)
-	GESERVE_TEST_FRONTEND_PROCESSES=2 $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e
+	GESERVE_TEST_FRONTEND_PROCESSES=2 $(PYTEST) -m "not one_layout" tests/e2e
 
 protos: $(STAMP_TEST)
 	$(BIN)/python scripts/gen_protos.py

@@ -68,7 +68,19 @@ def run_tests(version: str, target: Path) -> int:
     if seen != version:
         raise SystemExit(f"expected uvicorn {version} on the path, got {seen}")
     print(f"uvicorn {version}:", flush=True)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        str(len(TESTS)),
+        "--dist",
+        "loadfile",
+    ]
+    command += TESTS
     return subprocess.run(command, env=env, cwd=ROOT, check=False).returncode
 
 

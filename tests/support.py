@@ -20,11 +20,19 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from geserve.workers.runs import run_of
 from geserve.workers.shm import SHM_DIRECTORY, SHM_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = ROOT / "model_repository"
+# Triton's perf_analyzer, built for this glibc, in the project's shared folder (tests/e2e/conftest.py).
+PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+# A few short windows; the tests check that perf_analyzer runs against geserve, not how steady the machine is, so any
+# three windows count as stable (its stability rule compares windows with each other; on a loaded test machine
+# they can differ by more than 100 %).
+PERF_ANALYZER_WINDOWS = ("--measurement-interval", "500", "--max-trials", "4", "--stability-percentage", "1000")
 # The pids of the geserve servers this test process started (GeserveProcess, unless told it is a stranger's).
 SUITE_SERVERS: set[int] = set()
 # How many protocol processes the suite's servers run (`--frontend-processes`); unset or empty: 1, one process.
@@ -118,6 +126,15 @@ def http_status(url: str) -> int:
     except urllib.error.HTTPError as error:
         with error:  # an unclosed error response is a ResourceWarning later, in another test
             return int(error.code)
+
+
+def run_perf_analyzer(perf_analyzer: str, *args: str, timeout_s: float = 300) -> str:
+    """perf_analyzer with `args` for a few short windows; returns its output after checking it succeeded."""
+    command = [perf_analyzer, *args, *PERF_ANALYZER_WINDOWS]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    return output
 
 
 class GeserveProcess:
@@ -339,6 +356,30 @@ def start_echo(launch: Callable[..., GeserveProcess], repository: Path, *flags: 
     """A server whose repository holds the identity model `echo` (FP32 [-1])."""
     write_identity_model(repository, "echo")
     return launch(f"--model-repository={repository}", *flags).wait_live()
+
+
+def binary_infer_request(data: np.ndarray, model: str = "echo", extra_headers: str = "") -> tuple[bytes, bytes]:
+    """The head and the body of an HTTP/1.1 infer request for `model` (input INPUT0, output OUTPUT0, FP32) with
+    the binary tensor extension: `data`'s bytes after the JSON header, the output asked for as binary."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": list(data.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": data.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    body = header + data.tobytes()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n{extra_headers}\r\n"
+    )
+    return head.encode(), body
 
 
 def connect_http(server: GeserveProcess) -> socket.socket:

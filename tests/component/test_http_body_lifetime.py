@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import weakref
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,6 +14,7 @@ from geserve.core.service import InferenceService
 from geserve.http.connections import TransportHooks
 from geserve.listeners import Listener, http_listener
 from geserve.settings import HttpSettings, Restriction, Settings
+from tests.support import binary_infer_request
 
 # 1 MiB of FP32 data: far above the size from which bodies are read in place.
 ELEMENTS = 1 << 18
@@ -62,25 +62,7 @@ async def listening(
 
 
 def infer_request(data: np.ndarray) -> bytes:
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": [1, data.size],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": data.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    body = header + data.tobytes()
-    head = (
-        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
-    )
-    return head.encode() + body
+    return b"".join(binary_infer_request(data.reshape(1, -1)))
 
 
 async def response(reader: asyncio.StreamReader) -> tuple[int, bytes]:

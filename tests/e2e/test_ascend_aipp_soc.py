@@ -20,7 +20,7 @@ from tests.fakes.om_models import (
 from tests.fakes.om_writer import write_om
 from tests.support import GeserveProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 HOST_SOC = "Ascend910B3"  # what the simulated chip calls itself in this file's server
 HEIGHT, WIDTH = 16, 16

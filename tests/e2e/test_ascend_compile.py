@@ -28,7 +28,7 @@ from tests.fakes import atc as fake_atc
 from tests.fakes.om_models import FEATURES, affine_onnx, affine_reference, write_affine_om
 from tests.support import ROOT, GeserveProcess, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 # The config a Triton user has for the ONNX model, with `backend: "onnxruntime"` changed to "ge".
 CONFIG = """

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
 from tests.support import GeserveProcess, copy_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 CPU_CONFIG = """

@@ -19,7 +19,7 @@ from tests.fakes.om_models import resnet50_description
 from tests.fakes.om_writer import write_om
 from tests.support import ROOT, GeserveProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 SAMPLES = ROOT / "tests" / "data" / "om-samples"
 

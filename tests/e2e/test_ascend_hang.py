@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
 from tests.support import GeserveProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 CONFIG = """

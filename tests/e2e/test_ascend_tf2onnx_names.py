@@ -17,7 +17,7 @@ from tests.fakes.acl.om import twin_path
 from tests.fakes.om_writer import write_om
 from tests.support import GeserveProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 FEATURES = 3

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, copy_model, segments_of_server, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
 
 

@@ -4,7 +4,6 @@ inputs have a bounded element count."""
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import time
 from collections.abc import Callable
@@ -16,7 +15,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, connect_http, read_until_closed, start_echo, write_identity_model
+from tests.support import (
+    GeserveProcess,
+    binary_infer_request,
+    connect_http,
+    read_until_closed,
+    start_echo,
+    write_identity_model,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -59,26 +65,7 @@ def test_a_request_head_over_the_cap_gets_431_and_the_server_serves_on(launch: L
 
 
 def large_infer(extra_headers: str = "") -> bytes:
-    data = np.ones((1, ELEMENTS), dtype=np.float32)
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": list(data.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": data.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    body = header + data.tobytes()
-    head = (
-        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n{extra_headers}\r\n"
-    )
-    return head.encode() + body
+    return b"".join(binary_infer_request(np.ones((1, ELEMENTS), dtype=np.float32), extra_headers=extra_headers))
 
 
 def never_reading(server: GeserveProcess, extra_headers: str = "") -> socket.socket:

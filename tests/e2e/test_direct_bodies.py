@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import gzip
-import json
 import socket
 import time
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.support import GeserveProcess, connect_http, http_status, read_until_closed, start_echo
+from tests.support import GeserveProcess, binary_infer_request, connect_http, http_status, read_until_closed, start_echo
 
 # 64k FP32 values: 256 KiB of tensor data, far above the size from which bodies are read in place.
 ELEMENTS = 1 << 16
@@ -25,25 +24,7 @@ def values(seed: int) -> np.ndarray:
 
 def binary_request(data: np.ndarray, extra_headers: str = "") -> tuple[bytes, bytes]:
     """The head and the body of a binary-tensor infer request for `echo`."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": [1, data.size],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": data.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    body = header + data.tobytes()
-    head = (
-        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: geserve\r\nContent-Length: {len(body)}\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n{extra_headers}\r\n"
-    )
-    return head.encode(), body
+    return binary_infer_request(data.reshape(1, -1), extra_headers=extra_headers)
 
 
 class ResponseReader:

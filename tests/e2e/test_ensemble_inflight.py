@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.support import GeserveProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 PROBE = Path(__file__).resolve().parents[1] / "python_models" / "inflight_probe"
 
 

@@ -6,7 +6,6 @@ import os
 import queue
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,11 +18,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_perf_analyzer import perf_analyzer  # noqa: F401 (a fixture)
 from tests.e2e.test_worker_pool import worker_pids
-from tests.support import MODEL_REPOSITORY, GeserveProcess, copy_model, write_identity_model
+from tests.support import MODEL_REPOSITORY, GeserveProcess, copy_model, run_perf_analyzer, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 Launch = Callable[..., GeserveProcess]
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
 
@@ -123,14 +121,9 @@ def test_sixteen_concurrent_clients_each_get_their_own_answer(server: GeservePro
     assert int(composing_after) - int(composing_before) == 64
 
 
-def test_perf_analyzer_drives_the_ensemble(server: GeserveProcess, perf_analyzer: str) -> None:  # noqa: F811
-    command = [
-        perf_analyzer, "-m", "digits_ensemble", "-u", server.url, "--concurrency-range", "4",
-        "--measurement-interval", "500", "--max-trials", "4", "--stability-percentage", "100",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Throughput:" in result.stdout
+def test_perf_analyzer_drives_the_ensemble(server: GeserveProcess, perf_analyzer: str) -> None:
+    output = run_perf_analyzer(perf_analyzer, "-m", "digits_ensemble", "-u", server.url, "--concurrency-range", "4")
+    assert "Throughput:" in output
 
 
 # -- graphs, errors and failures ------------------------------------------------------------------------

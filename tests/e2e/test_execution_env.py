@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 MARKER = "only in the execution environment"
 SERVER_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -40,7 +40,7 @@ from tests.support import (
     write_identity_model,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 Launch = Callable[..., GeserveProcess]
 TWO = "--frontend-processes=2"
 # Fresh connections per check: at least this many, more (up to MOST) until both protocol processes served one.

@@ -55,6 +55,7 @@ if _REASON and os.environ.get("GESERVE_NPU_REQUIRED") == "1":
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.npu,
+    pytest.mark.one_layout,
     pytest.mark.skipif(bool(_REASON), reason=_REASON or "-"),
     pytest.mark.timeout(1800),
 ]

@@ -23,7 +23,7 @@ from tests.support import GeserveProcess, free_port, write_identity_model
 
 boto3 = pytest.importorskip("boto3")
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 Launch = Callable[..., GeserveProcess]
 REGION = "us-east-1"

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from tests.fakes.op_library import build_op_library
 from tests.support import GeserveProcess, copy_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 TUNED = """
 optimization {{ graph {{ level: 1 }} }}

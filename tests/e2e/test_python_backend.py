@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, copy_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 MODELS = Path(__file__).resolve().parents[1] / "python_models"
 

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, copy_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 # Reports, with each request's own doubled input, how many requests shared its execute.
 RAGGED_MODEL = """

@@ -8,7 +8,7 @@ import pytest
 
 from tests.reliability import chaos, soak
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 
 def test_a_short_soak_passes_with_every_kind_of_traffic_checked(tmp_path: Path) -> None:

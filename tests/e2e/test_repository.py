@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import MODEL_REPOSITORY, GeserveProcess, copy_model, http_status, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 
 Launch = Callable[..., GeserveProcess]

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, copy_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 AGENT = 'model_repository_agents {{ agents {{ name: "{name}" parameters {{ key: "MD5:1/model.onnx" value: "{digest}" }} }} }}'
 WRONG = "0" * 32

@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 
 from tests.support import GeserveProcess, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 Launch = Callable[..., GeserveProcess]
 CACHE = "--cache-config=local,size=1048576"
 

@@ -6,7 +6,6 @@ import os
 import queue
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_perf_analyzer import perf_analyzer  # noqa: F401 (a fixture)
 from tests.e2e.test_worker_pool import worker_pids
-from tests.support import MODEL_REPOSITORY, GeserveProcess
+from tests.support import MODEL_REPOSITORY, GeserveProcess, run_perf_analyzer
 
 pytestmark = pytest.mark.e2e
 Launch = Callable[..., GeserveProcess]
@@ -543,7 +541,7 @@ def test_sigterm_lets_in_flight_sequence_requests_finish(launch: Launch, tmp_pat
 @pytest.mark.timeout(600)
 def test_perf_analyzer_runs_sequences(
     sequence_server: GeserveProcess,
-    perf_analyzer: str,  # noqa: F811 - the fixture
+    perf_analyzer: str,
     model: str,
     protocol: str,
     extra: tuple[str, ...],
@@ -551,14 +549,10 @@ def test_perf_analyzer_runs_sequences(
     http = httpclient.InferenceServerClient(sequence_server.url)
     before = http.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
     port = sequence_server.http_port if protocol == "http" else sequence_server.grpc_port
-    command = [
+    output = run_perf_analyzer(
         perf_analyzer, "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "--sequence-length", "20",
-        "--concurrency-range", "6", "--measurement-interval", "500", "--max-trials", "4",
-        "--stability-percentage", "100", *extra,
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+        "--concurrency-range", "6", *extra,
+    )  # fmt: skip
     assert "Throughput:" in output
     after = http.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
     assert after["fail"]["count"] == before["fail"]["count"], "perf_analyzer's sequences met errors"

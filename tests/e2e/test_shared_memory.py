@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.e2e.test_perf_analyzer import perf_analyzer, run_briefly  # noqa: F401 - the fixture
+from tests.e2e.test_perf_analyzer import run_briefly
 from tests.support import GeserveProcess, copy_model, server_pids
 
 pytestmark = pytest.mark.e2e
@@ -268,7 +268,7 @@ def test_cuda_endpoints_exist_but_cannot_register(shm_server: GeserveProcess) ->
 
 
 @pytest.mark.timeout(600)
-def test_perf_analyzer_with_system_shared_memory(shm_server: GeserveProcess, perf_analyzer: str) -> None:  # noqa: F811
+def test_perf_analyzer_with_system_shared_memory(shm_server: GeserveProcess, perf_analyzer: str) -> None:
     output = run_briefly(perf_analyzer, "http", shm_server.url, "--shared-memory", "system")
     assert "Server:" in output and "compute infer" in output
     assert httpclient.InferenceServerClient(shm_server.url).get_system_shared_memory_status() == []

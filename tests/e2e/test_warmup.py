@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tests.fakes.om_models import write_affine_om
 from tests.support import GeserveProcess, copy_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, write_identity_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 Launch = Callable[..., GeserveProcess]
 WORKER_UP = re.compile(r"instance (\S+) of model '(\S+)' is up \(pid (\d+)\)")
 

@@ -34,6 +34,7 @@ from tests.reliability.load import (
 )
 from tests.support import (
     GeserveProcess,
+    binary_infer_request,
     descendants,
     http_status,
     segments_of_server,
@@ -393,24 +394,12 @@ def _oversized_head(server: GeserveProcess) -> bool:
 
 def _unread_response(server: GeserveProcess, elements: int) -> socket.socket:
     """A connection that asks for `elements` FP32 values back and reads none of them."""
-    data = np.ones((1, elements), dtype=np.float32)
-    tensor = {"name": "INPUT0", "shape": [1, elements], "datatype": "FP32"}
-    header = json.dumps(
-        {
-            "inputs": [{**tensor, "parameters": {"binary_data_size": data.nbytes}}],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    body = header + data.tobytes()
-    head = (
-        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: chaos\r\nContent-Length: {len(body)}\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
-    )
+    head, body = binary_infer_request(np.ones((1, elements), dtype=np.float32))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(30)
     sock.connect(("127.0.0.1", server.http_port))
-    sock.sendall(head.encode() + body)
+    sock.sendall(head + body)
     return sock
 
 

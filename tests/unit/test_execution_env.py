@@ -11,6 +11,7 @@ import sys
 import tarfile
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -309,6 +310,9 @@ def test_the_worker_interpreter_ignores_the_server_python_variables_and_finds_th
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = _folder_environment(tmp_path)
+    # The launch starts this process's resource tracker if it is not running yet, with this process's variables:
+    # started under the PYTHONHOME below, it would die at once, and every later test of this process with it.
+    resource_tracker.ensure_running()
     # A PYTHONHOME of the server's would make the environment's interpreter look for its standard library there.
     monkeypatch.setenv("PYTHONHOME", str(tmp_path / "no-python-here"))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nothing"))
