@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,11 +96,13 @@ def kserve_objects() -> list[dict[str, Any]]:
     return objects
 
 
+@functools.cache
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) -> openAPIV3Schema of every CRD in ../shared/crds."""
+    """(apiVersion, kind) -> openAPIV3Schema of every CRD in ../shared/crds; read once (megabytes of YAML), so
+    callers must not change what it returns."""
     schemas = {}
     for path in sorted(CRDS.glob("*/*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+        crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
             # Go regexps allow "^(?i)..."; Python wants inline flags first.
