@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +263,25 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie (one that has exited and waits only to be reaped)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Whether `condition` comes true within `timeout_s` (asked every 50 ms, and once more at the end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
 def command_line(pid: int) -> list[str]:
     """The arguments process `pid` was started with; empty once it is gone."""
     try:
@@ -324,14 +343,50 @@ def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path
     return target
 
 
-IDENTITY_CONFIG = """
-name: "{name}"
-backend: "identity"
-max_batch_size: {max_batch_size}
-input [ {{ name: "INPUT0" data_type: {dtype} dims: [ {dims} ] }} ]
-output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ {dims} ] }} ]
-{extra}
-"""
+def config_text(
+    name: str,
+    *,
+    backend: str = "",
+    platform: str = "",
+    max_batch_size: int = 0,
+    inputs: Sequence[tuple[str, str, str]] = (),
+    outputs: Sequence[tuple[str, str, str]] = (),
+    extra: str = "",
+) -> str:
+    """A model's config.pbtxt (a `backend`, or else a `platform`). Each tensor is (name, data type, dims as
+    config.pbtxt writes them: "-1", "2, 3"); `extra` is the rest of the config (batching, instances, parameters,
+    warmup, ensemble steps) as text."""
+
+    def tensors(declared: Sequence[tuple[str, str, str]]) -> str:
+        return ", ".join(f'{{ name: "{n}" data_type: {dtype} dims: [ {dims} ] }}' for n, dtype, dims in declared)
+
+    kind = f'backend: "{backend}"' if backend else f'platform: "{platform}"'
+    return (
+        f'name: "{name}"\n{kind}\nmax_batch_size: {max_batch_size}\n'
+        f"input [ {tensors(inputs)} ]\noutput [ {tensors(outputs)} ]\n{extra}\n"
+    )
+
+
+def identity_config(
+    name: str,
+    dtype: str = "TYPE_FP32",
+    dims: str = "-1",
+    max_batch_size: int = 8,
+    extra: str = "",
+    delay_ms: int | str | None = None,
+) -> str:
+    """The config of an `identity` model: what comes in as INPUT0 goes out as OUTPUT0, after `delay_ms` in each
+    execute where given (the backend's `execute_delay_ms`; one that is not a number fails the load)."""
+    if delay_ms is not None:
+        extra += f'\nparameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}'
+    return config_text(
+        name,
+        backend="identity",
+        max_batch_size=max_batch_size,
+        inputs=[("INPUT0", dtype, dims)],
+        outputs=[("OUTPUT0", dtype, dims)],
+        extra=extra,
+    )
 
 
 def write_identity_model(
@@ -342,12 +397,23 @@ def write_identity_model(
     max_batch_size: int = 8,
     extra: str = "",
     versions: tuple[int, ...] = (1,),
+    delay_ms: int | str | None = None,
 ) -> Path:
+    """An `identity` model's folder (`identity_config`), with a folder for each of `versions`."""
     folder = repository / name
     folder.mkdir(parents=True, exist_ok=True)
     for version in versions:
         (folder / str(version)).mkdir(parents=True, exist_ok=True)
-    config = IDENTITY_CONFIG.format(name=name, dtype=dtype, dims=dims, max_batch_size=max_batch_size, extra=extra)
+    config = identity_config(name, dtype, dims, max_batch_size, extra, delay_ms)
+    (folder / "config.pbtxt").write_text(config)
+    return folder
+
+
+def write_python_model(repository: Path, name: str, model_py: str, config: str) -> Path:
+    """A python-backend model's folder: its config and version 1's model.py."""
+    folder = repository / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(model_py)
     (folder / "config.pbtxt").write_text(config)
     return folder
 
@@ -380,6 +446,24 @@ def binary_infer_request(data: np.ndarray, model: str = "echo", extra_headers: s
         f"Inference-Header-Content-Length: {len(header)}\r\n{extra_headers}\r\n"
     )
     return head.encode(), body
+
+
+def run_on_threads(tasks: Sequence[Callable[[], object]], timeout_s: float = 120.0) -> None:
+    """Every task on a thread of its own, all side by side; what any of them raised fails the caller, together."""
+    failures: list[BaseException] = []
+
+    def run(task: Callable[[], object]) -> None:
+        try:
+            task()
+        except BaseException as error:  # reported below, with the others
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(task,)) for task in tasks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    assert not failures, failures
 
 
 def connect_http(server: GeserveProcess) -> socket.socket:

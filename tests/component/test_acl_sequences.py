@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -14,7 +13,7 @@ from geserve.repository.config import parse_config_text
 from geserve.workers.messages import SEQUENCE_END, SEQUENCE_READY, SEQUENCE_START, InstanceSpec, RequestInfo
 from geserve.workers.runner import InstanceRunner
 from tests.fakes.acl.om import twin_path
-from tests.fakes.om_models import write_affine_om
+from tests.fakes.om_models import onnx_bytes, write_affine_om
 from tests.fakes.om_writer import write_om
 
 GEARS = [1, 2, 4]
@@ -52,10 +51,7 @@ def _graph() -> bytes:
         [helper.make_tensor_value_info(n, TensorProto.INT32, column) for n in ("OUTPUT", "OUTPUT_STATE")],
         [helper.make_tensor("hundred", TensorProto.INT32, [], [100])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return onnx_bytes(graph)
 
 
 def _write_om(path: Path) -> Path:

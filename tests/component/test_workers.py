@@ -25,15 +25,7 @@ from geserve.workers.pool import InstancePool
 from geserve.workers.process import ProcessWorker, RestartPolicy
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
-
-IDENTITY = """
-name: "echo"
-backend: "identity"
-max_batch_size: 4
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
-parameters { key: "execute_delay_ms" value: { string_value: "%s" } }
-"""
+from tests.support import identity_config
 
 
 async def outputs_of(scheduler: Scheduler, request: ScheduledRequest) -> dict[str, np.ndarray]:
@@ -41,7 +33,7 @@ async def outputs_of(scheduler: Scheduler, request: ScheduledRequest) -> dict[st
 
 
 def spec(tmp_path: Path, delay_ms: str = "0", backend: str = "identity") -> InstanceSpec:
-    config = parse_config_text(IDENTITY % delay_ms, "test")
+    config = parse_config_text(identity_config("echo", dims="3", max_batch_size=4, delay_ms=delay_ms), "test")
     return InstanceSpec(
         model_name="echo",
         model_version=1,

@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,17 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.deploy.manifests import by_kind, containers_of, kserve_objects
-from tests.support import GeserveProcess, copy_model, free_ports, write_identity_model
+from tests.support import (
+    GeserveProcess,
+    config_text,
+    copy_model,
+    free_ports,
+    write_identity_model,
+    write_python_model,
+)
 
 pytestmark = pytest.mark.e2e
 
-Launch = Callable[..., GeserveProcess]
 SLOW_MODEL = """
 import time
 
@@ -34,13 +39,9 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "IN")]) for r in requests]
 """
-SLOW_CONFIG = """
-name: "slow"
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+SLOW_CONFIG = config_text(
+    "slow", backend="python", inputs=[("IN", "TYPE_INT32", "1")], outputs=[("IN", "TYPE_INT32", "1")]
+)
 
 
 def _status(url: str, method: str = "GET") -> int | None:
@@ -77,12 +78,8 @@ def _runtime_args(
 def test_kubelet_style_run(tmp_path: Path) -> None:
     repository = tmp_path / "mnt-models"
     copy_model("simple", repository)
-    (repository / "slow" / "1").mkdir(parents=True)
-    (repository / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
-    (repository / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
-    write_identity_model(
-        repository, "sleepy", dims="1", extra='parameters { key: "execute_delay_ms" value { string_value: "2000" } }'
-    )
+    write_python_model(repository, "slow", SLOW_MODEL, SLOW_CONFIG)
+    write_identity_model(repository, "sleepy", dims="1", delay_ms=2000)
     http_port, grpc_port, metrics_port = free_ports(3)
     args = _runtime_args(repository, http_port, grpc_port, metrics_port)
     server = GeserveProcess(tmp_path / "geserve.log", *args)
@@ -144,9 +141,7 @@ def test_the_multi_model_runtime_after_a_container_restart(tmp_path: Path) -> No
     """What the model agent had placed in /mnt/models loads again; a model that cannot load leaves the rest up."""
     repository = tmp_path / "mnt-models"
     copy_model("simple", repository)
-    write_identity_model(
-        repository, "broken", extra='parameters { key: "execute_delay_ms" value { string_value: "x" } }'
-    )
+    write_identity_model(repository, "broken", delay_ms="x")  # not a number: its load fails
     http_port, grpc_port, metrics_port = free_ports(3)
     args = _runtime_args(repository, http_port, grpc_port, metrics_port, runtime_name="geserve-mms")
     server = GeserveProcess(tmp_path / "geserve.log", *args)

@@ -19,8 +19,8 @@ import tritonclient.grpc.aio as grpcclient_aio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.fakes.om_models import FEATURES, affine_reference, write_affine_om
-from tests.support import GeserveProcess, copy_model
+from tests.fakes.om_models import FEATURES, affine_config, affine_reference, write_affine_om
+from tests.support import GeserveProcess, config_text, copy_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
@@ -41,15 +41,12 @@ BACKEND_CALLS = {
     "rt.destroy_stream", "rt.destroy_context", "rt.reset_device", "finalize",
 }  # fmt: skip
 
-GEARS_CONFIG = """
-name: "affine_gears"
-backend: "ge"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "s" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0, 1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 20000 }
-"""
+GEARS_CONFIG = affine_config(
+    "affine_gears",
+    max_batch_size=8,
+    extra="instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0, 1 ] } ]\n"
+    "dynamic_batching { max_queue_delay_microseconds: 20000 }",
+)
 STATIC_CONFIG = """
 name: "affine_static"
 platform: "ge"
@@ -58,21 +55,21 @@ instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]
 """
 
 # An ensemble of `.om` models: affine_gears applied twice, y2 = 2 * (2x + 1) + 1.
-PIPELINE_CONFIG = """
-name: "affine_twice"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "S" data_type: TYPE_FP32 dims: [ 1 ] } ]
-ensemble_scheduling {
+PIPELINE_CONFIG = config_text(
+    "affine_twice",
+    platform="ensemble",
+    max_batch_size=8,
+    inputs=[("X", "TYPE_FP32", "4")],
+    outputs=[("Y", "TYPE_FP32", "4"), ("S", "TYPE_FP32", "1")],
+    extra="""ensemble_scheduling {
   step [
     { model_name: "affine_gears" model_version: -1 input_map { key: "x" value: "X" }
       output_map [ { key: "y" value: "once" }, { key: "s" value: "S" } ] },
     { model_name: "affine_gears" model_version: -1 input_map { key: "x" value: "once" }
       output_map { key: "y" value: "Y" } }
   ]
-}
-"""
+}""",
+)
 
 
 def _repository(root: Path) -> Path:
@@ -100,16 +97,21 @@ def _simulator_env(root: Path) -> dict[str, str]:
     }
 
 
+def start_on_simulated_npus(root: Path, repository: Path, *flags: str) -> GeserveProcess:
+    """A live server of `repository` on the simulator's two devices, its log and the simulator's files in `root`."""
+    return GeserveProcess(
+        root / "geserve.log",
+        f"--model-repository={repository}",
+        "--device-ids=0,1",
+        *flags,
+        env=_simulator_env(root),
+    ).wait_live()
+
+
 @pytest.fixture(scope="module")
 def npu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]:
     root = tmp_path_factory.mktemp("ascend")
-    process = GeserveProcess(
-        root / "geserve.log",
-        f"--model-repository={_repository(root)}",
-        "--device-ids=0,1",
-        "--metrics-interval-ms=200",
-        env=_simulator_env(root),
-    ).wait_live()
+    process = start_on_simulated_npus(root, _repository(root), "--metrics-interval-ms=200")
     yield process
     assert process.stop() == 0, process.log()
 

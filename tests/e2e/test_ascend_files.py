@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_ascend import _simulator_env
+from tests.e2e.test_ascend import start_on_simulated_npus
 from tests.fakes.om_models import resnet50_description
 from tests.fakes.om_writer import write_om
 from tests.support import ROOT, GeserveProcess
@@ -98,13 +98,8 @@ def _repository(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def files_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]:
     root = tmp_path_factory.mktemp("ascend-files")
-    process = GeserveProcess(
-        root / "geserve.log",
-        f"--model-repository={_repository(root)}",
-        "--device-ids=0,1",
-        "--exit-on-error=false",  # the synthetic sample is refused at load; the others serve
-        env=_simulator_env(root),
-    ).wait_live()
+    # The synthetic sample is refused at load; the others serve.
+    process = start_on_simulated_npus(root, _repository(root), "--exit-on-error=false")
     yield process
     assert process.stop() == 0, process.log()
 

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.fakes.acl.om import twin_path
+from tests.fakes.om_models import onnx_bytes
 from tests.fakes.om_writer import write_om
 from tests.support import GeserveProcess
 
@@ -50,10 +50,7 @@ def _tf2onnx_graph() -> bytes:
             numpy_helper.from_array(np.array([1], dtype=np.int64), "axes"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return onnx_bytes(graph)
 
 
 def _description() -> dict[str, Any]:

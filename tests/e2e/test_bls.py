@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import threading
 import time
@@ -15,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, copy_model, segments_of_server, write_identity_model
+from tests.support import GeserveProcess, copy_model, run_on_threads, segments_of_server, write_identity_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
@@ -99,22 +100,12 @@ def test_shipped_bls_model_calls_simple_and_digits(bls_server: GeserveProcess) -
 
 
 def test_concurrent_clients_of_a_bls_model_each_get_their_own_answer(bls_server: GeserveProcess) -> None:
-    failures: list[BaseException] = []
-
     def client(seed: int) -> None:
-        try:
-            with httpclient.InferenceServerClient(bls_server.url) as own:
-                for round_ in range(4):
-                    _check_example(own, httpclient, _example_inputs(100 * seed + round_))
-        except BaseException as error:
-            failures.append(error)
+        with httpclient.InferenceServerClient(bls_server.url) as own:
+            for round_ in range(4):
+                _check_example(own, httpclient, _example_inputs(100 * seed + round_))
 
-    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not failures, failures
+    run_on_threads([functools.partial(client, seed) for seed in range(8)])
 
 
 def _call(server: GeserveProcess, target: str, data: np.ndarray, timeout_us: int = 0) -> tuple[np.ndarray, str]:

@@ -97,12 +97,23 @@ def assert_dropped(sock: socket.socket) -> None:
     assert received < ELEMENTS * 4
 
 
-def test_a_response_left_unread_past_the_send_timeout_closes_its_connection(launch: Launch, tmp_path: Path) -> None:
-    server = start_echo(launch, tmp_path, "--http-send-timeout-secs=1")
-    sock = never_reading(server)
-    wait_for_log(server, "response bytes went unread for 1 seconds")
+def assert_an_unread_response_is_dropped(
+    launch: Launch, tmp_path: Path, flag: str, logged: str, extra_headers: str = ""
+) -> GeserveProcess:
+    """On an echo server with `flag`, a client that reads none of its response is dropped, the server logging
+    `logged`, and the next client is served; the server, for a test to go on with."""
+    server = start_echo(launch, tmp_path, flag)
+    sock = never_reading(server, extra_headers)
+    wait_for_log(server, logged)
     assert_dropped(sock)
     good_request(server)
+    return server
+
+
+def test_a_response_left_unread_past_the_send_timeout_closes_its_connection(launch: Launch, tmp_path: Path) -> None:
+    server = assert_an_unread_response_is_dropped(
+        launch, tmp_path, "--http-send-timeout-secs=1", "response bytes went unread for 1 seconds"
+    )
     # A client that reads, however slowly, is not cut off.
     sock = never_reading(server)
     received = 0
@@ -118,19 +129,19 @@ def test_a_response_left_unread_past_the_send_timeout_closes_its_connection(laun
 def test_a_response_left_unread_after_the_server_closed_its_side_is_dropped_too(launch: Launch, tmp_path: Path) -> None:
     """`Connection: close`: answered, then closed once LINGER_S (2 s) passed; a closed transport would still wait
     for its queued bytes forever, and a send timeout beyond the linger must end it."""
-    server = start_echo(launch, tmp_path, "--http-send-timeout-secs=3")
-    sock = never_reading(server, "Connection: close\r\n")
-    wait_for_log(server, "response bytes went unread for 3 seconds")
-    assert_dropped(sock)
-    good_request(server)
+    assert_an_unread_response_is_dropped(
+        launch,
+        tmp_path,
+        "--http-send-timeout-secs=3",
+        "response bytes went unread for 3 seconds",
+        "Connection: close\r\n",
+    )
 
 
 def test_unsent_response_bytes_over_the_cap_close_the_connection(launch: Launch, tmp_path: Path) -> None:
-    server = start_echo(launch, tmp_path, "--http-max-unsent-bytes=1048576")
-    sock = never_reading(server)
-    wait_for_log(server, "over --http-max-unsent-bytes")
-    assert_dropped(sock)
-    good_request(server)
+    server = assert_an_unread_response_is_dropped(
+        launch, tmp_path, "--http-max-unsent-bytes=1048576", "over --http-max-unsent-bytes"
+    )
     assert "Traceback" not in server.log()
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support import GeserveProcess, copy_model, descendants, segments_of_server, worker_pids
+from tests.support import GeserveProcess, alive, copy_model, descendants, segments_of_server, wait_until, worker_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -21,27 +20,6 @@ Launch = Callable[..., GeserveProcess]
 
 def _segments_of(pid: int) -> list[str]:
     return sorted(segments_of_server(pid))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def _server(launch: Launch, tmp_path: Path) -> tuple[GeserveProcess, list[int]]:
@@ -62,8 +40,8 @@ def test_workers_exit_and_segments_go_when_the_front_end_is_killed(launch: Launc
     pid = server.process.pid
     os.kill(pid, signum)
     server.process.wait(timeout=30)
-    assert _wait_until(lambda: not any(_alive(child) for child in children)), "workers outlived the front-end"
-    assert _wait_until(lambda: not _segments_of(pid)), _segments_of(pid)
+    assert wait_until(lambda: not any(alive(child) for child in children)), "workers outlived the front-end"
+    assert wait_until(lambda: not _segments_of(pid)), _segments_of(pid)
 
 
 def test_a_new_server_removes_what_a_server_killed_with_all_its_processes_left(launch: Launch, tmp_path: Path) -> None:
@@ -75,7 +53,7 @@ def test_a_new_server_removes_what_a_server_killed_with_all_its_processes_left(l
         for process in (pid, *children):
             os.kill(process, signum)
     server.process.wait(timeout=30)
-    assert _wait_until(lambda: not any(_alive(child) for child in children))
+    assert wait_until(lambda: not any(alive(child) for child in children))
     left = _segments_of(pid)
     assert left, "nothing was left to clean up: the test proves nothing"
     second = launch(f"--model-repository={tmp_path / 'first' / 'models'}").wait_live()

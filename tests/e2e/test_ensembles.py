@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shutil
@@ -19,7 +20,14 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_worker_pool import worker_pids
-from tests.support import MODEL_REPOSITORY, GeserveProcess, copy_model, run_perf_analyzer, write_identity_model
+from tests.support import (
+    MODEL_REPOSITORY,
+    GeserveProcess,
+    copy_model,
+    run_on_threads,
+    run_perf_analyzer,
+    write_identity_model,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 Launch = Callable[..., GeserveProcess]
@@ -90,29 +98,20 @@ def test_sixteen_concurrent_clients_each_get_their_own_answer(server: GeservePro
     expected = [by_hand(http, pictures[i : i + 1]) for i in range(len(pictures))]
     before = http.get_inference_statistics("digits_ensemble")["model_stats"][0]
     composing_before = http.get_inference_statistics("digits")["model_stats"][0]["inference_count"]
-    failures: list[BaseException] = []
 
     def client(offset: int) -> None:
-        try:
-            with httpclient.InferenceServerClient(server.url) as own:
-                for index in range(offset, len(pictures), 16):
-                    tensor = httpclient.InferInput("IMAGE", [1, 8, 8], "UINT8")
-                    tensor.set_data_from_numpy(pictures[index : index + 1])
-                    result = own.infer("digits_ensemble", [tensor])
-                    label, score = expected[index]
-                    assert result.as_numpy("LABEL")[0, 0] == label, index
-                    assert result.as_numpy("SCORE")[0, 0] == pytest.approx(score, rel=1e-4), (
-                        index
-                    )  # batched BLAS sums differ
-        except BaseException as error:
-            failures.append(error)
+        with httpclient.InferenceServerClient(server.url) as own:
+            for index in range(offset, len(pictures), 16):
+                tensor = httpclient.InferInput("IMAGE", [1, 8, 8], "UINT8")
+                tensor.set_data_from_numpy(pictures[index : index + 1])
+                result = own.infer("digits_ensemble", [tensor])
+                label, score = expected[index]
+                assert result.as_numpy("LABEL")[0, 0] == label, index
+                assert result.as_numpy("SCORE")[0, 0] == pytest.approx(score, rel=1e-4), (
+                    index
+                )  # batched BLAS sums differ
 
-    threads = [threading.Thread(target=client, args=(offset,)) for offset in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not failures, failures
+    run_on_threads([functools.partial(client, offset) for offset in range(16)])
     after = http.get_inference_statistics("digits_ensemble")["model_stats"][0]
     assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 64
     assert int(after["inference_count"]) - int(before["inference_count"]) == 64
@@ -357,25 +356,16 @@ def test_a_decoupled_step_streams_through_the_rest_of_the_ensemble(graph_server:
 @pytest.mark.parametrize("elements", [100_000, 5_000_000])
 def test_large_tensors_pass_between_steps_in_shared_memory_intact(graph_server: GeserveProcess, elements: int) -> None:
     """400 KB go through a reused handoff segment, 20 MB (more than an arena) through a one-off one."""
-    failures: list[BaseException] = []
 
     def client(seed: int) -> None:
-        try:
-            data = np.random.default_rng(seed).standard_normal((1, elements)).astype(np.float32)
-            with httpclient.InferenceServerClient(graph_server.url, network_timeout=120) as own:
-                tensor = httpclient.InferInput("X", list(data.shape), "FP32")
-                tensor.set_data_from_numpy(data)
-                for _ in range(3):
-                    np.testing.assert_array_equal(own.infer("big_chain", [tensor]).as_numpy("Y"), data)
-        except BaseException as error:
-            failures.append(error)
+        data = np.random.default_rng(seed).standard_normal((1, elements)).astype(np.float32)
+        with httpclient.InferenceServerClient(graph_server.url, network_timeout=120) as own:
+            tensor = httpclient.InferInput("X", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            for _ in range(3):
+                np.testing.assert_array_equal(own.infer("big_chain", [tensor]).as_numpy("Y"), data)
 
-    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    assert not failures, failures
+    run_on_threads([functools.partial(client, seed) for seed in range(4)], timeout_s=300)
 
 
 def test_an_ensemble_passes_the_sequence_on_to_a_sequence_model_step(graph_server: GeserveProcess) -> None:

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, write_identity_model
+from tests.support import GeserveProcess, config_text, write_identity_model, write_python_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
@@ -47,22 +47,16 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([out]) for _ in requests]
 """
 
-CONFIG = """
-name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
-parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{path}" }} }}
-"""
-
 
 def _write_model(repository: Path, name: str, path: str) -> Path:
-    folder = repository / name
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(MODEL_PY)
-    (folder / "config.pbtxt").write_text(CONFIG.format(name=name, path=path))
-    return folder
+    config = config_text(
+        name,
+        backend="python",
+        inputs=[("IN", "TYPE_INT32", "1")],
+        outputs=[("INFO", "TYPE_STRING", "1")],
+        extra=f'parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{path}" }} }}',
+    )
+    return write_python_model(repository, name, MODEL_PY, config)
 
 
 def _numpy_only(root: Path) -> Path:

@@ -23,12 +23,12 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as client_shm
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_crash_cleanup import _alive, _wait_until
 from tests.e2e.test_metrics import metric, scrape
 from tests.e2e.test_sequences import STEPS, check, grpc_step, http_step, value_of
 from tests.support import (
     EchoLoad,
     GeserveProcess,
+    alive,
     copy_model,
     descendants,
     engine_pid,
@@ -36,6 +36,7 @@ from tests.support import (
     protocol_pids,
     segments_of_server,
     start_echo,
+    wait_until,
     worker_pids,
     write_identity_model,
 )
@@ -309,13 +310,13 @@ def test_a_killed_protocol_process_is_replaced_and_the_server_keeps_answering(la
     assert len(first) == 2
     victim = first[0]
     with EchoLoad(server, threads=6) as load:
-        _wait_until(lambda: load.outcomes["ok"] > 50)
+        wait_until(lambda: load.outcomes["ok"] > 50)
         os.kill(victim, signal.SIGKILL)
-        assert _wait_until(lambda: len(protocol_pids(server)) == 2 and victim not in protocol_pids(server)), (
+        assert wait_until(lambda: len(protocol_pids(server)) == 2 and victim not in protocol_pids(server)), (
             protocol_pids(server)
         )
         answered_across = load.outcomes["ok"]
-        _wait_until(lambda: load.outcomes["ok"] > answered_across + 50)
+        wait_until(lambda: load.outcomes["ok"] > answered_across + 50)
     assert server.process.poll() is None, server.log()
     # Requests on the killed process's connections are lost with it (a reset, closed unanswered); none is
     # answered wrongly or with an error.
@@ -337,7 +338,7 @@ def test_a_killed_protocol_process_is_replaced_and_the_server_keeps_answering(la
             served.add(fresh.process())
     assert replacement in served
     with EchoLoad(server, threads=4) as after:
-        _wait_until(lambda: after.outcomes["ok"] > 100)
+        wait_until(lambda: after.outcomes["ok"] > 100)
     assert set(after.outcomes) == {"ok"}, after.outcomes
     pid = server.process.pid
     assert server.stop() == 0, server.log()
@@ -355,7 +356,7 @@ def test_a_killed_engine_stops_the_server_with_nothing_left(launch: Launch, simp
     assert server.wait_exit(60) == 1, server.log()
     assert re.search(rf"the engine \(pid {engine}\) exited with status -9; stopping the server", server.log())
     assert not segments_of_server(pid), sorted(segments_of_server(pid))
-    assert _wait_until(lambda: not any(_alive(process) for process in tree), 10), [p for p in tree if _alive(p)]
+    assert wait_until(lambda: not any(alive(process) for process in tree), 10), [p for p in tree if alive(p)]
 
 
 def test_sigterm_to_the_process_group_drains_with_no_failed_request(launch: Launch, repository: Path) -> None:
@@ -387,7 +388,7 @@ def test_sigterm_to_the_process_group_drains_with_no_failed_request(launch: Laun
     with EchoLoad(server, threads=4, pause_s=0.005) as load:
         for thread in threads:
             thread.start()
-        _wait_until(lambda: load.outcomes["ok"] > 50 and len(outcomes) >= 2)
+        wait_until(lambda: load.outcomes["ok"] > 50 and len(outcomes) >= 2)
         os.killpg(server.process.pid, signal.SIGTERM)
         time.sleep(0.5)
         ready_while_draining = http_status(f"http://{server.url}/v2/health/ready")

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from geserve.http.generate import ENCODING_REFUSAL, NOT_ONE_RESPONSE
-from tests.e2e.test_trace_file import HTTP_NAMES, _check, _traces
+from tests.e2e.test_trace_file import HTTP_NAMES, _check, _traces, start_traced
 from tests.support import GeserveProcess, copy_model
 
 pytestmark = pytest.mark.e2e
@@ -368,14 +368,7 @@ def test_restricted_inference_covers_generate(launch: Callable[..., GeserveProce
 def test_traced_generate_requests_get_the_http_timestamps(tmp_path: Path) -> None:
     repository = tmp_path / "models"
     copy_model("simple", repository)
-    trace_file = tmp_path / "trace.json"
-    traced = GeserveProcess(
-        tmp_path / "geserve.log",
-        f"--model-repository={repository}",
-        f"--trace-config=triton,file={trace_file}",
-        "--trace-config=level=TIMESTAMPS",
-        "--trace-config=rate=1",
-    ).wait_live()
+    traced, trace_file = start_traced(tmp_path, repository)
     try:
         assert post(traced, "/v2/models/simple/generate", {**SIMPLE, "id": "traced-one"}).status == 200
         assert stream(traced, "/v2/models/simple/generate_stream", {**SIMPLE, "id": "traced-stream"})[0] == 200

@@ -22,10 +22,14 @@ import tritonclient.http as httpclient
 from tests.support import (
     EchoLoad,
     GeserveProcess,
+    alive,
+    config_text,
     descendants,
     http_status,
     segments_of_server,
+    wait_until,
     write_identity_model,
+    write_python_model,
 )
 
 pytestmark = pytest.mark.e2e
@@ -43,40 +47,15 @@ class TritonPythonModel:
         pathlib.Path({marker!r}).touch()  # the test waits for it: the request is inside the model now
         threading.Event().wait()
 """
-STUCK_CONFIG = """
-name: "stuck"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie has exited: it waits only to be reaped)."""
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
+STUCK_CONFIG = config_text(
+    "stuck", backend="python", inputs=[("INPUT0", "TYPE_FP32", "-1")], outputs=[("OUTPUT0", "TYPE_FP32", "-1")]
+)
 
 
 def _write_stuck_model(repository: Path) -> Path:
     """The model `stuck`; the file its execute creates when a request reaches it."""
-    folder = repository / "stuck"
-    (folder / "1").mkdir(parents=True)
     marker = repository.parent / "stuck-executing"
-    (folder / "config.pbtxt").write_text(STUCK_CONFIG)
-    (folder / "1" / "model.py").write_text(STUCK_MODEL.format(marker=str(marker)))
+    write_python_model(repository, "stuck", STUCK_MODEL.format(marker=str(marker)), STUCK_CONFIG)
     return marker
 
 
@@ -126,12 +105,12 @@ def test_sigterm_to_the_process_group_while_clients_send_drains_with_no_failure(
     with EchoLoad(server, threads=2) as load:
         for thread in threads:
             thread.start()
-        assert _wait_until(lambda: load.outcomes["ok"] > 50 and outcomes["ok"] > 50)
+        assert wait_until(lambda: load.outcomes["ok"] > 50 and outcomes["ok"] > 50)
         os.killpg(server.process.pid, signal.SIGTERM)
-        assert _wait_until(lambda: http_status(f"http://{server.url}/v2/health/ready") != 200, drain_s)
+        assert wait_until(lambda: http_status(f"http://{server.url}/v2/health/ready") != 200, drain_s)
         before = load.outcomes["ok"] + outcomes["ok"]
         # Served while draining: the workers did not take the group's signal as theirs.
-        assert _wait_until(lambda: load.outcomes["ok"] + outcomes["ok"] > before + 50, drain_s)
+        assert wait_until(lambda: load.outcomes["ok"] + outcomes["ok"] > before + 50, drain_s)
         stop.set()
         for thread in threads:
             thread.join()
@@ -140,7 +119,7 @@ def test_sigterm_to_the_process_group_while_clients_send_drains_with_no_failure(
     assert set(load.outcomes) == {"ok"}, load.outcomes
     assert set(outcomes) == {"ok"}, outcomes
     assert "exited unexpectedly" not in server.log(), server.log()
-    assert _wait_until(lambda: not any(_alive(child) for child in tree), 10)
+    assert wait_until(lambda: not any(alive(child) for child in tree), 10)
     assert not segments_of_server(pid)
 
 
@@ -150,12 +129,12 @@ def test_sigkill_while_the_shutdown_waits_on_a_stuck_model_leaves_no_process(lau
     server = launch(f"--model-repository={repository}", "--exit-timeout-secs=600").wait_live()
     tree = descendants(server.process.pid)
     _send_stuck_request(server)
-    assert _wait_until(marker.exists), server.log()
+    assert wait_until(marker.exists), server.log()
     server.process.send_signal(signal.SIGTERM)
-    assert _wait_until(lambda: "shutting down" in server.log()), server.log()
+    assert wait_until(lambda: "shutting down" in server.log()), server.log()
     server.process.kill()
     server.process.wait(30)
-    assert _wait_until(lambda: not any(_alive(child) for child in tree), 10), [c for c in tree if _alive(c)]
+    assert wait_until(lambda: not any(alive(child) for child in tree), 10), [c for c in tree if alive(c)]
 
 
 def test_a_shutdown_stuck_on_a_model_ends_within_the_exit_timeout(launch: Launch, repository: Path) -> None:
@@ -165,7 +144,7 @@ def test_a_shutdown_stuck_on_a_model_ends_within_the_exit_timeout(launch: Launch
     server = launch(f"--model-repository={repository}", f"--exit-timeout-secs={exit_timeout_s}").wait_live()
     tree = descendants(server.process.pid)
     _send_stuck_request(server)
-    assert _wait_until(marker.exists), server.log()
+    assert wait_until(marker.exists), server.log()
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     status = server.wait_exit(60)
@@ -175,4 +154,4 @@ def test_a_shutdown_stuck_on_a_model_ends_within_the_exit_timeout(launch: Launch
     # Not a timing assertion: a shutdown that spends the timeout once per stage takes 3 or 4 times it.
     assert took_s < 2 * exit_timeout_s, (took_s, log)
     assert re.search(r"instance stuck_0 did not stop in [\d.]+s; killing it", log), log
-    assert _wait_until(lambda: not any(_alive(child) for child in tree), 10)
+    assert wait_until(lambda: not any(alive(child) for child in tree), 10)

@@ -26,11 +26,7 @@ def client(server: GeserveProcess) -> httpclient.InferenceServerClient:
 
 
 def assert_still_serving(client: httpclient.InferenceServerClient) -> None:
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        tensor = httpclient.InferInput(name, [1, 16], "INT32")
-        tensor.set_data_from_numpy(GOOD_LEFT)
-        inputs.append(tensor)
+    inputs = [make_input(n, GOOD_LEFT, "INT32") for n in ("INPUT0", "INPUT1")]
     result = client.infer("simple", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), GOOD_LEFT * 2)
 
@@ -263,8 +259,8 @@ def test_reserved_and_typed_parameters(server: GeserveProcess, client: httpclien
     assert_still_serving(client)
 
 
-def test_malformed_bytes_framing(server: GeserveProcess, client: httpclient.InferenceServerClient) -> None:
-    blob = struct.pack("<I", 100) + b"12"
+def post_binary_strings(server: GeserveProcess, blob: bytes) -> tuple[int, Any]:
+    """A simple_string request whose INPUT0 ([1, 16] BYTES) is `blob`, sent as binary data; INPUT1 is good JSON."""
     header = orjson.dumps(
         {
             "inputs": [
@@ -278,30 +274,16 @@ def test_malformed_bytes_framing(server: GeserveProcess, client: httpclient.Infe
             ]
         }
     )
-    status, answer = post(
+    return post(
         server, "/v2/models/simple_string/infer", header + blob, {"Inference-Header-Content-Length": str(len(header))}
     )
+
+
+def test_malformed_bytes_framing(server: GeserveProcess, client: httpclient.InferenceServerClient) -> None:
+    status, answer = post_binary_strings(server, struct.pack("<I", 100) + b"12")
     assert status == 400 and "BYTES tensor data is truncated" in answer["error"]
     one_element = struct.pack("<I", 1) + b"5"
-    header = orjson.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": "BYTES",
-                    "shape": [1, 16],
-                    "parameters": {"binary_data_size": len(one_element)},
-                },
-                json_input("INPUT1", "BYTES", [1, 16], ["1"] * 16),
-            ]
-        }
-    )
-    status, answer = post(
-        server,
-        "/v2/models/simple_string/infer",
-        header + one_element,
-        {"Inference-Header-Content-Length": str(len(header))},
-    )
+    status, answer = post_binary_strings(server, one_element)
     assert status == 400
     assert (
         answer["error"] == "expected 16 string elements for inference input 'INPUT0' for model 'simple_string', got 1"

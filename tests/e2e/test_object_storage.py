@@ -167,14 +167,22 @@ def test_a_repository_at_the_top_of_a_bucket_and_several_repositories(
     _echo(server.url, "local_echo", [2.0])
 
 
-def test_polling_sees_a_model_appear_change_and_leave(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
-    url = _bucket(s3, "polled", tmp_path, "echo")
+def _launch_with_mount(
+    launch: Launch, s3: S3Server, tmp_path: Path, url: str, *flags: str
+) -> tuple[GeserveProcess, Path]:
+    """A server of the bucket prefix `url` that keeps what it downloads in tmp_path/mount (Triton's
+    TRITON_AWS_MOUNT_DIRECTORY); and that folder."""
     mount = tmp_path / "mount"
     mount.mkdir()
     env = {**s3.credentials, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
-    server = launch(
-        f"--model-repository={url}", "--model-control-mode=poll", "--repository-poll-secs=1", env=env
-    ).wait_live()
+    return launch(f"--model-repository={url}", *flags, env=env).wait_live(), mount
+
+
+def test_polling_sees_a_model_appear_change_and_leave(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
+    url = _bucket(s3, "polled", tmp_path, "echo")
+    server, mount = _launch_with_mount(
+        launch, s3, tmp_path, url, "--model-control-mode=poll", "--repository-poll-secs=1"
+    )
     _echo(server.url, "echo", [1.0])
     copied = next(mount.iterdir()) / "echo" / "config.pbtxt"
     copied_ns = copied.stat().st_mtime_ns
@@ -199,12 +207,7 @@ def test_polling_sees_a_model_appear_change_and_leave(launch: Launch, s3: S3Serv
 
 def test_explicit_load_downloads_only_the_model_it_names(launch: Launch, s3: S3Server, tmp_path: Path) -> None:
     url = _bucket(s3, "explicit", tmp_path, "echo", "idle")
-    mount = tmp_path / "mount"
-    mount.mkdir()
-    env = {**s3.credentials, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)}
-    server = launch(
-        f"--model-repository={url}", "--model-control-mode=explicit", "--load-model=echo", env=env
-    ).wait_live()
+    server, mount = _launch_with_mount(launch, s3, tmp_path, url, "--model-control-mode=explicit", "--load-model=echo")
     copies = next(mount.iterdir())
     assert (copies / "echo" / "config.pbtxt").is_file()
     assert not (copies / "idle" / "config.pbtxt").exists()  # listed, not downloaded: nobody loaded it

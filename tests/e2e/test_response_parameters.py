@@ -18,24 +18,23 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess
+from tests.support import GeserveProcess, config_text
 
 pytestmark = pytest.mark.e2e
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
 PARAMS = {"flag": True, "count": 1024, "text": "Hello World!", "big": -(1 << 62)}
-ENSEMBLE = """
-name: "params_ensemble"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
-ensemble_scheduling { step [
+ENSEMBLE = config_text(
+    "params_ensemble",
+    platform="ensemble",
+    inputs=[("PARAMS", "TYPE_STRING", "1")],
+    outputs=[("OUT", "TYPE_STRING", "1")],
+    extra="""ensemble_scheduling { step [
   { model_name: "response_params" model_version: -1 input_map { key: "PARAMS" value: "PARAMS" }
     output_map { key: "OUTPUT" value: "MID" } },
   { model_name: "response_params_tail" model_version: -1 input_map { key: "PARAMS" value: "MID" }
     output_map { key: "OUTPUT" value: "OUT" } }
-] }
-"""
+] }""",
+)
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_worker_pool import worker_pids
-from tests.support import MODEL_REPOSITORY, GeserveProcess, run_perf_analyzer
+from tests.support import MODEL_REPOSITORY, GeserveProcess, run_on_threads, run_perf_analyzer
 
 pytestmark = pytest.mark.e2e
 Launch = Callable[..., GeserveProcess]
@@ -176,20 +176,12 @@ def _run_sequence(step: Callable[..., dict[str, Any]], model: str, sequence_id: 
 
 def _interleaved(step: Callable[..., dict[str, Any]], model: str, ids: list[int | str]) -> None:
     """Each sequence on its own thread, in order; the sequences run side by side, so batches mix them."""
-    failures: list[BaseException] = []
-
-    def run(number: int, sequence_id: int | str) -> None:
-        try:
-            _run_sequence(step, model, sequence_id, number)
-        except BaseException as error:  # reported below, with the others
-            failures.append(error)
-
-    threads = [threading.Thread(target=run, args=(n, i)) for n, i in enumerate(ids, start=1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not failures, failures
+    run_on_threads(
+        [
+            functools.partial(_run_sequence, step, model, sequence_id, number)
+            for number, sequence_id in enumerate(ids, start=1)
+        ]
+    )
 
 
 MODELS = ["simple_sequence", "sequence_controls", "sequence_accumulator", "sequence_state", "accumulator_from_file"]

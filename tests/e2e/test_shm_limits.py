@@ -40,15 +40,19 @@ def segments() -> Iterator[Callable[[int], str]]:
             shm.destroy_shared_memory_region(handle)
 
 
-def _server(launch: Launch, tmp_path: Any) -> GeserveProcess:
+def _server(launch: Launch, tmp_path: Any, protocol: str) -> tuple[GeserveProcess, Any, Any]:
+    """A server with the caps set low, the tritonclient module of `protocol` ("http" or "grpc"), and its client."""
     repository = tmp_path / "models"
     copy_model("simple", repository)
-    return launch(
+    server = launch(
         f"--model-repository={repository}",
         "--allow-client-shm=true",
         f"--max-client-shm-regions={MAX_REGIONS}",
         f"--max-client-shm-bytes={MAX_BYTES}",
     ).wait_live()
+    if protocol == "http":
+        return server, httpclient, httpclient.InferenceServerClient(server.url)
+    return server, grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
 
 
 def _infer_from_region(client: Any, module: Any, region: str, key: str) -> None:
@@ -72,12 +76,7 @@ def _infer_from_region(client: Any, module: Any, region: str, key: str) -> None:
 def test_registrations_past_the_region_cap_are_refused_naming_the_flag(
     launch: Launch, tmp_path: Any, segments: Callable[[int], str], protocol: str
 ) -> None:
-    server = _server(launch, tmp_path)
-    if protocol == "http":
-        module: Any = httpclient
-        client: Any = httpclient.InferenceServerClient(server.url)
-    else:
-        module, client = grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    server, module, client = _server(launch, tmp_path, protocol)
     keys = [segments(64) for _ in range(MAX_REGIONS + 1)]
     for index, key in enumerate(keys[:MAX_REGIONS]):
         client.register_system_shared_memory(f"r{index}", key, 64)
@@ -96,12 +95,7 @@ def test_registrations_past_the_region_cap_are_refused_naming_the_flag(
 def test_registrations_past_the_byte_cap_are_refused_naming_the_flag(
     launch: Launch, tmp_path: Any, segments: Callable[[int], str], protocol: str
 ) -> None:
-    server = _server(launch, tmp_path)
-    if protocol == "http":
-        module: Any = httpclient
-        client: Any = httpclient.InferenceServerClient(server.url)
-    else:
-        module, client = grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    server, module, client = _server(launch, tmp_path, protocol)
     big = segments(MAX_BYTES)
     client.register_system_shared_memory("most", big, MAX_BYTES - 256)
     with pytest.raises(InferenceServerException) as refused:

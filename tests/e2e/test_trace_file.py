@@ -101,10 +101,9 @@ def _check(trace: dict[str, Any], names: list[str], model: str = "simple") -> No
     assert stamps == sorted(stamps)  # one clock for the front-end and the core, whichever process each ran in
 
 
-def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp_path: Path) -> None:
-    repository = tmp_path / "models"
-    copy_model("simple", repository)
-    _write_chain(repository)
+def start_traced(tmp_path: Path, repository: Path) -> tuple[GeserveProcess, Path]:
+    """A server of `repository` that traces every request, with its timestamps, to a file in Triton's format
+    (tmp_path/trace.json); and that file."""
     trace_file = tmp_path / "trace.json"
     server = GeserveProcess(
         tmp_path / "geserve.log",
@@ -113,6 +112,14 @@ def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp
         "--trace-config=level=TIMESTAMPS",
         "--trace-config=rate=1",
     ).wait_live()
+    return server, trace_file
+
+
+def test_traces_go_to_the_file_in_tritons_format_and_rotate_by_log_frequency(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    copy_model("simple", repository)
+    _write_chain(repository)
+    server, trace_file = start_traced(tmp_path, repository)
     try:
         http = httpclient.InferenceServerClient(server.url)
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")

@@ -9,7 +9,7 @@ import re
 import shutil
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, connect_http
+from tests.support import GeserveProcess, config_text, connect_http
 
 pytestmark = pytest.mark.e2e
 
@@ -29,14 +29,14 @@ MODELS = Path(__file__).resolve().parents[1] / "python_models"
 MODEL = "holds_until_cancelled"
 BATCHED = "holds_until_cancelled_batched"
 # The batched variant: two requests always share a batch (never sent alone by the queue delay).
-BATCHED_CONFIG = """
-name: "holds_until_cancelled_batched"
-backend: "python"
-max_batch_size: 2
-input [ { name: "HOLD" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 60000000 }
-"""
+BATCHED_CONFIG = config_text(
+    BATCHED,
+    backend="python",
+    max_batch_size=2,
+    inputs=[("HOLD", "TYPE_INT32", "1")],
+    outputs=[("OUT", "TYPE_INT32", "1")],
+    extra="dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 60000000 }",
+)
 # How long a test waits for what the model logs: it only gets there through the cancellation.
 WAIT_S = 30.0
 
@@ -86,6 +86,17 @@ async def _wait_logged_async(server: GeserveProcess, line: str) -> None:
     while not _logged(server, line):
         assert time.monotonic() < deadline, f"the model never logged 'request {line}':\n{server.log()}"
         await asyncio.sleep(0.02)
+
+
+async def _cancel_once_running(server: GeserveProcess, call: Coroutine[Any, Any, Any], request_id: str) -> None:
+    """Run `call`, the request `request_id`, and cancel it once the model logs it running: the model logs it
+    cancelled."""
+    task = asyncio.create_task(call)
+    await _wait_logged_async(server, f"{request_id} running")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _wait_logged_async(server, f"{request_id} cancelled")
 
 
 def _outcomes(server: GeserveProcess, model: str = MODEL) -> tuple[int, int, int]:
@@ -146,12 +157,8 @@ def test_an_asyncio_grpc_call_cancelled_reaches_the_running_model(server: Geserv
     async def run() -> None:
         client = grpcclient_aio.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
         try:
-            call = asyncio.create_task(client.infer(MODEL, [_hold(1)], request_id="aio-grpc-cancel"))
-            await _wait_logged_async(server, "aio-grpc-cancel running")
-            call.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            await _wait_logged_async(server, "aio-grpc-cancel cancelled")
+            call = client.infer(MODEL, [_hold(1)], request_id="aio-grpc-cancel")
+            await _cancel_once_running(server, call, "aio-grpc-cancel")
             result = await client.infer(MODEL, [_hold(0)], request_id="after-aio-grpc-cancel")
             assert result.as_numpy("OUT").tolist() == [0]
         finally:
@@ -187,12 +194,9 @@ def test_an_asyncio_http_request_cancelled_reaches_the_running_model(server: Ges
         try:
             tensor = httpclient_aio.InferInput("HOLD", [1], "INT32")
             tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
-            call = asyncio.create_task(client.infer(MODEL, [tensor], request_id="aio-http-cancel"))
-            await _wait_logged_async(server, "aio-http-cancel running")
-            call.cancel()  # the client closes the connection of a request it no longer waits for
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            await _wait_logged_async(server, "aio-http-cancel cancelled")
+            call = client.infer(MODEL, [tensor], request_id="aio-http-cancel")
+            # Cancelled, the client closes the connection of a request it no longer waits for.
+            await _cancel_once_running(server, call, "aio-http-cancel")
         finally:
             await client.close()
 

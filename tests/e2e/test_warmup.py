@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.fakes.om_models import write_affine_om
-from tests.support import GeserveProcess, copy_model
+from tests.fakes.om_models import affine_config, write_affine_om
+from tests.support import GeserveProcess, config_text, copy_model, write_python_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
@@ -41,16 +41,12 @@ class TritonPythonModel:
             record.write(json.dumps({"requests": len(requests), "IN": [a.tolist() for a in arrays]}) + "\\n")
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", a)]) for a in arrays]
 """
-RECORDER_CONFIG = """
-name: "{name}"
-backend: "python"
-max_batch_size: 4
-input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 3 ] }} ]
-output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 3 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: {instances} }} ]
+# The recorder's tensors, and the ensemble's over it: IN comes back as OUT, in batches of up to 4.
+RECORDER_INPUTS = [("IN", "TYPE_INT32", "3")]
+RECORDER_OUTPUTS = [("OUT", "TYPE_INT32", "3")]
+RECORDER_SETTINGS = """instance_group [ {{ kind: KIND_CPU count: {instances} }} ]
 parameters {{ key: "record_dir" value {{ string_value: "{record_dir}" }} }}
-model_warmup [ {warmup} ]
-"""
+model_warmup [ {warmup} ]"""
 GOOD_WARMUP = """
   { name: "from_file" batch_size: 2 count: 3
     inputs { key: "IN" value: { data_type: TYPE_INT32 dims: [ 3 ] input_data_file: "in.bin" } } },
@@ -79,16 +75,16 @@ RAISES_WARMUP = """
 model_warmup [ { name: "unlucky" batch_size: 1
   inputs { key: "IN" value: { data_type: TYPE_INT32 dims: [ 1 ] input_data_file: "thirteen.bin" } } } ]
 """
-ENSEMBLE_CONFIG = """
-name: "warm_ensemble"
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 3 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 3 ] } ]
-ensemble_scheduling { step [ { model_name: "recorder" model_version: -1
+ENSEMBLE_CONFIG = config_text(
+    "warm_ensemble",
+    platform="ensemble",
+    max_batch_size=4,
+    inputs=RECORDER_INPUTS,
+    outputs=RECORDER_OUTPUTS,
+    extra="""ensemble_scheduling { step [ { model_name: "recorder" model_version: -1
   input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
-model_warmup [ { name: "s" batch_size: 1 inputs { key: "IN" value: { data_type: TYPE_INT32 dims: [ 3 ] zero_data: true } } } ]
-"""
+model_warmup [ { name: "s" batch_size: 1 inputs { key: "IN" value: { data_type: TYPE_INT32 dims: [ 3 ] zero_data: true } } } ]""",
+)
 ONNX_WARMUP = """
 instance_group [ { kind: KIND_CPU count: 1 } ]
 model_warmup [ { name: "random" batch_size: 8 count: 2
@@ -99,16 +95,13 @@ ONNX_ONE_INPUT_WARMUP = """
 model_warmup [ { name: "half" batch_size: 1
   inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } } } ]
 """
-GE_CONFIG = """
-name: "affine_warm"
-backend: "ge"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "s" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+GE_CONFIG = affine_config(
+    "affine_warm",
+    max_batch_size=8,
+    extra="""instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
 model_warmup [ { name: "gear" batch_size: 3 count: 2
-  inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
-"""
+  inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]""",
+)
 # repeat_int32 (decoupled) answers each request on its stream; IN and DELAY of different shapes get an error response.
 REPEAT_WARMUP = """
 model_warmup [ {{ name: "stream" batch_size: 1
@@ -130,12 +123,11 @@ FILE_VALUES = [7, 8, 9]
 
 
 def _recorder(repository: Path, name: str, record_dir: Path, warmup: str, instances: int = 1) -> None:
-    folder = repository / name
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(RECORDER)
-    (folder / "config.pbtxt").write_text(
-        RECORDER_CONFIG.format(name=name, record_dir=record_dir, warmup=warmup, instances=instances)
+    settings = RECORDER_SETTINGS.format(record_dir=record_dir, warmup=warmup, instances=instances)
+    config = config_text(
+        name, backend="python", max_batch_size=4, inputs=RECORDER_INPUTS, outputs=RECORDER_OUTPUTS, extra=settings
     )
+    folder = write_python_model(repository, name, RECORDER, config)
     (folder / "warmup").mkdir()
     (folder / "warmup" / "in.bin").write_bytes(np.array(FILE_VALUES, dtype="<i4").tobytes())
 

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,6 +47,11 @@ def test_large_tensors_round_trip_bit_exact(launch: Launch, repository: Path) ->
     grpc_tensor.set_data_from_numpy(data[::-1].copy())
     output = grpc.infer("large", [grpc_tensor], client_timeout=120).as_numpy("OUTPUT0")
     assert output is not None and output.tobytes() == data[::-1].tobytes()
+
+
+def _int32_identity(repository: Path, name: str, **options: Any) -> None:
+    """An identity model of INT32 [4] in batches of up to 8, what Load sends; `options` as write_identity_model's."""
+    write_identity_model(repository, name, dtype="TYPE_INT32", dims="4", max_batch_size=8, **options)
 
 
 class Load:
@@ -94,14 +100,8 @@ class Load:
 
 
 def test_killed_worker_under_load(launch: Launch, repository: Path) -> None:
-    write_identity_model(
-        repository,
-        "pool",
-        dtype="TYPE_INT32",
-        dims="4",
-        max_batch_size=8,
-        extra="dynamic_batching { } instance_group [ { count: 2 kind: KIND_CPU } ]\n"
-        'parameters { key: "execute_delay_ms" value: { string_value: "20" } }',
+    _int32_identity(
+        repository, "pool", delay_ms=20, extra="dynamic_batching { } instance_group [ { count: 2 kind: KIND_CPU } ]"
     )
     server = launch(f"--model-repository={repository}").wait_live()
     pids = worker_pids(server, "pool")
@@ -130,7 +130,7 @@ def test_killed_worker_under_load(launch: Launch, repository: Path) -> None:
 
 def test_a_model_whose_only_worker_restarts_is_unavailable_not_unknown(launch: Launch, repository: Path) -> None:
     """While its one instance restarts, a known model answers 503 / UNAVAILABLE, so clients retry."""
-    write_identity_model(repository, "lonely", dtype="TYPE_INT32", dims="4", max_batch_size=8)
+    _int32_identity(repository, "lonely")
     server = launch(f"--model-repository={repository}").wait_live()
     ((victim, victim_pid),) = worker_pids(server, "lonely").items()
     http = httpclient.InferenceServerClient(server.url)
@@ -159,15 +159,7 @@ def test_a_model_whose_only_worker_restarts_is_unavailable_not_unknown(launch: L
 
 
 def test_sigterm_during_load_finishes_accepted_requests(launch: Launch, repository: Path) -> None:
-    write_identity_model(
-        repository,
-        "drain",
-        dtype="TYPE_INT32",
-        dims="4",
-        max_batch_size=8,
-        extra="dynamic_batching { max_queue_delay_microseconds: 20000 }\n"
-        'parameters { key: "execute_delay_ms" value: { string_value: "300" } }',
-    )
+    _int32_identity(repository, "drain", delay_ms=300, extra="dynamic_batching { max_queue_delay_microseconds: 20000 }")
     server = launch(f"--model-repository={repository}").wait_live()
     with Load(server, "drain", threads=8) as load:
         time.sleep(1.0)

@@ -12,8 +12,17 @@ from onnx import TensorProto, helper, numpy_helper
 from geserve.backends.acl.description import DYNAMIC_AIPP_TENSOR_NAME, DYNAMIC_TENSOR_NAME
 from tests.fakes.acl.om import twin_path
 from tests.fakes.om_writer import write_om
+from tests.support import config_text
 
 FEATURES = 4
+
+
+def onnx_bytes(graph: onnx.GraphProto) -> bytes:
+    """`graph` as a checked ONNX model (opset 17, IR version 8), serialized: what an `.om` twin holds."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
 
 
 def affine_onnx(features: int = FEATURES, batch: int | str = "batch") -> bytes:
@@ -36,10 +45,7 @@ def affine_onnx(features: int = FEATURES, batch: int | str = "batch") -> bytes:
             numpy_helper.from_array(np.array([1], dtype=np.int64), "axes"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return onnx_bytes(graph)
 
 
 def affine_reference(x: np.ndarray) -> dict[str, np.ndarray]:
@@ -77,6 +83,18 @@ def write_affine_om(path: Path, gears: list[int] | None = None, static_batch: in
     batch: int | str = "batch" if gears else static_batch or 1
     twin_path(path).write_bytes(affine_onnx(batch=batch))
     return path
+
+
+def affine_config(name: str, max_batch_size: int, extra: str) -> str:
+    """The config.pbtxt of the affine graph served by the `ge` backend: x in; y and s out."""
+    return config_text(
+        name,
+        backend="ge",
+        max_batch_size=max_batch_size,
+        inputs=[("x", "TYPE_FP32", str(FEATURES))],
+        outputs=[("y", "TYPE_FP32", str(FEATURES)), ("s", "TYPE_FP32", "1")],
+        extra=extra,
+    )
 
 
 def resnet50_description(gears: list[int], name: str = "resnet50") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from geserve.core.repository import ModelRepository
 from geserve.repository.scan import ModelSource
 from geserve.settings import RepositorySettings
 from tests.fakes.om_models import affine_onnx
-from tests.support import MODEL_REPOSITORY, ROOT, copy_model, write_identity_model
+from tests.support import MODEL_REPOSITORY, ROOT, config_text, copy_model, write_identity_model
 
 DIGITS = ("digits_ensemble", "digits_preprocess", "digits", "digits_postprocess")
 
@@ -87,20 +87,58 @@ def test_check_reports_a_broken_ensemble(broken: str, tmp_path: Path, capsys: py
     assert words in lines[0], lines
 
 
+def _affine(repository: Path, config: str = 'backend: "ge" max_batch_size: 4\n') -> None:
+    """A `ge` model with only model.onnx, which ATC compiles at load."""
+    (repository / "affine" / "1").mkdir(parents=True)
+    (repository / "affine" / "1" / "model.onnx").write_bytes(affine_onnx())
+    (repository / "affine" / "config.pbtxt").write_text(config)
+
+
+def _ensemble(
+    repository: Path,
+    name: str,
+    steps: list[tuple[str, str, str]],
+    batch: int = 4,
+    inputs: tuple[tuple[str, str, str], ...] = (("IN", "TYPE_FP32", "4"),),
+    outputs: tuple[tuple[str, str, str], ...] = (("OUT", "TYPE_FP32", "4"),),
+) -> Path:
+    """An ensemble of steps (model, input_map, output_map entries), by default IN -> OUT (FP32 [4]); its config."""
+    config = repository / name / "config.pbtxt"
+    (config.parent / "1").mkdir(parents=True)
+    step_text = ", ".join(
+        f'{{ model_name: "{model}" model_version: -1 {input_map} {output_map} }}'
+        for model, input_map, output_map in steps
+    )
+    scheduling = f"ensemble_scheduling {{ step [ {step_text} ] }}"
+    text = config_text(
+        name, platform="ensemble", max_batch_size=batch, inputs=inputs, outputs=outputs, extra=scheduling
+    )
+    config.write_text(text)
+    return config
+
+
+AFFINE_STEP = ("affine", 'input_map { key: "x" value: "IN" }', 'output_map { key: "y" value: "OUT" }')
+AFFINE_MID_STEP = ("affine", 'input_map { key: "x" value: "MID" }', 'output_map { key: "y" value: "OUT" }')
+
+
 def test_an_ensemble_over_a_broken_model_or_ensemble_is_reported_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _digits(tmp_path)
     (tmp_path / "digits" / "1" / "model.onnx").unlink()
-    outer = tmp_path / "outer" / "config.pbtxt"
-    outer.parent.mkdir()
-    (outer.parent / "1").mkdir()
-    outer.write_text(
-        'name: "outer" platform: "ensemble" max_batch_size: 32\n'
-        'input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 8, 8 ] } ]\n'
-        'output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "digits_ensemble" model_version: -1\n'
-        'input_map { key: "IMAGE" value: "IMAGE" } output_map { key: "LABEL" value: "LABEL" } } ] }\n'
+    outer = _ensemble(
+        tmp_path,
+        "outer",
+        [
+            (
+                "digits_ensemble",
+                'input_map { key: "IMAGE" value: "IMAGE" }',
+                'output_map { key: "LABEL" value: "LABEL" }',
+            )
+        ],
+        batch=32,
+        inputs=(("IMAGE", "TYPE_UINT8", "8, 8"),),
+        outputs=(("LABEL", "TYPE_STRING", "1"),),
     )
     assert main(["check", "--model-repository", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -118,13 +156,13 @@ def test_an_ensemble_over_a_broken_model_or_ensemble_is_reported_too(
 def test_an_ensemble_over_an_identity_model_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Composing models whose config is complete in config.pbtxt: checked exactly as the server would at load.
     write_identity_model(tmp_path, "echo")
-    (tmp_path / "echo_ensemble" / "1").mkdir(parents=True)
-    (tmp_path / "echo_ensemble" / "config.pbtxt").write_text(
-        'name: "echo_ensemble" platform: "ensemble" max_batch_size: 8\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "echo" model_version: -1\n'
-        'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n'
+    _ensemble(
+        tmp_path,
+        "echo_ensemble",
+        [("echo", 'input_map { key: "INPUT0" value: "IN" }', 'output_map { key: "OUTPUT0" value: "OUT" }')],
+        batch=8,
+        inputs=(("IN", "TYPE_FP32", "16"),),
+        outputs=(("OUT", "TYPE_FP32", "16"),),
     )
     assert main(["check", "--model-repository", str(tmp_path)]) == 0, capsys.readouterr().out
 
@@ -135,14 +173,12 @@ def test_a_step_on_a_self_completing_python_model_is_noted_not_failed(
     # auto_double declares its tensors in auto_complete_config: model code, which only the server runs.
     shutil.copytree(ROOT / "tests" / "python_models" / "auto_double", tmp_path / "auto_double")
     (tmp_path / "auto_double" / "config.pbtxt").write_text('backend: "python"\n')
-    ensemble = tmp_path / "doubler" / "config.pbtxt"
-    (ensemble.parent / "1").mkdir(parents=True)
-    ensemble.write_text(
-        'name: "doubler" platform: "ensemble" max_batch_size: 4\n'
-        'input [ { name: "IN" data_type: TYPE_INT64 dims: [ 3 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 3 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "auto_double" model_version: -1\n'
-        'input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }\n'
+    ensemble = _ensemble(
+        tmp_path,
+        "doubler",
+        [("auto_double", 'input_map { key: "X" value: "IN" }', 'output_map { key: "Y" value: "OUT" }')],
+        inputs=(("IN", "TYPE_INT64", "3"),),
+        outputs=(("OUT", "TYPE_INT64", "3"),),
     )
     assert main(["check", "--model-repository", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -162,50 +198,13 @@ def test_a_step_on_a_ge_model_compiled_at_load_is_noted_not_failed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A `ge` model with only model.onnx: its outputs come from the .om that ATC compiles at load.
-    (tmp_path / "affine" / "1").mkdir(parents=True)
-    (tmp_path / "affine" / "1" / "model.onnx").write_bytes(affine_onnx())
-    (tmp_path / "affine" / "config.pbtxt").write_text('backend: "ge" max_batch_size: 4\n')
-    ensemble = tmp_path / "pipeline" / "config.pbtxt"
-    (ensemble.parent / "1").mkdir(parents=True)
-    ensemble.write_text(
-        'name: "pipeline" platform: "ensemble" max_batch_size: 4\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "affine" model_version: -1\n'
-        'input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } } ] }\n'
-    )
+    _affine(tmp_path)
+    ensemble = _ensemble(tmp_path, "pipeline", [AFFINE_STEP], outputs=(("OUT", "TYPE_FP32", "1"),))
     assert main(["check", "--model-repository", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "2 model(s) checked: no problems, 1 not checked", lines
     assert lines[0].startswith(f"{ensemble}: ensemble_scheduling: not checked: "), lines
     assert "affine: completed at load from the .om that ATC compiles" in lines[0], lines
-
-
-def _affine(repository: Path, config: str = 'backend: "ge" max_batch_size: 4\n') -> None:
-    """A `ge` model with only model.onnx, which ATC compiles at load."""
-    (repository / "affine" / "1").mkdir(parents=True)
-    (repository / "affine" / "1" / "model.onnx").write_bytes(affine_onnx())
-    (repository / "affine" / "config.pbtxt").write_text(config)
-
-
-def _ensemble(repository: Path, name: str, steps: list[tuple[str, str, str]], batch: int = 4) -> Path:
-    """An ensemble IN -> OUT (FP32 [4]) of steps (model, input_map, output_map entries)."""
-    config = repository / name / "config.pbtxt"
-    (config.parent / "1").mkdir(parents=True)
-    step_text = "\n".join(
-        f'{{ model_name: "{model}" model_version: -1 {inputs} {outputs} }}' for model, inputs, outputs in steps
-    )
-    config.write_text(
-        f'name: "{name}" platform: "ensemble" max_batch_size: {batch}\n'
-        f'input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n'
-        f'output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n'
-        f"ensemble_scheduling {{ step [ {', '.join(step_text.splitlines())} ] }}\n"
-    )
-    return config
-
-
-AFFINE_STEP = ("affine", 'input_map { key: "x" value: "IN" }', 'output_map { key: "y" value: "OUT" }')
-AFFINE_MID_STEP = ("affine", 'input_map { key: "x" value: "MID" }', 'output_map { key: "y" value: "OUT" }')
 
 
 def _check(repository: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
