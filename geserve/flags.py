@@ -198,6 +198,11 @@ def _add_lifecycle_flags(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def _repeatable(group: argparse._ArgumentGroup, flag: str, metavar: str, help_text: str) -> None:
+    """A flag given any number of times, its values collected in order (none by default)."""
+    group.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text)
+
+
 def _add_worker_flags(group: argparse._ArgumentGroup) -> None:
     """The worker processes' shared memory, and how many batches each holds at once."""
     group.add_argument(
@@ -272,12 +277,11 @@ def _add_model_control_flags(group: argparse._ArgumentGroup) -> None:
         help="none: load everything at start; poll: also follow repository changes; explicit: load "
         "--load-model at start, then through the repository API (default: none)",
     )
-    group.add_argument(
+    _repeatable(
+        group,
         "--load-model",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="with --model-control-mode=explicit, a model to load at start; repeatable; '*' loads all",
+        "NAME",
+        "with --model-control-mode=explicit, a model to load at start; repeatable; '*' loads all",
     )
     group.add_argument(
         "--repository-poll-secs",
@@ -319,12 +323,11 @@ def _add_client_memory_flags(group: argparse._ArgumentGroup) -> None:
 def _add_http_flags(group: argparse._ArgumentGroup) -> None:
     """The HTTP/REST front-end: whether it serves, where, which API groups it restricts, and its largest body."""
     _boolean(group, "--allow-http", True, "serve HTTP/REST")
-    group.add_argument(
+    _repeatable(
+        group,
         "--http-restricted-api",
-        action="append",
-        default=[],
-        metavar="APIS:KEY=VALUE",
-        help="only requests with header KEY: VALUE may use these API groups (comma-separated: "
+        "APIS:KEY=VALUE",
+        "only requests with header KEY: VALUE may use these API groups (comma-separated: "
         f"{', '.join(GROUPS)}); repeatable",
     )
     group.add_argument("--http-address", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
@@ -401,12 +404,11 @@ def _add_http_limit_flags(group: argparse._ArgumentGroup) -> None:
 def _add_grpc_flags(group: argparse._ArgumentGroup) -> None:
     """The gRPC front-end: address, restrictions, keepalive, and its limits."""
     _boolean(group, "--allow-grpc", True, "serve gRPC")
-    group.add_argument(
+    _repeatable(
+        group,
         "--grpc-restricted-protocol",
-        action="append",
-        default=[],
-        metavar="PROTOCOLS:KEY=VALUE",
-        help="only calls with metadata triton-grpc-protocol-KEY: VALUE may use these API groups; repeatable",
+        "PROTOCOLS:KEY=VALUE",
+        "only calls with metadata triton-grpc-protocol-KEY: VALUE may use these API groups; repeatable",
     )
     group.add_argument("--grpc-address", default="0.0.0.0", help="gRPC bind address (default: 0.0.0.0)")
     group.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default: 8001)")
@@ -451,12 +453,11 @@ def _add_metrics_flags(group: argparse._ArgumentGroup) -> None:
     _boolean(group, "--allow-metrics", True, "serve Prometheus metrics")
     group.add_argument("--metrics-address", default="", help="metrics bind address (default: the HTTP address)")
     group.add_argument("--metrics-port", type=_port, default=8002, help="metrics port (default: 8002)")
-    group.add_argument(
+    _repeatable(
+        group,
         "--metrics-config",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="counter_latencies, summary_latencies, summary_quantiles (q:e,...) or histogram_latencies; repeatable",
+        "KEY=VALUE",
+        "counter_latencies, summary_latencies, summary_quantiles (q:e,...) or histogram_latencies; repeatable",
     )
     group.add_argument(
         "--metrics-interval-ms",
@@ -471,20 +472,18 @@ def _add_metrics_flags(group: argparse._ArgumentGroup) -> None:
 
 def _add_cache_flags(group: argparse._ArgumentGroup) -> None:
     """The response cache."""
-    group.add_argument(
+    _repeatable(
+        group,
         "--cache-config",
-        action="append",
-        default=[],
-        metavar="local,size=BYTES",
-        help="a response cache of this many bytes for the models whose config sets response_cache { enable: true }, "
+        "local,size=BYTES",
+        "a response cache of this many bytes for the models whose config sets response_cache { enable: true }, "
         "shared by all of them, least recently used entries evicted first (default: no cache)",
     )
-    group.add_argument(
+    _repeatable(
+        group,
         "--response-cache-byte-size",
-        action="append",
-        default=[],
-        metavar="BYTES",
-        help="deprecated: --cache-config=local,size=BYTES",
+        "BYTES",
+        "deprecated: --cache-config=local,size=BYTES",
     )
 
 
