@@ -7,19 +7,18 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve.batching.clock import Clock
 from geserve.batching.queue import PendingRequest, Reply, StreamReply, UnaryReply
 from geserve.batching.request import RequestTimestamps, ScheduledRequest, ScheduledResponse
 from geserve.errors import CancelledError, GeserveError, InternalError
+from geserve.residency import SharedTensor
 from geserve.types import RequestTiming
 from geserve.workers.messages import BatchResult
 from geserve.workers.streams import StreamItem
 
 logger = logging.getLogger(__name__)
 
-Outcome = dict[str, np.ndarray] | GeserveError
+Outcome = dict[str, SharedTensor] | GeserveError
 # A scheduler's own admission: queues a request (or refuses it with its error) and decides what runs now.
 Enqueue = Callable[[ScheduledRequest, Reply], PendingRequest]
 # Takes a request its client gave up on out of its scheduler's queue; False when it already runs.

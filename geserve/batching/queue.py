@@ -8,12 +8,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from geserve.batching.ordering import Turn
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.request import RequestTimestamps, ScheduledRequest
 from geserve.errors import GeserveError, UnavailableError
+from geserve.residency import SharedTensor
 from geserve.workers.streams import ResponseStream
 
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -28,7 +27,7 @@ class UnaryReply:
     ends_with_batch = True  # counted as a success when its batch returns
 
     def __init__(self) -> None:
-        self.future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[dict[str, SharedTensor]] = asyncio.get_running_loop().create_future()
         self.cancelled = False
         self._on_cancel: Callable[[], None] | None = None
 
@@ -47,7 +46,7 @@ class UnaryReply:
         if callback is not None:
             callback()
 
-    def succeed(self, outputs: dict[str, np.ndarray]) -> None:
+    def succeed(self, outputs: dict[str, SharedTensor]) -> None:
         if not self.future.done():  # else the client went away
             self.future.set_result(outputs)
 
@@ -64,7 +63,7 @@ class StreamReply:
     def __init__(self) -> None:
         self.stream = ResponseStream()
 
-    def succeed(self, outputs: dict[str, np.ndarray]) -> None:
+    def succeed(self, outputs: dict[str, SharedTensor]) -> None:
         return None  # the batch ran; the responses come on the stream
 
     def fail(self, error: GeserveError) -> None:

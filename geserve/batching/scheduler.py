@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.cycles import cycle_error, self_waits
 from geserve.batching.delivery import Delivery, StatsRecorder
@@ -21,6 +19,7 @@ from geserve.batching.queue import (
 )
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import UnavailableError
+from geserve.residency import SharedTensor
 from geserve.types import merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, RequestInfo
@@ -216,21 +215,20 @@ class Scheduler:
         if len(batch) > 1 and self._policy.ragged_inputs:
             infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
         streams, unary = answer_routes(batch)
-        keep = any(request.handoff for request in requests)
         chain = merge_chains(request.chain for request in requests)
-        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
+        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, unary, chain))
         self._delivery.start(run, batch, now)
 
 
 def _flatten_ragged(
-    inputs: dict[str, list[np.ndarray]], infos: list[RequestInfo], ragged: frozenset[str]
+    inputs: dict[str, list[SharedTensor]], infos: list[RequestInfo], ragged: frozenset[str]
 ) -> list[RequestInfo]:
     """Ragged inputs travel flattened, one request's elements after another's (their dims differ, so they
     cannot be stacked); each request's info carries its own shapes, which the worker restores."""
     names = [name for name in inputs if name in ragged]
     shapes = [tuple((name, tuple(inputs[name][index].shape)) for name in names) for index in range(len(infos))]
     for name in names:
-        inputs[name] = [part.reshape(-1) for part in inputs[name]]
+        inputs[name] = [part.reshaped((part.size,)) for part in inputs[name]]
     return [info._replace(ragged_shapes=own) for info, own in zip(infos, shapes, strict=True)]
 
 

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
@@ -16,12 +14,13 @@ from geserve.codecs import dtypes
 from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.residency import SharedTensor
 from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
 
 logger = logging.getLogger(__name__)
 
 # One response of a decoupled model: its outputs (or None), its error (or None), and whether it is the last.
-StreamedOutputs = tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]
+StreamedOutputs = tuple[dict[str, SharedTensor] | None, GeserveError | None, bool]
 
 
 def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: bool) -> dict[str, TensorSpec]:

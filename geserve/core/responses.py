@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from geserve.codecs import bytes as bytes_codec
 from geserve.core.classification import classification_count, classify
 from geserve.core.models import ModelVersion
 from geserve.core.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryManager
 from geserve.offload import COPY_BYTES, off_loop
+from geserve.residency import SharedTensor
 from geserve.types import InferRequest, InferResponse, OutputTensor, Parameters, response_parameters
 
 
@@ -19,7 +18,11 @@ class ResponseBuilder:
         self._shared_memory = shared_memory
 
     async def build(
-        self, model: ModelVersion, request: InferRequest, output_names: tuple[str, ...], outputs: dict[str, np.ndarray]
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        output_names: tuple[str, ...],
+        outputs: dict[str, SharedTensor],
     ) -> InferResponse:
         """The response, with classification applied and outputs bound for shared memory written there.
         A python model may leave out outputs it was asked for, as Triton allows."""
@@ -46,9 +49,9 @@ class ResponseBuilder:
         return OutputTensor(tensor.name, tensor.datatype, tensor.data, parameters)
 
 
-def _output(model: ModelVersion, name: str, array: np.ndarray) -> OutputTensor:
+def _output(model: ModelVersion, name: str, tensor: SharedTensor) -> OutputTensor:
     spec = model.outputs[name]
     if spec.reshape is not None:
-        batch = (array.shape[0],) if spec.batched and array.ndim else ()
-        array = array.reshape(batch + spec.dims)
-    return OutputTensor(name, spec.dtype.wire, array)
+        batch = (tensor.shape[0],) if spec.batched and tensor.ndim else ()
+        tensor = tensor.reshaped(batch + spec.dims)
+    return OutputTensor(name, spec.dtype.wire, tensor.array)

@@ -9,8 +9,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
@@ -34,6 +32,7 @@ from geserve.errors import (
     UnavailableError,
 )
 from geserve.offload import DECODE_BYTES, off_loop
+from geserve.residency import SharedTensor
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
 from geserve.types import (
     CacheSnapshot,
@@ -358,7 +357,7 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
 
-    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]:
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, SharedTensor]:
         """A python model's BLS request (`exec`), part of `chain`: validated and scheduled as a client's request,
         also while the server drains at shutdown (the request that made it was admitted); its outputs as arrays.
         A request that could only wait for itself (calls.check_cycle) is refused."""
@@ -371,7 +370,7 @@ class InferenceService:
 
     async def stream_model(
         self, request: InferRequest, chain: CallChain = ()
-    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
+    ) -> AsyncIterator[tuple[dict[str, SharedTensor] | None, GeserveError | None, bool]]:
         """A BLS request with `decoupled=True`, part of `chain`: every response the model sends (one, for a model
         that is not decoupled)."""
         model, scheduled = await self._admit(request, internal=True, chain=chain)

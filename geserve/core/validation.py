@@ -13,6 +13,7 @@ from geserve.codecs import bytes as bytes_codec
 from geserve.core.classification import classification_count
 from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.residency import SharedTensor
 from geserve.types import InferInput, InferRequest, Parameters, TensorSpec
 
 # (a tensor's parameters, what it is for messages, a check of the byte size it names, called once the region and
@@ -50,11 +51,11 @@ def validate_inputs(
     model: ModelVersion,
     read_shared: SharedReader | None = None,
     max_bytes_elements: int | None = None,
-) -> dict[str, np.ndarray]:
-    """Check every input against the config and return them as arrays of the configured shape; inputs
+) -> dict[str, SharedTensor]:
+    """Check every input against the config and return them as tensors of the configured shape; inputs
     in client shared memory are read through `read_shared`; a BYTES input may have `max_bytes_elements`."""
     name = model.name
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, SharedTensor] = {}
     batch_size: int | None = None
     for given in request.inputs:
         tensor = given
@@ -94,10 +95,10 @@ def validate_inputs(
                 raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
             check_size = functools.partial(_check_shared_size, tensor, spec, name)
             tensor = replace(tensor, data=read_shared(tensor.parameters, f"input '{tensor.name}'", check_size))
-        array = _as_array(tensor, spec, name)
+        checked = _as_tensor(tensor, spec, name)
         if spec.reshape is not None:
-            array = array.reshape(((shape[0],) if spec.batched else ()) + spec.reshape)
-        arrays[tensor.name] = array
+            checked = checked.reshaped(((shape[0],) if spec.batched else ()) + spec.reshape)
+        arrays[tensor.name] = checked
     if len(arrays) != len(model.inputs):
         missing = [n for n, s in model.inputs.items() if n not in arrays and not s.optional]
         if missing:
@@ -129,7 +130,7 @@ def decode_cost(request: InferRequest) -> int:
         if isinstance(size, int) and not isinstance(size, bool) and "shared_memory_region" in tensor.parameters:
             cost += size
         elif tensor.datatype == "BYTES" and not isinstance(tensor.data, np.ndarray):
-            cost += len(tensor.data)
+            cost += tensor.data.nbytes
     return cost
 
 
@@ -145,28 +146,43 @@ def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str, si
         )
 
 
-def _as_array(tensor: InferInput, spec: TensorSpec, model_name: str) -> np.ndarray:
-    """Turn raw bytes into an array of the declared shape, checking the byte size first."""
+def _as_tensor(tensor: InferInput, spec: TensorSpec, model_name: str) -> SharedTensor:
+    """The input as a tensor of the declared shape, its byte size (or BYTES element count) checked first; bytes in
+    shared memory stay there, raw bytes are viewed as an array, without copying."""
     data = tensor.data
     if isinstance(data, np.ndarray):
-        return data  # front-ends build typed arrays with exactly the declared shape
+        return SharedTensor.local(data, spec.dtype.wire)  # front-ends build typed arrays with the declared shape
     count = math.prod(tensor.shape)
     itemsize = spec.dtype.itemsize
+    if isinstance(data, SharedTensor):
+        if itemsize is None:
+            _check_string_count(tensor, data.array, count, model_name)  # the elements are split to be counted
+        elif data.nbytes != count * itemsize:
+            raise _byte_size_mismatch(tensor, model_name, count * itemsize, data.nbytes)
+        return data.reshaped(tensor.shape) if data.shape != tensor.shape else data
     if itemsize is None:
         strings = bytes_codec.deserialize(data, count)
-        if len(strings) != count:
-            raise InvalidArgumentError(
-                f"expected {count} string elements for inference input '{tensor.name}' for model "
-                f"'{model_name}', got {len(strings)}"
-            )
-        return strings.reshape(tensor.shape)
+        _check_string_count(tensor, strings, count, model_name)
+        return SharedTensor.local(strings.reshape(tensor.shape), "BYTES")
     expected = count * itemsize
     if data.nbytes != expected:
+        raise _byte_size_mismatch(tensor, model_name, expected, data.nbytes)
+    array = np.frombuffer(data, dtype=spec.dtype.numpy.newbyteorder("<")).reshape(tensor.shape)
+    return SharedTensor.local(array, spec.dtype.wire)
+
+
+def _check_string_count(tensor: InferInput, strings: np.ndarray, count: int, model_name: str) -> None:
+    if strings.size != count:
         raise InvalidArgumentError(
-            f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. "
-            f"Expected {expected}, got {data.nbytes}"
+            f"expected {count} string elements for inference input '{tensor.name}' for model "
+            f"'{model_name}', got {strings.size}"
         )
-    return np.frombuffer(data, dtype=spec.dtype.numpy.newbyteorder("<")).reshape(tensor.shape)
+
+
+def _byte_size_mismatch(tensor: InferInput, model_name: str, expected: int, given: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. Expected {expected}, got {given}"
+    )
 
 
 def requested_output_names(request: InferRequest, model: ModelVersion) -> tuple[str, ...]:

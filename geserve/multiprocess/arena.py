@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import errno
 import logging
-import math
 import mmap
 import os
 import threading
@@ -21,11 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from geserve.codecs import dtypes
-from geserve.errors import GeserveError, UnavailableError
+from geserve.errors import UnavailableError
+from geserve.residency import SHM_DIRECTORY, Kind, Residency, SharedTensor
 from geserve.types import InferRequest
-from geserve.workers.handoff import MappedOutputs
-from geserve.workers.shm import SHM_DIRECTORY
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +151,7 @@ def to_engine(request: InferRequest, arena: RequestArena) -> tuple[InferRequest,
                 refs.append((index, ref))
                 inputs[index] = replace(tensor, data=_EMPTY)
     raw = request.raw_body
-    if raw is not None and raw.nbytes >= PLACE_MIN_BYTES:
+    if isinstance(raw, memoryview) and raw.nbytes >= PLACE_MIN_BYTES:
         ref = _in_arena(raw, arena, keep)
         if ref is not None:
             refs.append((RAW_BODY, ref))
@@ -179,50 +176,22 @@ _EMPTY = memoryview(b"")
 
 
 class ArenaViews:
-    """The engine's mappings of the protocol processes' arenas. A tensor of a fixed-size datatype whose bytes
-    match its shape is given as an array viewing the mapping, tracked in `mapped`, so that a worker reads it in
-    place; anything else as the bytes (validation then says what is wrong with them)."""
-
-    def __init__(self, mapped: MappedOutputs) -> None:
-        self._mapped = mapped
-        self._wholes: dict[str, np.ndarray] = {}
+    """How the engine sees the protocol processes' arenas: by reference. A tensor whose bytes lie in an arena
+    becomes a SharedTensor naming where (the engine never maps the arena: a worker reads it in place)."""
 
     def close(self) -> None:
-        self._wholes.clear()  # each mapping goes with its last view
+        """Nothing to let go: no arena is mapped here."""
 
     def restore(self, request: InferRequest, refs: ArenaRefs) -> InferRequest:
         if not refs:
             return request
         inputs = list(request.inputs)
-        raw = request.raw_body
+        raw: memoryview | SharedTensor | None = request.raw_body
         for index, ref in refs:
-            block = self._whole(ref.segment)[ref.offset : ref.offset + ref.nbytes]
+            where = Residency(Kind.ARENA, ref.segment, ref.offset, ref.nbytes)
             if index == RAW_BODY:
-                raw = block.data
+                raw = SharedTensor("UINT8", (ref.nbytes,), where)
                 continue
             tensor = inputs[index]
-            inputs[index] = replace(tensor, data=_typed(block, tensor.datatype, tensor.shape))
+            inputs[index] = replace(tensor, data=SharedTensor(tensor.datatype, tensor.shape, where))
         return replace(request, inputs=tuple(inputs), raw_body=raw)
-
-    def _whole(self, name: str) -> np.ndarray:
-        whole = self._wholes.get(name)
-        if whole is None:
-            with open(SHM_DIRECTORY / name, "r+b") as file:
-                mapping = mmap.mmap(file.fileno(), 0)
-            whole = self._mapped.track(np.frombuffer(mapping, dtype=np.uint8), name, _forget)
-            self._wholes[name] = whole
-        return whole
-
-
-def _forget(name: str) -> None:
-    """The protocol process owns its arena's segment: the engine only unmaps it."""
-
-
-def _typed(block: np.ndarray, datatype: str, shape: tuple[int, ...]) -> np.ndarray | memoryview:
-    try:
-        dtype = dtypes.from_wire(datatype)
-    except GeserveError:
-        return block.data
-    if dtype.numpy.kind == "O" or math.prod(shape) * dtype.numpy.itemsize != block.nbytes:
-        return block.data
-    return block.view(dtype.numpy).reshape(shape)

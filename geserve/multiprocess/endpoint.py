@@ -13,7 +13,6 @@ from geserve.multiprocess.arena import ArenaViews
 from geserve.multiprocess.calls import CALL_METHODS, LOG_SETTINGS_EVENT, STREAM_METHODS, Kind
 from geserve.multiprocess.framing import FrameProtocol
 from geserve.types import StreamedResponse
-from geserve.workers.handoff import MappedOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +20,8 @@ logger = logging.getLogger(__name__)
 class EngineEndpoint:
     """Serves `api` on a unix socket to every protocol process; one connection per process."""
 
-    def __init__(self, api: InferenceAPI, mapped: MappedOutputs) -> None:
+    def __init__(self, api: InferenceAPI) -> None:
         self._api = api
-        self._mapped = mapped  # where each connection's arena views are tracked, for workers to read in place
         self._connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -45,7 +43,7 @@ class EngineEndpoint:
             connection.channel.send((Kind.EVENT, name, value))
 
     def _accept(self) -> FrameProtocol:
-        connection = _Connection(self, ArenaViews(self._mapped))
+        connection = _Connection(self, ArenaViews())
         self._connections.add(connection)
         return connection.channel
 
