@@ -51,8 +51,8 @@ class Residency(NamedTuple):
 class SharedTensor:
     """A tensor by datatype, shape and residency. Its array is made on first use in the process that asks, as a view
     of the mapped segment (a copy for a client's region); `lease` is whatever keeps the bytes from being reused,
-    held by the tensor and by every array viewing it. A tensor without a residency holds this process's array and
-    cannot cross to another process (thread instances, tests)."""
+    held by the tensor and by every array viewing it. A tensor without a residency holds this process's array
+    (an instance on a thread, a streamed response, a cached one) and crosses to another process by value."""
 
     __slots__ = ("_array", "datatype", "lease", "shape", "where")
 
@@ -86,7 +86,9 @@ class SharedTensor:
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.where is None:
-            raise TypeError("a tensor held in this process's memory cannot cross to another process")
+            # Held in this process's memory: it crosses by value (a decoupled model's streamed responses, a response
+            # cache's hits); everything a batch answers crosses as where it lies.
+            return (_local, (self.array, self.datatype))
         return (SharedTensor, (self.datatype, self.shape, self.where))
 
     # -- what it is, without reading it ----------------------------------------------------------
@@ -170,6 +172,10 @@ class SharedTensor:
             _read_client(where, memoryview(buffer))
             return memoryview(buffer)
         return memoryview(_view(where, self.lease).data)
+
+
+def _local(array: np.ndarray, datatype: str) -> SharedTensor:
+    return SharedTensor.local(array, datatype)
 
 
 def gather(parts: Sequence[SharedTensor], datatype: str) -> np.ndarray:

@@ -55,9 +55,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
     """Reads frames off a stream straight into their buffers and hands each decoded message to `on_message`;
     writes are gathered for one turn of the loop and sent in one `writelines` (small messages coalesce)."""
 
-    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[Exception | None], None]) -> None:
+    def __init__(
+        self,
+        on_message: Callable[[Any], None],
+        on_lost: Callable[[Exception | None], None],
+        on_made: Callable[[], None] | None = None,
+    ) -> None:
         self._on_message = on_message
         self._on_lost = on_lost
+        self._on_made = on_made
         self.transport: asyncio.Transport | None = None
         self._chunk = bytearray(_READ_CHUNK)  # small frames, and the start of large ones
         self._filled = 0
@@ -105,6 +111,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self._on_made is not None:
+            self._on_made()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
