@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.cycles import cycle_error, self_waits
-from geserve.batching.delivery import Delivery, StatsRecorder
+from geserve.batching.delivery import Delivery, Done, StatsRecorder
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.queue import (
     TIMEOUT_EXPIRED,
@@ -85,6 +85,15 @@ class Scheduler:
     async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
         """Queue one validated request and wait for its outputs and the timestamps of its batch."""
         return await self._delivery.execute(request, self._enqueue, self._withdraw)
+
+    def submit(self, request: ScheduledRequest, done: Done) -> PendingRequest:
+        """Queue one validated request whose outcome (outputs or error) goes to `done` when its batch is back;
+        returns it, for `cancel`. A full queue refuses it with its error, raised here."""
+        return self._delivery.submit(request, self._enqueue, done)
+
+    def cancel(self, pending: PendingRequest) -> None:
+        """A submitted request's client went away."""
+        self._delivery.cancel(pending, self._withdraw)
 
     def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamItem]:
         """Queue one request of a decoupled model (when iterated) and yield its responses as they come:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from geserve.batching.clock import Alarm, Clock, LoopClock
-from geserve.batching.delivery import Delivery, StatsRecorder
+from geserve.batching.delivery import Delivery, Done, StatsRecorder
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.ordering import ResponseOrder
 from geserve.batching.policy import BatchingPolicy
@@ -120,6 +120,14 @@ class SequenceScheduler:
     async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
         """Queue one request of a sequence and wait for its outputs and the timestamps of its batch."""
         return await self._delivery.execute(request, self._enqueue, self._withdraw)
+
+    def submit(self, request: ScheduledRequest, done: Done) -> PendingRequest:
+        """Queue one request whose outcome (outputs or error) goes to `done`; returns it, for `cancel`."""
+        return self._delivery.submit(request, self._enqueue, done)
+
+    def cancel(self, pending: PendingRequest) -> None:
+        """A submitted request's client went away."""
+        self._delivery.cancel(pending, self._withdraw)
 
     def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamItem]:
         """Queue one request of a decoupled sequence model (when iterated) and yield its responses."""

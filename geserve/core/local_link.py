@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from geserve.core.models import Model
 from geserve.core.service import InferenceService
 from geserve.core.shared_memory import SharedMemoryManager
+from geserve.errors import GeserveError
 from geserve.submissions import Answer, Submission
 
 
@@ -27,7 +29,22 @@ class LocalEngineLink:
         return self._service.shared_memory
 
     async def infer(self, submission: Submission) -> Answer:
-        return await self._service.infer_submission(submission)
+        answered: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+
+        def done(outcome: Answer | GeserveError) -> None:
+            if answered.done():
+                return
+            if isinstance(outcome, GeserveError):
+                answered.set_exception(outcome)
+            else:
+                answered.set_result(outcome)
+
+        cancel = self._service.submit(submission, done)
+        try:
+            return await answered
+        except asyncio.CancelledError:
+            cancel()  # the client went away
+            raise
 
     def stream(self, submission: Submission) -> AsyncIterator[Answer]:
         return self._service.stream_submission(submission)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
+from geserve.batching.scheduler import Scheduler
+from geserve.batching.sequence import SequenceScheduler
 from geserve.core import calls, limits, response_cache, validation
 from geserve.core.api import HISTOGRAM_FAMILY, EngineAPI
 from geserve.core.instance_monitor import InstanceMonitor
@@ -25,8 +27,10 @@ from geserve.core.shared_memory import CudaSharedMemory, RegionLimits, SharedMem
 from geserve.core.stats import statistics_json
 from geserve.core.trace import TraceController, traced_steps
 from geserve.errors import (
+    CancelledError,
     DecoupledModelError,
     GeserveError,
+    InternalError,
     NotFoundError,
     UnavailableError,
 )
@@ -322,6 +326,38 @@ class InferenceService:
         if served is not None:
             served.stats.record_failure("OTHER", 0)
 
+    def submit(self, submission: Submission, done: Callable[[Answer | GeserveError], None]) -> Callable[[], None]:
+        """Schedule one request checked where it was decoded; its answer, or its error (carrying Triton's request-id
+        prefix), goes to `done`. Returns what cancels it (its client went away). A request to a batching model goes
+        straight into its scheduler's queue, answered from its batch: no task and no future of its own. Ensembles,
+        cached and traced requests run as a task, as `infer_submission`."""
+        request_id = submission.request_id
+        try:
+            model, scheduled = self._admit_submission(submission)
+        except GeserveError as error:
+            done(error)
+            return _nothing
+        scheduler = model.scheduler
+        direct = not model.decoupled and model.response_cache is None and not self._traces.active
+        if direct and isinstance(scheduler, Scheduler | SequenceScheduler):
+            version = model.version_str
+
+            def finished(outcome: dict[str, SharedTensor] | GeserveError) -> None:
+                if isinstance(outcome, GeserveError):
+                    done(outcome.with_request_id(request_id))
+                else:
+                    done(Answer(outcome, version, response_parameters(outcome)))
+
+            try:
+                pending = scheduler.submit(scheduled, finished)
+            except GeserveError as error:  # a full queue
+                done(error.with_request_id(request_id))
+                return _nothing
+            return lambda: scheduler.cancel(pending)
+        task = asyncio.get_running_loop().create_task(self._answer(model, scheduled, time.monotonic_ns()))
+        task.add_done_callback(lambda _: done(_outcome(task, request_id)))
+        return _canceller(task)
+
     async def infer_submission(self, submission: Submission) -> Answer:
         """Schedule and run one request checked where it was decoded; errors carry Triton's request-id prefix. A
         decoupled model answers only streams: the request fails with DecoupledModelError."""
@@ -468,6 +504,30 @@ class InferenceService:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
         return model, ScheduledRequest(inputs, output_names, request.parameters, request.id, chain=chain)
+
+
+def _nothing() -> None:
+    """What cancels a request answered already."""
+
+
+def _canceller(task: asyncio.Task[Answer]) -> Callable[[], None]:
+    def cancel() -> None:
+        task.cancel()
+
+    return cancel
+
+
+def _outcome(task: asyncio.Task[Answer], request_id: str) -> Answer | GeserveError:
+    """A request's task, once done, as its answer or its error."""
+    if task.cancelled():
+        return CancelledError("the request was cancelled").with_request_id(request_id)
+    error = task.exception()
+    if error is None:
+        return task.result()
+    if isinstance(error, GeserveError):
+        return error
+    logger.error("a request failed in the engine", exc_info=error)
+    return InternalError(f"{type(error).__name__}: {error}").with_request_id(request_id)
 
 
 def _track_latency(version: ModelVersion, metrics: MetricsSettings) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from geserve.core.service import InferenceService
@@ -99,6 +100,9 @@ class EngineEndpoint:
             return value.SerializeToString()  # generated protobuf classes do not pickle by reference
         return value
 
+    def submit(self, submission: Submission, done: Callable[[Answer | GeserveError], None]) -> Callable[[], None]:
+        return self._service.submit(submission, done)
+
     def stream(self, submission: Submission) -> AsyncIterator[Answer]:
         return self._service.stream_submission(submission)
 
@@ -110,6 +114,7 @@ class _Connection:
     def __init__(self, endpoint: EngineEndpoint) -> None:
         self._endpoint = endpoint
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._submitted: dict[int, Callable[[], None]] = {}  # what cancels each submission still unanswered
         self._held: dict[int, Answer] = {}
         self._leases = itertools.count(1)
         self.channel = FrameProtocol(self._received, self._lost, lambda: endpoint.connected(self))
@@ -126,11 +131,21 @@ class _Connection:
             return
         call_id = message[1]
         if kind == Kind.CANCEL:
+            cancel = self._submitted.get(call_id)
+            if cancel is not None:
+                cancel()  # answered as cancelled, at once or when its batch is back
             task = self._tasks.get(call_id)
             if task is not None:
                 task.cancel()
             return
         method, args = message[2], message[3]
+        if kind == Kind.CALL and method == SUBMIT_METHOD:
+            # Straight into the scheduler's queue: no task, answered from its batch (or at once, refused).
+            self._submitted[call_id] = _not_yet
+            cancel = self._endpoint.submit(args[0], functools.partial(self._answered, call_id))
+            if call_id in self._submitted:
+                self._submitted[call_id] = cancel
+            return
         if kind == Kind.CALL and method in CALL_METHODS:
             work = self._answer(call_id, method, args)
         elif kind == Kind.STREAM and method in STREAM_METHODS:
@@ -141,6 +156,13 @@ class _Connection:
         task = asyncio.create_task(work)
         self._tasks[call_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
+
+    def _answered(self, call_id: int, outcome: Answer | GeserveError) -> None:
+        self._submitted.pop(call_id, None)
+        if isinstance(outcome, GeserveError):
+            self.channel.send((Kind.ERROR, call_id, outcome))
+        else:
+            self._send(Kind.RESULT, call_id, outcome, self._lease(outcome))
 
     async def _answer(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         try:
@@ -192,4 +214,10 @@ class _Connection:
         self._endpoint.closed(self)
         for task in list(self._tasks.values()):
             task.cancel()
+        for cancel in list(self._submitted.values()):
+            cancel()
         self._held.clear()
+
+
+def _not_yet() -> None:
+    """A submission's canceller until its scheduler has it."""

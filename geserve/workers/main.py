@@ -59,6 +59,9 @@ class _ShmBatchRunner:
         """Gather a batch's inputs and stage it (a pipelined backend copies them to the device now, while the batch
         before it may still run)."""
         try:
+            if runner.gathers:  # the backend copies each request's rows from where they lie to the device
+                blocks = {name: [part.array for part in parts] for name, _, parts in message.inputs}
+                return _Running(message, runner.stage_blocks(blocks, message.output_names, message.requests))
             inputs = {name: gather(parts, datatype) for name, datatype, parts in message.inputs}
         except (GeserveError, OSError, ValueError) as error:  # a segment gone, a client's region shrunk
             return _Running(message, runner.failed_batch(error, message.output_names, message.requests))

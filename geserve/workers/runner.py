@@ -126,6 +126,28 @@ class InstanceRunner:
             batch.failure = self._failed(error, requests, batch.started)
         return batch
 
+    def stage_blocks(
+        self, blocks: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...], requests: Sequence[RequestInfo]
+    ) -> StagedBatch:
+        """`stage` for a batch given as each input's row blocks (see `gathers`): the backend copies each block to the
+        device where its rows go."""
+        batch = StagedBatch({}, output_names, requests, time.monotonic_ns())
+        backend = self._pipeline
+        if backend is None:
+            batch.failure = self._failed(InternalError("this backend stages joined batches"), requests, batch.started)
+            return batch
+        try:
+            batch.staged = backend.stage_blocks(blocks)
+        except Exception as error:  # inputs the device refuses
+            batch.failure = self._failed(error, requests, batch.started)
+        return batch
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the backend takes a batch as its requests' row blocks and copies them to the device itself: a
+        pipelined backend, unless the model keeps implicit state, which is joined with the inputs first."""
+        return self.pipelined and not self._states
+
     def failed_batch(
         self, error: Exception, output_names: tuple[str, ...], requests: Sequence[RequestInfo]
     ) -> StagedBatch:
