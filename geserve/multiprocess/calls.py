@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import enum
-
 from geserve.core.api import EngineAPI
 
 
-class Kind(enum.IntEnum):
-    """The first element of every message tuple."""
+class Kind:
+    """The first element of every message tuple: plain numbers, which pickle as themselves (an enum member would
+    be looked up by name on every unpickling)."""
 
     CALL = 0  # (CALL, id, method, args): one answer
     STREAM = 1  # (STREAM, id, method, args): ITEMs, then END or ERROR

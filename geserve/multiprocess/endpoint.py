@@ -117,7 +117,7 @@ class _Connection:
         self._submitted: dict[int, Callable[[], None]] = {}  # what cancels each submission still unanswered
         self._held: dict[int, Answer] = {}
         self._leases = itertools.count(1)
-        self.channel = FrameProtocol(self._received, self._lost, lambda: endpoint.connected(self))
+        self.channel = FrameProtocol(self._received, self._lost, lambda: endpoint.connected(self), self._unsendable)
 
     def close(self) -> None:
         if self.channel.transport is not None:
@@ -202,11 +202,14 @@ class _Connection:
             answer = InternalError(f"{type(error).__name__}: {error}")
         self.channel.send((Kind.ERROR, call_id, answer))
 
-    def _send(self, kind: Kind, call_id: int, *values: Any) -> None:
-        try:
-            self.channel.send((kind, call_id, *values))
-        except Exception as error:  # an answer that cannot be pickled is a bug; the caller still hears of it
-            logger.exception("the answer to call %d cannot be sent", call_id)
+    def _send(self, kind: int, call_id: int, *values: Any) -> None:
+        self.channel.send((kind, call_id, *values))
+
+    def _unsendable(self, message: tuple[Any, ...], error: Exception) -> None:
+        """An answer that cannot be pickled is a bug; the caller still hears of it."""
+        kind, call_id = message[0], message[1]
+        logger.error("a message (kind %d) to a protocol process cannot be sent", kind, exc_info=error)
+        if kind in (Kind.RESULT, Kind.ITEM):
             self.channel.send((Kind.ERROR, call_id, InternalError(f"the answer cannot be sent: {error}")))
 
     def _lost(self, exc: Exception | None) -> None:

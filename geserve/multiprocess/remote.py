@@ -12,7 +12,7 @@ from typing import Any
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.core.shared_memory import RegionMirror
-from geserve.errors import UnavailableError
+from geserve.errors import InternalError, UnavailableError
 from geserve.multiprocess.calls import (
     MODELS_EVENT,
     REGIONS_EVENT,
@@ -41,9 +41,9 @@ class RemoteEngineLink:
         self._calls: dict[int, asyncio.Future[Any]] = {}
         # A submission's inputs, kept until the engine answers it, even once its caller gave up.
         self._kept: dict[int, Submission] = {}
-        self._streams: dict[int, asyncio.Queue[tuple[Kind, Any]]] = {}
+        self._streams: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
         self._on_event = on_event
-        self._channel = FrameProtocol(self._received, self._lost)
+        self._channel = FrameProtocol(self._received, self._lost, on_unsendable=self._unsendable)
         self._models: dict[str, ModelView] = {}
         self._regions = RegionMirror()
         # Answers whose outputs are no longer read here, released together once per turn of the loop.
@@ -100,7 +100,7 @@ class RemoteEngineLink:
                 return
         queue = self._streams.get(call_id)
         if queue is not None:
-            queue.put_nowait((Kind(kind), message[2] if len(message) > 2 else None))
+            queue.put_nowait((kind, message[2] if len(message) > 2 else None))
 
     def _event(self, name: str, value: Any) -> None:
         if name == MODELS_EVENT:
@@ -143,6 +143,15 @@ class RemoteEngineLink:
         if released and not self.lost.is_set():
             self._channel.send((Kind.RELEASE, tuple(released)))
 
+    def _unsendable(self, message: tuple[Any, ...], error: Exception) -> None:
+        """A call whose arguments cannot be pickled fails with why; nothing of it reached the engine."""
+        future = self._calls.pop(message[1], None) if message[0] in (Kind.CALL, Kind.STREAM) else None
+        if future is not None and not future.done():
+            future.set_exception(InternalError(f"the call cannot be sent to the engine: {error}"))
+        queue = self._streams.get(message[1]) if message[0] == Kind.STREAM else None
+        if queue is not None:
+            queue.put_nowait((Kind.ERROR, InternalError(f"the call cannot be sent to the engine: {error}")))
+
     def _lost(self, exc: Exception | None) -> None:
         self.lost.set()
         error = UnavailableError(ENGINE_GONE)
@@ -180,7 +189,7 @@ class RemoteEngineLink:
         if self.lost.is_set():
             raise UnavailableError(ENGINE_GONE)
         call_id = next(self._ids)
-        queue: asyncio.Queue[tuple[Kind, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self._streams[call_id] = queue
         self._kept[call_id] = submission
         self._channel.send((Kind.STREAM, call_id, "stream_submission", (submission,)))
