@@ -205,11 +205,11 @@ def gather(parts: Sequence[SharedTensor], datatype: str) -> np.ndarray:
 
 
 class _Mappings:
-    """The segments this process has mapped, by name; the least recently used is let go past a bound (its mapping
-    stays while a view of it lives). A segment found replaced (a new file under its name) is mapped again."""
+    """The arenas this process has mapped, by name; the least recently used is let go past a bound (its mapping
+    stays while a view of it lives). Segment names are never reused while geserve runs, so a name maps one file."""
 
     def __init__(self) -> None:
-        self._mapped: OrderedDict[str, tuple[int, mmap.mmap]] = OrderedDict()
+        self._mapped: OrderedDict[str, mmap.mmap] = OrderedDict()
         self._lock = threading.Lock()  # gRPC's threads and a worker's threads read tensors too
 
     def of(self, name: str) -> mmap.mmap:
@@ -217,15 +217,10 @@ class _Mappings:
             found = self._mapped.get(name)
             if found is not None:
                 self._mapped.move_to_end(name)
-                return found[1]
-        descriptor = _open(name)
-        try:
-            inode = os.fstat(descriptor).st_ino
-            mapping = mmap.mmap(descriptor, 0)
-        finally:
-            os.close(descriptor)
+                return found
+        mapping = map_segment(name)
         with self._lock:
-            self._mapped[name] = (inode, mapping)
+            self._mapped[name] = mapping
             while len(self._mapped) > _MAPPED_SEGMENTS:
                 self._mapped.popitem(last=False)
         return mapping
@@ -240,6 +235,15 @@ class _Mappings:
             return list(self._mapped)
 
 
+def map_segment(name: str) -> mmap.mmap:
+    """The whole segment `name`, mapped; unmapped when the last view of the mapping dies."""
+    descriptor = _open(name)
+    try:
+        return mmap.mmap(descriptor, 0)
+    finally:
+        os.close(descriptor)
+
+
 MAPPINGS = _Mappings()
 
 
@@ -251,8 +255,10 @@ def _open(name: str) -> int:
 
 
 def _view(where: Residency, lease: object) -> np.ndarray:
-    """A uint8 view of the bytes `where` names, keeping `lease` alive as long as any view of it lives."""
-    mapping = MAPPINGS.of(where.segment)
+    """A uint8 view of the bytes `where` names, keeping `lease` alive as long as any view of it lives. A one-off
+    segment is mapped for its views alone, not kept among the arenas: its owner removes it once released, and a
+    mapping left behind would pin its pages."""
+    mapping = map_segment(where.segment) if where.kind == Kind.ONE_OFF else MAPPINGS.of(where.segment)
     if where.offset + where.nbytes > len(mapping):
         raise UnavailableError(f"shared memory segment '{where.segment}' is smaller than a tensor in it says")
     if where.nbytes == 0:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from geserve.core.models import Model
@@ -46,7 +46,7 @@ class LocalEngineLink:
             cancel()  # the client went away
             raise
 
-    def stream(self, submission: Submission) -> AsyncIterator[Answer]:
+    def stream(self, submission: Submission) -> AsyncGenerator[Answer]:
         return self._service.stream_submission(submission)
 
     def refused(self, model_name: str, version: int) -> None:

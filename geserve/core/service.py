@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -365,7 +365,7 @@ class InferenceService:
         model, scheduled = self._admit_submission(submission)
         return await self._answer(model, scheduled, started_ns)
 
-    async def stream_submission(self, submission: Submission) -> AsyncIterator[Answer]:
+    async def stream_submission(self, submission: Submission) -> AsyncGenerator[Answer]:
         """Every response to one request, as the model sends them (one, final, for a model that is not
         decoupled). Errors before the model runs are raised; the model's own come as answers."""
         started_ns = time.monotonic_ns()

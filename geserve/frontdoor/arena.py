@@ -84,9 +84,13 @@ class RequestArena:
 
     def where(self, data: memoryview | np.ndarray) -> Residency | None:
         """Where `data` lies in this arena; None when it is memory of its own."""
-        view = np.frombuffer(data, dtype=np.uint8) if isinstance(data, memoryview) else data
-        if view.nbytes == 0 or not view.flags.c_contiguous:
+        if isinstance(data, memoryview):
+            if not data.c_contiguous:
+                return None
+            data = np.frombuffer(data.cast("B") if data.format != "B" or data.ndim != 1 else data, dtype=np.uint8)
+        if data.nbytes == 0 or not data.flags.c_contiguous:
             return None
+        view = data
         offset = int(view.__array_interface__["data"][0]) - self._start
         if offset < 0 or offset + view.nbytes > self._size:
             return None

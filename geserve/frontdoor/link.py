@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
 from geserve.frontdoor.responses import ClientRegions
@@ -25,7 +25,7 @@ class EngineLink(Protocol):
         """The one response; errors carry the request's id."""
         ...
 
-    def stream(self, submission: Submission) -> AsyncIterator[Answer]:
+    def stream(self, submission: Submission) -> AsyncGenerator[Answer]:
         """Every response, the last one final; an error before the model answers is raised."""
         ...
 

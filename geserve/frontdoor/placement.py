@@ -26,11 +26,13 @@ class Placement:
         if isinstance(data, np.ndarray):
             raw: memoryview = memoryview(bytes_codec.wire_bytes(datatype, data)).cast("B")
         else:
-            raw = data
+            raw = _flat(data)
             if self._arena is not None:
                 where = self._arena.where(raw)
                 if where is not None:
                     return SharedTensor(datatype, shape, where, lease=raw)  # the view keeps the body's block
+        if not raw.nbytes and 0 in shape:  # no elements: nothing to share
+            return SharedTensor.zeros(datatype, shape)
         if self._arena is not None:
             block = self._arena.allocate(raw.nbytes)
             if block is not None:
@@ -46,6 +48,9 @@ class Placement:
         segment = create_segment(name, raw.nbytes)
         try:
             buffer_of(segment)[: raw.nbytes] = raw
+        except BaseException:
+            unlink_quietly(name)
+            raise
         finally:
             segment.close()
         where = Residency(Kind.ONE_OFF, name, 0, raw.nbytes)
@@ -55,3 +60,10 @@ class Placement:
 def _unlink(name: object) -> None:
     assert isinstance(name, str)
     unlink_quietly(name)
+
+
+def _flat(data: memoryview) -> memoryview:
+    """`data` as one flat run of bytes (a copy only where it is not contiguous)."""
+    if not data.c_contiguous:
+        return memoryview(data.tobytes())
+    return data if data.format == "B" and data.ndim == 1 else data.cast("B")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -62,9 +63,11 @@ class FrontDoor:
         """Every response to one request, as the model sends them (one, final, for a model that is not decoupled).
         Errors before the model runs are raised; the model's own come as items."""
         version, submission = await self._admit(request)
-        async for answer in self._link.stream(submission):
-            response = await self._respond(version, request, submission, answer)
-            yield StreamedResponse(response, answer.error, answer.final)
+        # Closed with this stream, not whenever it is collected: a client that leaves cancels the request at once.
+        async with contextlib.aclosing(self._link.stream(submission)) as answers:
+            async for answer in answers:
+                response = await self._respond(version, request, submission, answer)
+                yield StreamedResponse(response, answer.error, answer.final)
 
     async def _admit(self, request: InferRequest) -> tuple[ServedVersion, Submission]:
         """The version a request addresses, and the request checked against it with its inputs in shared memory."""

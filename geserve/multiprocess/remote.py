@@ -7,7 +7,7 @@ import collections
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from geserve._generated import model_config_pb2 as mc
@@ -185,7 +185,7 @@ class RemoteEngineLink:
         answer: Answer = await self._call("infer_submission", submission, keep=submission)
         return answer
 
-    async def stream(self, submission: Submission) -> AsyncIterator[Answer]:
+    async def stream(self, submission: Submission) -> AsyncGenerator[Answer]:
         if self.lost.is_set():
             raise UnavailableError(ENGINE_GONE)
         call_id = next(self._ids)

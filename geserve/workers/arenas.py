@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from multiprocessing import shared_memory
 
 from geserve.offload import COPY_BYTES, off_loop
-from geserve.residency import Kind, Residency, SharedTensor
+from geserve.residency import MAPPINGS, Kind, Residency, SharedTensor
 from geserve.workers.messages import BatchInput
 from geserve.workers.runs import RunId
 from geserve.workers.shm import TensorLayout, buffer_of, create_segment, discard, unlink_quietly
@@ -67,6 +67,7 @@ class Arenas:
         self.output_name = name
         if previous:
             unlink_quietly(previous)
+            MAPPINGS.forget(previous)  # the views still read keep the memory; the cache should not
         return name
 
     async def place(self, inputs: Mapping[str, Sequence[SharedTensor]]) -> tuple[ArenaSlot, tuple[BatchInput, ...]]:

@@ -84,7 +84,10 @@ class _ShmBatchRunner:
             blocks, placed = OutputBlocks(runner.output_datatypes, in_place), (error,) * len(message.requests)
         parameters = tuple(response_parameters(outcome) for outcome in result.results)
         kept = parameters if any(parameters) else ()
-        return BatchPlaced(message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns, kept)
+        refs = blocks.refs()
+        if not refs:  # nobody will release a batch no output of which is read (its backend may have been given some)
+            self.outputs.release((message.batch_id,))
+        return BatchPlaced(message.batch_id, refs, placed, result.infer_start_ns, result.infer_end_ns, kept)
 
     def _write(self, layout: TensorLayout, batch_id: int) -> tuple[OutputBlock, ...]:
         """Copy the outputs the backend did not write in place into the arena, or into a one-off segment when no
