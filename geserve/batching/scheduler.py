@@ -222,7 +222,11 @@ class Scheduler:
         inputs = {name: [request.inputs[name] for request in requests] for name in requests[0].inputs}
         infos = [RequestInfo(p.rows, p.request.output_names, p.request.request_id, p.request.parameters) for p in batch]
         if len(batch) > 1 and self._policy.ragged_inputs:
-            infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
+            try:
+                infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
+            except Exception as error:  # never leave a popped batch unanswered
+                self._delivery.fail(batch, error)
+                return
         streams, unary = answer_routes(batch)
         chain = merge_chains(request.chain for request in requests)
         run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, unary, chain))

@@ -16,6 +16,7 @@ from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text, validate_config
+from geserve.residency import SharedTensor
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.pool import InstancePool
@@ -57,7 +58,7 @@ class RecordingInstance:
 
 
 def request(in0: np.ndarray, in1: np.ndarray) -> ScheduledRequest:
-    return ScheduledRequest({"IN0": in0, "IN1": in1}, ("OUT0",))
+    return ScheduledRequest({"IN0": SharedTensor.local(in0), "IN1": SharedTensor.local(in1)}, ("OUT0",))
 
 
 async def batches_formed(policy: BatchingPolicy, requests: list[ScheduledRequest]) -> list[Batch]:
@@ -87,6 +88,7 @@ async def test_requests_whose_ragged_input_differs_share_one_batch_with_their_ow
     batch = batches[0]
     # The ragged input travels flattened, request after request; the other stays in rows.
     assert [part.shape for part in batch.inputs["IN0"]] == [(2,), (5,), (3,)]
+    assert [part.array.tolist() for part in batch.inputs["IN0"]] == [list(map(float, range(n))) for n in lengths]
     assert [part.shape for part in batch.inputs["IN1"]] == [(1, 4)] * 3
     assert [info.ragged_shapes for info in batch.requests] == [(("IN0", (1, n)),) for n in lengths]
 
