@@ -103,6 +103,28 @@ async def test_a_differing_non_ragged_input_still_ends_the_batch() -> None:
     assert [len(batch.requests) for batch in batches] == [2, 1]
 
 
+async def test_a_batch_whose_ragged_inputs_cannot_travel_fails_its_requests_and_the_next_is_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*_: object) -> None:
+        raise ValueError("cannot flatten")
+
+    monkeypatch.setattr("geserve.batching.scheduler._flatten_ragged", broken)
+    items = [request(np.zeros((1, n), np.float32), np.zeros((1, 4), np.float32)) for n in (2, 5)]
+    instance = RecordingInstance()
+    scheduler = Scheduler("m", InstancePool([instance]), policy_of(RAGGED), ModelStats())
+    blocker = asyncio.ensure_future(scheduler.execute(request(np.zeros((1, 1), np.float32), np.zeros((1, 4)))))
+    await asyncio.sleep(0)
+    queued = asyncio.gather(*(scheduler.execute(item) for item in items), return_exceptions=True)
+    await asyncio.sleep(0)  # queued behind the first batch, the two form one batch of their own
+    instance.gate.set()
+    outcomes = await asyncio.wait_for(queued, 10)
+    await blocker
+    assert [type(outcome).__name__ for outcome in outcomes] == ["InternalError"] * 2
+    assert "cannot flatten" in str(outcomes[0])
+    await asyncio.wait_for(scheduler.execute(items[0]), 10)  # alone: nothing to flatten
+
+
 async def test_without_allow_ragged_batch_differing_dims_never_share_a_batch() -> None:
     items = [request(np.zeros((1, n), np.float32), np.zeros((1, 4), np.float32)) for n in (2, 5)]
     batches = await batches_formed(policy_of(RAGGED.replace("allow_ragged_batch: true", "")), items)
