@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
-from geserve.errors import InvalidArgumentError, UnavailableError
+from geserve.errors import GeserveError, InvalidArgumentError, UnavailableError
 
 SHM_DIRECTORY = Path("/dev/shm")
 # Segments mapped at once per process; a segment's mapping outlives its eviction while a view of it is alive.
@@ -46,6 +46,7 @@ class Residency(NamedTuple):
     offset: int
     nbytes: int
     inode: int = 0  # a client region: the file registered under the key; another file there is refused
+    region: str = ""  # a client region: the name it was registered under, which errors quote
 
 
 class SharedTensor:
@@ -201,6 +202,32 @@ def gather(parts: Sequence[SharedTensor], datatype: str) -> np.ndarray:
     return target
 
 
+def unreadable_rows(inputs: Sequence[Sequence[SharedTensor]], requests: int) -> dict[int, GeserveError]:
+    """The requests of a batch (each input given as one part per request) whose inputs in a client's region cannot
+    be read now, with why: the region shrank or was replaced since the front door checked it. A batch laid out
+    otherwise is not told apart (empty)."""
+    refused: dict[int, GeserveError] = {}
+    for parts in inputs:
+        if len(parts) != requests:
+            return {}
+        for index, part in enumerate(parts):
+            if index in refused or part.where is None or part.where.kind != Kind.CLIENT:
+                continue
+            try:
+                part.read_into(memoryview(bytearray(part.where.nbytes)))
+            except GeserveError as error:
+                refused[index] = error
+    return refused
+
+
+def zeroed(parts: Sequence[SharedTensor], refused: Container[int]) -> tuple[SharedTensor, ...]:
+    """The parts with those of the refused requests as zeros of their shapes (their rows run, their answer is
+    their error)."""
+    return tuple(
+        SharedTensor.zeros(part.datatype, part.shape) if index in refused else part for index, part in enumerate(parts)
+    )
+
+
 # -- mappings ------------------------------------------------------------------------------------------
 
 
@@ -301,30 +328,33 @@ def _decoded(framed: bytes | memoryview, tensor: SharedTensor) -> np.ndarray:
 def _read_client(where: Residency, target: memoryview) -> None:
     """Read a client region's bytes into `target` through its file: a region shrunk or replaced since it was
     checked comes up short or is another file, an error here rather than SIGBUS in whoever reads a mapping."""
-    descriptor = _client_file(where.segment)
+    descriptor = _client_file(where)
     try:
         if where.inode and os.fstat(descriptor).st_ino != where.inode:
             raise InvalidArgumentError(
-                f"shared memory region '{where.segment}' was replaced by another segment; register it again"
+                f"shared memory region '{where.region}' was replaced: '/{where.segment}' is another segment than the "
+                "one registered; register it again"
             )
         done = 0
         while done < len(target):
             read = os.preadv(descriptor, [target[done:]], where.offset + done)
             if read <= 0:
                 raise InvalidArgumentError(
-                    f"shared memory region '{where.segment}' shrank: it no longer holds the "
-                    f"{where.offset + where.nbytes} bytes the request uses"
+                    f"shared memory region '{where.region}' shrank to {where.offset + done} bytes: its segment "
+                    f"'/{where.segment}' no longer holds the {where.offset + where.nbytes} bytes the request uses"
                 )
             done += read
     finally:
         os.close(descriptor)
 
 
-def _client_file(key: str) -> int:
+def _client_file(where: Residency) -> int:
     try:
-        return os.open(SHM_DIRECTORY / key, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(SHM_DIRECTORY / where.segment, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        raise InvalidArgumentError(f"shared memory region '{key}' no longer exists") from None
+        raise InvalidArgumentError(
+            f"shared memory region '{where.region}' is gone: its segment '/{where.segment}' no longer exists"
+        ) from None
 
 
 # -- leases ---------------------------------------------------------------------------------------------

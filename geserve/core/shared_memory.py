@@ -103,7 +103,7 @@ class _Regions:
             region, start, size = self._span(parameters, what)
             if check is not None:
                 check(size)
-            where = Residency(Kind.CLIENT, region.key.lstrip("/"), start, size, region.inode)
+            where = Residency(Kind.CLIENT, region.key.lstrip("/"), start, size, region.inode, region.name)
             return SharedTensor("UINT8", (size,), where)
 
     def read(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> memoryview:

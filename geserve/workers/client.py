@@ -16,7 +16,7 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.residency import SharedTensor, gather
+from geserve.residency import SharedTensor, gather, unreadable_rows, zeroed
 from geserve.types import InstanceStatus, response_parameters, with_parameters
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec
@@ -127,7 +127,14 @@ class ThreadWorker:
         if not self.alive:
             raise UnavailableError(f"instance '{self.spec.instance_name}' is {self._state.value}")
         loop = asyncio.get_running_loop()
-        arrays = {name: gather(parts, parts[0].datatype) for name, parts in batch.inputs.items()}
+        refused: dict[int, GeserveError] = {}
+        try:
+            arrays = {name: gather(parts, parts[0].datatype) for name, parts in batch.inputs.items()}
+        except GeserveError:  # a client's region shrunk or replaced: its requests fail alone, the rest run
+            refused = unreadable_rows(list(batch.inputs.values()), len(batch.requests))
+            if not refused or len(refused) == len(batch.requests):
+                raise
+            arrays = {name: gather(zeroed(parts, refused), parts[0].datatype) for name, parts in batch.inputs.items()}
         infos = list(batch.requests)
         streams = batch.streams
         for index, stream in streams.items():
@@ -152,7 +159,8 @@ class ThreadWorker:
             for request in cancellable.values():
                 request.on_cancel(None)
         results = tuple(
-            outcome if isinstance(outcome, GeserveError) else local_tensors(outcome) for outcome in result.results
+            refused.get(index) or (outcome if isinstance(outcome, GeserveError) else local_tensors(outcome))
+            for index, outcome in enumerate(result.results)
         )
         return BatchResult(results, result.infer_start_ns, result.infer_end_ns)
 

@@ -8,12 +8,12 @@ import os
 import queue
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.residency import Kind, Residency, SharedTensor, gather
+from geserve.residency import Kind, Residency, SharedTensor, gather, unreadable_rows, zeroed
 from geserve.types import response_parameters
 from geserve.workers.lineage import GROUP_SIGNALS, watch_parent
 from geserve.workers.mailbox import Inbox, Outbox
@@ -40,10 +40,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Running:
-    """A batch the worker has staged or launched."""
+    """A batch the worker has staged or launched; `refused`: requests whose inputs could not be read (a client's
+    region shrunk or replaced since the front door checked it), run as zeros and answered with their own error."""
 
     message: RunBatch
     batch: StagedBatch
+    refused: dict[int, GeserveError] = field(default_factory=dict)
 
 
 class _ShmBatchRunner:
@@ -57,15 +59,27 @@ class _ShmBatchRunner:
 
     def stage(self, runner: InstanceRunner, message: RunBatch) -> _Running:
         """Gather a batch's inputs and stage it (a pipelined backend copies them to the device now, while the batch
-        before it may still run)."""
+        before it may still run). A request whose client region can no longer be read fails alone: its rows run as
+        zeros and the rest of the batch is served."""
         try:
-            if runner.gathers:  # the backend copies each request's rows from where they lie to the device
-                blocks = {name: [part.array for part in parts] for name, _, parts in message.inputs}
-                return _Running(message, runner.stage_blocks(blocks, message.output_names, message.requests))
-            inputs = {name: gather(parts, datatype) for name, datatype, parts in message.inputs}
+            return _Running(message, self._staged(runner, message))
         except (GeserveError, OSError, ValueError) as error:  # a segment gone, a client's region shrunk
-            return _Running(message, runner.failed_batch(error, message.output_names, message.requests))
-        return _Running(message, runner.stage(inputs, message.output_names, message.requests))
+            failure: Exception = error
+            refused = _unreadable(message)
+            if refused and len(refused) < len(message.requests):
+                try:
+                    return _Running(message, self._staged(runner, _zeroed(message, refused)), refused)
+                except (GeserveError, OSError, ValueError) as again:
+                    failure = again
+            return _Running(message, runner.failed_batch(failure, message.output_names, message.requests))
+
+    @staticmethod
+    def _staged(runner: InstanceRunner, message: RunBatch) -> StagedBatch:
+        if runner.gathers:  # the backend copies each request's rows from where they lie to the device
+            blocks = {name: [part.array for part in parts] for name, _, parts in message.inputs}
+            return runner.stage_blocks(blocks, message.output_names, message.requests)
+        inputs = {name: gather(parts, datatype) for name, datatype, parts in message.inputs}
+        return runner.stage(inputs, message.output_names, message.requests)
 
     def finish(self, runner: InstanceRunner, running: _Running, emit: ResponseEmitter | None = None) -> BatchPlaced:
         """Wait for (or run) a staged batch and place its outputs in shared memory."""
@@ -76,6 +90,8 @@ class _ShmBatchRunner:
         blocks = OutputBlocks(runner.output_datatypes, in_place)
         try:
             placed = blocks.place(result.results, whole, message.requests)
+            if running.refused:
+                placed = tuple(running.refused.get(index, own) for index, own in enumerate(placed))
             blocks.written(self._write(blocks.layout, message.batch_id))
         except (GeserveError, OSError) as error:  # the outputs do not fit in /dev/shm: every request fails
             if isinstance(error, OSError):
@@ -104,6 +120,16 @@ class _ShmBatchRunner:
             return _blocks(layout.write(buffer_of(segment), name), Kind.ONE_OFF)
         finally:
             segment.close()
+
+
+def _unreadable(message: RunBatch) -> dict[int, GeserveError]:
+    return unreadable_rows([parts for _, _, parts in message.inputs], len(message.requests))
+
+
+def _zeroed(message: RunBatch, refused: dict[int, GeserveError]) -> RunBatch:
+    """The batch with the refused requests' inputs as zeros of their shapes."""
+    inputs = tuple((name, datatype, zeroed(parts, refused)) for name, datatype, parts in message.inputs)
+    return replace(message, inputs=inputs)
 
 
 def _blocks(refs: tuple[TensorRef, ...], kind: Kind) -> tuple[OutputBlock, ...]:

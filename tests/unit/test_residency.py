@@ -14,7 +14,17 @@ import pytest
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.errors import InvalidArgumentError
-from geserve.residency import MAPPINGS, SHM_DIRECTORY, Kind, Lease, Residency, SharedTensor, gather
+from geserve.residency import (
+    MAPPINGS,
+    SHM_DIRECTORY,
+    Kind,
+    Lease,
+    Residency,
+    SharedTensor,
+    gather,
+    unreadable_rows,
+    zeroed,
+)
 
 
 @pytest.fixture
@@ -102,12 +112,32 @@ def test_a_client_region_is_read_through_its_file_and_a_shrunk_or_replaced_one_i
     np.testing.assert_array_equal(tensor.array, values)
     assert tensor.array.flags.owndata  # a copy: the client may rewrite its region meanwhile
     assert segment.name not in MAPPINGS.names()
-    shrunk = SharedTensor("INT64", (4,), Residency(Kind.CLIENT, segment.name, (1 << 20) - 8, 32, inode))
-    with pytest.raises(InvalidArgumentError, match="shrank"):
+    shrunk = SharedTensor("INT64", (4,), Residency(Kind.CLIENT, segment.name, (1 << 20) - 8, 32, inode, "mine"))
+    with pytest.raises(InvalidArgumentError) as error:
         _ = shrunk.array
-    replaced = SharedTensor("INT64", (4,), Residency(Kind.CLIENT, segment.name, 1024, 32, inode + 1))
-    with pytest.raises(InvalidArgumentError, match="replaced"):
+    assert error.value.message == (
+        f"shared memory region 'mine' shrank to {1 << 20} bytes: its segment '/{segment.name}' no longer holds the "
+        f"{(1 << 20) + 24} bytes the request uses"
+    )
+    replaced = SharedTensor("INT64", (4,), Residency(Kind.CLIENT, segment.name, 1024, 32, inode + 1, "mine"))
+    with pytest.raises(InvalidArgumentError, match="shared memory region 'mine' was replaced"):
         _ = replaced.array
+
+
+def test_only_the_requests_whose_region_cannot_be_read_are_refused_and_their_rows_run_as_zeros(segment: Path) -> None:
+    inode = os.stat(segment).st_ino
+    _put(segment, 0, np.arange(8, dtype=np.int32).tobytes())
+    good = SharedTensor("INT32", (1, 4), Residency(Kind.CLIENT, segment.name, 0, 16, inode, "mine"))
+    local = SharedTensor.local(np.full((1, 4), 9, np.int32))
+    shrunk = SharedTensor("INT32", (1, 4), Residency(Kind.CLIENT, segment.name, (1 << 20) - 4, 16, inode, "mine"))
+    inputs = [[good, shrunk, local], [local, local, local]]  # two inputs, three requests
+    refused = unreadable_rows(inputs, 3)
+    assert list(refused) == [1] and "region 'mine' shrank" in refused[1].message
+    with pytest.raises(InvalidArgumentError):
+        gather(inputs[0], "INT32")
+    rows = gather(zeroed(inputs[0], refused), "INT32")
+    np.testing.assert_array_equal(rows, [[0, 1, 2, 3], [0, 0, 0, 0], [9, 9, 9, 9]])
+    assert unreadable_rows([[good, local]], 3) == {}  # parts not one per request: not told apart
 
 
 def test_a_lease_is_released_once_the_last_tensor_and_view_holding_it_are_gone(segment: Path) -> None:
