@@ -11,7 +11,12 @@ from typing import Any
 import grpc
 
 from geserve.batching.lifecycle import STOP_FLOOR_S
+from geserve.core.local_link import LocalEngineLink
 from geserve.core.service import InferenceService
+from geserve.frontdoor.arena import body_allocator, request_arena
+from geserve.frontdoor.placement import Placement
+from geserve.frontdoor.service import FrontDoor
+from geserve.http.connections import TransportHooks
 from geserve.listeners import Listener, grpc_server, http_listener, metrics_listener, stop_front_ends
 from geserve.memory import freeze_startup_objects
 from geserve.metrics.registry import create_registry
@@ -19,6 +24,7 @@ from geserve.settings import Settings
 from geserve.sockets import raise_descriptor_limit
 from geserve.workers.pool import InstancePools
 from geserve.workers.runs import RunId, sweep_orphaned_segments
+from geserve.workers.shm import REQUEST_ARENA_ROLE
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +68,13 @@ class Server:
         self._pools = InstancePools(settings.workers, run=self.run)
         self.service = create_service(settings, self.run, self._pools)
         self._metrics_registry = create_registry(self.service, settings.metrics) if settings.metrics.enabled else None
+        # The front-ends' API: each request's own work here, its scheduling in the engine, in this one process.
+        self._arena = request_arena(
+            self.run.segment_name(f"{REQUEST_ARENA_ROLE}0"), settings.server.request_arena_bytes
+        )
+        self.front_door = FrontDoor(
+            LocalEngineLink(self.service), Placement(self._arena, self.run), settings.server.max_bytes_elements
+        )
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -115,6 +128,8 @@ class Server:
             self.service.stop_accepting()
             await self._stop_front_ends(listeners, grpc_server)
             await self.service.shutdown(max(deadline - loop.time(), STOP_FLOOR_S))
+            if self._arena is not None:
+                self._arena.close()
         return 0
 
     async def _drain(self) -> None:
@@ -141,7 +156,7 @@ class Server:
             return None
         if not self.settings.grpc.enabled:
             return listeners, None
-        grpc = grpc_server(self.service, self.settings.grpc)
+        grpc = grpc_server(self.front_door, self.settings.grpc)
         if grpc is None:
             for bound in listeners:
                 bound.close()
@@ -154,6 +169,8 @@ class Server:
         if grpc_server is not None:
             await grpc_server.stop(None)
         await self.service.shutdown()
+        if self._arena is not None:
+            self._arena.close()
 
     async def _stop_front_ends(self, listeners: list[Listener], grpc_server: grpc.aio.Server | None) -> None:
         await stop_front_ends(listeners, grpc_server, float(self.settings.server.exit_timeout_secs))
@@ -161,7 +178,8 @@ class Server:
     def _listeners(self) -> list[Listener]:
         listeners = []
         if self.settings.http.enabled:
-            listeners.append(http_listener(self.service, self.settings))
+            hooks = TransportHooks(body_allocator(self._arena)) if self._arena is not None else None
+            listeners.append(http_listener(self.front_door, self.settings, hooks))
         if self._metrics_registry is not None:
             registry, collector = self._metrics_registry
             listeners.append(metrics_listener(registry, collector.refresh, self.settings))

@@ -64,6 +64,8 @@ class LoggingSettings:
         return logging.CRITICAL
 
 
+# Each protocol process's (the one process's) request arena: room for 64 requests of a 600 KB image at once.
+DEFAULT_REQUEST_ARENA_BYTES = 64 << 20
 DEFAULT_CLIENT_SHM_REGIONS = 4096
 DEFAULT_CLIENT_SHM_BYTES = 64 << 30  # 64 GiB
 
@@ -78,6 +80,7 @@ class ServerSettings:
     exit_timeout_secs: int = 30
     drain_delay_secs: int = 0
     max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS  # elements of one BYTES input, over every protocol
+    request_arena_bytes: int = DEFAULT_REQUEST_ARENA_BYTES  # where a process's requests' inputs are placed
     # 1: one process does everything; N >= 2: a supervisor, N protocol processes and one engine.
     frontend_processes: int = 1
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start

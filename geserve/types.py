@@ -5,12 +5,13 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError
+from geserve.residency import SharedTensor
 
 # Values a request or tensor parameter may carry on either wire protocol.
 ParameterValue = bool | int | float | str
@@ -38,14 +39,18 @@ SCHEDULING_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "prior
 SERVER_PARAMETERS = frozenset((*SCHEDULING_PARAMETERS, "binary_data_output"))
 
 
-class ModelOutputs(dict[str, np.ndarray]):
-    """A response's output arrays by name with the response parameters its model set (a python model's
-    `InferenceResponse(parameters=...)`); they ride with the arrays from the worker to the front-end."""
+_Tensor = TypeVar("_Tensor")
+
+
+class ModelOutputs(dict[str, _Tensor]):
+    """A response's output tensors by name (arrays in a worker, shared tensors in the engine) with the response
+    parameters its model set (a python model's `InferenceResponse(parameters=...)`); they ride with the tensors from
+    the worker to the front-end."""
 
     __slots__ = ("parameters",)
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], parameters: Parameters) -> None:
-        super().__init__(arrays)
+    def __init__(self, tensors: Mapping[str, _Tensor], parameters: Parameters) -> None:
+        super().__init__(tensors)
         self.parameters = parameters
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -57,7 +62,7 @@ def response_parameters(outputs: object) -> Parameters:
     return outputs.parameters if isinstance(outputs, ModelOutputs) else EMPTY_PARAMETERS
 
 
-def with_parameters(outputs: dict[str, np.ndarray], parameters: Parameters) -> dict[str, np.ndarray]:
+def with_parameters(outputs: dict[str, _Tensor], parameters: Parameters) -> dict[str, _Tensor]:
     """`outputs` carrying `parameters`; the plain dict itself when there are none."""
     return ModelOutputs(outputs, parameters) if parameters else outputs
 
@@ -66,15 +71,15 @@ def with_parameters(outputs: dict[str, np.ndarray], parameters: Parameters) -> d
 class InferInput:
     """One input tensor as decoded by a front-end.
 
-    `data` is a typed numpy array (JSON, typed protobuf contents) or the raw little-endian
-    bytes of a binary tensor; validation turns raw bytes into an array once the expected
-    byte size is known, without copying.
+    `data` is a typed numpy array (JSON, typed protobuf contents), the raw little-endian
+    bytes of a binary tensor, or bytes already in shared memory (a request arena); validation
+    checks raw bytes once the expected byte size is known, without copying.
     """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: np.ndarray | memoryview
+    data: np.ndarray | memoryview | SharedTensor
     parameters: Parameters = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -105,10 +110,10 @@ class InferRequest:
     parameters: Parameters = field(default_factory=dict)
     # A raw binary request's body (HTTP, header length 0): the bytes of the model's one input, which
     # admission shapes per the config of the version it finds; `inputs` is then empty.
-    raw_body: memoryview | None = None
+    raw_body: memoryview | SharedTensor | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        raw = None if self.raw_body is None else pickle.PickleBuffer(self.raw_body)
+        raw = pickle.PickleBuffer(self.raw_body) if isinstance(self.raw_body, memoryview) else self.raw_body
         fields = (self.model_name, self.model_version, self.inputs, self.outputs, self.id, self.parameters)
         return (_request, (*fields, raw))
 
@@ -357,7 +362,7 @@ class CacheSnapshot:
     utilization: float  # used bytes / size, in [0.0, 1.0]
 
 
-def _picklable(data: np.ndarray | memoryview) -> np.ndarray | pickle.PickleBuffer:
+def _picklable(data: np.ndarray | memoryview | SharedTensor) -> np.ndarray | pickle.PickleBuffer | SharedTensor:
     return pickle.PickleBuffer(data) if isinstance(data, memoryview) else data
 
 
@@ -367,7 +372,8 @@ def _as_view(data: Any) -> memoryview:
 
 
 def _input(name: str, datatype: str, shape: tuple[int, ...], data: Any, parameters: Parameters) -> InferInput:
-    return InferInput(name, datatype, shape, data if isinstance(data, np.ndarray) else _as_view(data), parameters)
+    kept = data if isinstance(data, np.ndarray | SharedTensor) else _as_view(data)
+    return InferInput(name, datatype, shape, kept, parameters)
 
 
 def _request(  # noqa: PLR0917 - a pickle reconstructor: called with positional arguments
@@ -379,4 +385,5 @@ def _request(  # noqa: PLR0917 - a pickle reconstructor: called with positional 
     parameters: Parameters,
     raw: Any,
 ) -> InferRequest:
-    return InferRequest(name, version, inputs, outputs, request_id, parameters, None if raw is None else _as_view(raw))
+    body = raw if raw is None or isinstance(raw, SharedTensor) else _as_view(raw)
+    return InferRequest(name, version, inputs, outputs, request_id, parameters, body)

@@ -57,6 +57,10 @@ class PipelinedBackend(Protocol):
     def stage(self, inputs: Mapping[str, np.ndarray]) -> object:
         """Copy a batch's inputs to the device; returns what `launch` and `finish` take."""
 
+    def stage_blocks(self, inputs: Mapping[str, Sequence[np.ndarray]]) -> object:
+        """`stage` for a batch given as each input's row blocks, in order: each copied to its rows on the device,
+        never joined in host memory."""
+
     def launch(self, staged: object) -> None:
         """Start the staged batch on the device, without waiting for it."""
 

@@ -7,23 +7,24 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve.batching.clock import Clock
 from geserve.batching.queue import PendingRequest, Reply, StreamReply, UnaryReply
 from geserve.batching.request import RequestTimestamps, ScheduledRequest, ScheduledResponse
 from geserve.errors import CancelledError, GeserveError, InternalError
+from geserve.residency import SharedTensor
 from geserve.types import RequestTiming
 from geserve.workers.messages import BatchResult
 from geserve.workers.streams import StreamItem
 
 logger = logging.getLogger(__name__)
 
-Outcome = dict[str, np.ndarray] | GeserveError
+Outcome = dict[str, SharedTensor] | GeserveError
 # A scheduler's own admission: queues a request (or refuses it with its error) and decides what runs now.
 Enqueue = Callable[[ScheduledRequest, Reply], PendingRequest]
 # Takes a request its client gave up on out of its scheduler's queue; False when it already runs.
 Withdraw = Callable[[PendingRequest], bool]
+# Where a submitted request's outcome goes: its outputs, or its error.
+Done = Callable[[Outcome], None]
 
 
 class StatsRecorder(Protocol):
@@ -67,19 +68,31 @@ class Delivery:
         """Queue a request and wait for its outputs, with the timestamps of its batch."""
         reply = UnaryReply()
         pending = enqueue(request, reply)
+        assert reply.future is not None
         try:
             outputs = await reply.future
         except asyncio.CancelledError:
-            if withdraw(pending):
-                self.end(pending, "CANCELED", CancelledError("request cancelled"))
-                self._reschedule()
-            elif not pending.counted:
-                # Its batch runs: the model is told (a python model's is_cancelled), and the request ends as Triton
-                # ends a cancelled one, a CANCELED failure; what its batch still answers for it is dropped.
-                self._stats.record_failure("CANCELED", self._clock.now_ns() - pending.enqueued_ns)
-                reply.cancel()
+            self.cancel(pending, withdraw)
             raise
         return ScheduledResponse(outputs, pending.timestamps)
+
+    def submit(self, request: ScheduledRequest, enqueue: Enqueue, done: Done) -> PendingRequest:
+        """Queue a request whose outcome goes to `done` (its outputs, or its error) once its batch is back: no
+        future and no task of its own. Returns it, for `cancel`."""
+        return enqueue(request, UnaryReply(done))
+
+    def cancel(self, pending: PendingRequest, withdraw: Withdraw) -> None:
+        """The client of a unary request went away: out of the queue (answered as cancelled), or, when its batch
+        runs, the model is told and the request ends as Triton ends a cancelled one, a CANCELED failure; what its
+        batch still answers for it is dropped."""
+        reply = pending.reply
+        assert isinstance(reply, UnaryReply)
+        if withdraw(pending):
+            self.end(pending, "CANCELED", CancelledError("request cancelled"))
+            self._reschedule()
+        elif not pending.counted:
+            self._stats.record_failure("CANCELED", self._clock.now_ns() - pending.enqueued_ns)
+            reply.cancel()
 
     async def stream(
         self, request: ScheduledRequest, enqueue: Enqueue, withdraw: Withdraw

@@ -8,12 +8,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from geserve.batching.ordering import Turn
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.request import RequestTimestamps, ScheduledRequest
-from geserve.errors import GeserveError, UnavailableError
+from geserve.errors import CancelledError, GeserveError, UnavailableError
+from geserve.residency import SharedTensor
 from geserve.workers.streams import ResponseStream
 
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -21,15 +20,21 @@ TIMEOUT_EXPIRED = "Request timeout expired"
 
 
 class UnaryReply:
-    """Where the one response of a request goes: a future its caller awaits. A caller that goes away while the
-    request runs `cancel`s it: the instance running it is told, and what its batch still answers is dropped."""
+    """Where the one response of a request goes: a future its caller awaits, or, given `done`, that callback, called
+    once with the outputs or the error (no future, no task: how a submission is answered). A caller that goes away
+    while the request runs `cancel`s it: the instance running it is told, and what its batch still answers is dropped
+    (a callback then hears the cancellation once the batch is back)."""
 
-    __slots__ = ("_on_cancel", "cancelled", "future")
+    __slots__ = ("_done", "_on_cancel", "answered", "cancelled", "future")
     ends_with_batch = True  # counted as a success when its batch returns
 
-    def __init__(self) -> None:
-        self.future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+    def __init__(self, done: Callable[[dict[str, SharedTensor] | GeserveError], None] | None = None) -> None:
+        self._done = done
+        self.future: asyncio.Future[dict[str, SharedTensor]] | None = (
+            None if done is not None else asyncio.get_running_loop().create_future()
+        )
         self.cancelled = False
+        self.answered = False
         self._on_cancel: Callable[[], None] | None = None
 
     def on_cancel(self, callback: Callable[[], None] | None) -> None:
@@ -47,13 +52,26 @@ class UnaryReply:
         if callback is not None:
             callback()
 
-    def succeed(self, outputs: dict[str, np.ndarray]) -> None:
-        if not self.future.done():  # else the client went away
-            self.future.set_result(outputs)
+    def succeed(self, outputs: dict[str, SharedTensor]) -> None:
+        if self.cancelled and self._done is not None:
+            self._answer(CancelledError("request cancelled"))
+        else:
+            self._answer(outputs)
 
     def fail(self, error: GeserveError) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
+        self._answer(error)
+
+    def _answer(self, outcome: dict[str, SharedTensor] | GeserveError) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        if self._done is not None:
+            self._done(outcome)
+        elif self.future is not None and not self.future.done():  # else the client went away
+            if isinstance(outcome, GeserveError):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
 
 
 class StreamReply:
@@ -64,7 +82,7 @@ class StreamReply:
     def __init__(self) -> None:
         self.stream = ResponseStream()
 
-    def succeed(self, outputs: dict[str, np.ndarray]) -> None:
+    def succeed(self, outputs: dict[str, SharedTensor]) -> None:
         return None  # the batch ran; the responses come on the stream
 
     def fail(self, error: GeserveError) -> None:

@@ -6,22 +6,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
+from geserve.residency import SharedTensor
 from geserve.types import CallChain, Parameters
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRequest:
-    """A validated request: its inputs, the outputs it wants, its parameters (priority, timeout, sequence)
-    and id. With `handoff` (a pipeline's step) its outputs may be views of the shared memory the worker
-    wrote them to, for the next step to read in place. A BLS request carries the `chain` of calls it is part of."""
+    """A validated request: its inputs (where their bytes lie, read only by the worker), the outputs it wants, its
+    parameters (priority, timeout, sequence) and id. A BLS request carries the `chain` of calls it is part of."""
 
-    inputs: Mapping[str, np.ndarray]
+    inputs: Mapping[str, SharedTensor]
     output_names: tuple[str, ...]
     parameters: Parameters = field(default_factory=dict)
     request_id: str = ""
-    handoff: bool = False
     chain: CallChain = ()  # a BLS request's: the instances waiting for it (types.CallChain)
 
 
@@ -56,7 +53,8 @@ class RequestTimestamps(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ScheduledResponse:
-    """A request's outputs, and when it went through its batch (None: it ran as several, an ensemble's steps)."""
+    """A request's outputs (where the worker left them, held until their readers are done), and when it went through
+    its batch (None: it ran as several, an ensemble's steps)."""
 
-    outputs: dict[str, np.ndarray]
+    outputs: dict[str, SharedTensor]
     timestamps: RequestTimestamps | None = None

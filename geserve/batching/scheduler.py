@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.cycles import cycle_error, self_waits
-from geserve.batching.delivery import Delivery, StatsRecorder
+from geserve.batching.delivery import Delivery, Done, StatsRecorder
 from geserve.batching.policy import BatchingPolicy
 from geserve.batching.queue import (
     TIMEOUT_EXPIRED,
@@ -21,6 +19,7 @@ from geserve.batching.queue import (
 )
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import UnavailableError
+from geserve.residency import SharedTensor
 from geserve.types import merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, RequestInfo
@@ -86,6 +85,15 @@ class Scheduler:
     async def execute(self, request: ScheduledRequest) -> ScheduledResponse:
         """Queue one validated request and wait for its outputs and the timestamps of its batch."""
         return await self._delivery.execute(request, self._enqueue, self._withdraw)
+
+    def submit(self, request: ScheduledRequest, done: Done) -> PendingRequest:
+        """Queue one validated request whose outcome (outputs or error) goes to `done` when its batch is back;
+        returns it, for `cancel`. A full queue refuses it with its error, raised here."""
+        return self._delivery.submit(request, self._enqueue, done)
+
+    def cancel(self, pending: PendingRequest) -> None:
+        """A submitted request's client went away."""
+        self._delivery.cancel(pending, self._withdraw)
 
     def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamItem]:
         """Queue one request of a decoupled model (when iterated) and yield its responses as they come:
@@ -214,23 +222,26 @@ class Scheduler:
         inputs = {name: [request.inputs[name] for request in requests] for name in requests[0].inputs}
         infos = [RequestInfo(p.rows, p.request.output_names, p.request.request_id, p.request.parameters) for p in batch]
         if len(batch) > 1 and self._policy.ragged_inputs:
-            infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
+            try:
+                infos = _flatten_ragged(inputs, infos, self._policy.ragged_inputs)
+            except Exception as error:  # never leave a popped batch unanswered
+                self._delivery.fail(batch, error)
+                return
         streams, unary = answer_routes(batch)
-        keep = any(request.handoff for request in requests)
         chain = merge_chains(request.chain for request in requests)
-        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
+        run = self._pool.dispatch(Batch(inputs, tuple(wanted), infos, streams, unary, chain))
         self._delivery.start(run, batch, now)
 
 
 def _flatten_ragged(
-    inputs: dict[str, list[np.ndarray]], infos: list[RequestInfo], ragged: frozenset[str]
+    inputs: dict[str, list[SharedTensor]], infos: list[RequestInfo], ragged: frozenset[str]
 ) -> list[RequestInfo]:
     """Ragged inputs travel flattened, one request's elements after another's (their dims differ, so they
     cannot be stacked); each request's info carries its own shapes, which the worker restores."""
     names = [name for name in inputs if name in ragged]
     shapes = [tuple((name, tuple(inputs[name][index].shape)) for name in names) for index in range(len(infos))]
     for name in names:
-        inputs[name] = [part.reshape(-1) for part in inputs[name]]
+        inputs[name] = [part.reshaped((part.size,)) for part in inputs[name]]
     return [info._replace(ragged_shapes=own) for info, own in zip(infos, shapes, strict=True)]
 
 

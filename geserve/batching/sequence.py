@@ -10,10 +10,8 @@ from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve.batching.clock import Alarm, Clock, LoopClock
-from geserve.batching.delivery import Delivery, StatsRecorder
+from geserve.batching.delivery import Delivery, Done, StatsRecorder
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.ordering import ResponseOrder
 from geserve.batching.policy import BatchingPolicy
@@ -22,6 +20,7 @@ from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.batching.scheduler import Instances, no_instance_error
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
 from geserve.repository.sequence import SequenceSettings
+from geserve.residency import SharedTensor
 from geserve.types import EMPTY_PARAMETERS, Parameters, merge_chains
 from geserve.workers.batch import Batch
 from geserve.workers.messages import SEQUENCE_END, SEQUENCE_READY, SEQUENCE_START, BatchResult, RequestInfo
@@ -122,6 +121,14 @@ class SequenceScheduler:
         """Queue one request of a sequence and wait for its outputs and the timestamps of its batch."""
         return await self._delivery.execute(request, self._enqueue, self._withdraw)
 
+    def submit(self, request: ScheduledRequest, done: Done) -> PendingRequest:
+        """Queue one request whose outcome (outputs or error) goes to `done`; returns it, for `cancel`."""
+        return self._delivery.submit(request, self._enqueue, done)
+
+    def cancel(self, pending: PendingRequest) -> None:
+        """A submitted request's client went away."""
+        self._delivery.cancel(pending, self._withdraw)
+
     def stream(self, request: ScheduledRequest) -> AsyncIterator[StreamItem]:
         """Queue one request of a decoupled sequence model (when iterated) and yield its responses."""
         return self._delivery.stream(request, self._enqueue, self._withdraw)
@@ -164,7 +171,7 @@ class SequenceScheduler:
         self._schedule()
         return pending
 
-    def _check(self, inputs: Mapping[str, np.ndarray], parameters: Parameters) -> tuple[CorrelationId, bool, bool]:
+    def _check(self, inputs: Mapping[str, SharedTensor], parameters: Parameters) -> tuple[CorrelationId, bool, bool]:
         """The request's sequence id and flags, or Triton's error for a request the batcher cannot take."""
         name = self._model_name
         if not self._instances.recoverable():
@@ -404,22 +411,23 @@ class SequenceScheduler:
         settings = self._settings
         model = next(pending.request for _, pending in rows if pending is not None)
         requests = [pending.request if pending is not None else None for _, pending in rows]
-        inputs: dict[str, list[np.ndarray]] = {
-            name: [request.inputs[name] if request is not None else _padding(array) for request in requests]
-            for name, array in model.inputs.items()
+        inputs: dict[str, list[SharedTensor]] = {
+            name: [request.inputs[name] if request is not None else _padding(tensor) for request in requests]
+            for name, tensor in model.inputs.items()
         }
         starts = [request is not None and request.parameters.get("sequence_start") is True for request in requests]
         ends = [request is not None and request.parameters.get("sequence_end") is True for request in requests]
         batched = settings.batched
         if settings.start is not None:
-            inputs[settings.start.name] = [settings.start.array(starts, batched)]
+            inputs[settings.start.name] = [SharedTensor.local(settings.start.array(starts, batched))]
         if settings.end is not None:
-            inputs[settings.end.name] = [settings.end.array(ends, batched)]
+            inputs[settings.end.name] = [SharedTensor.local(settings.end.array(ends, batched))]
         if settings.ready is not None:
-            inputs[settings.ready.name] = [settings.ready.array([r is not None for r in requests], batched)]
+            ready = settings.ready.array([r is not None for r in requests], batched)
+            inputs[settings.ready.name] = [SharedTensor.local(ready)]
         if settings.correlation is not None:
             ids = [s.correlation_id if s is not None else 0 for s in sequences]
-            inputs[settings.correlation.name] = [settings.correlation.array(ids, batched)]
+            inputs[settings.correlation.name] = [SharedTensor.local(settings.correlation.array(ids, batched))]
         infos: list[RequestInfo] = []
         wanted: dict[str, None] = {}
         for (slot, pending), start, end in zip(rows, starts, ends, strict=True):
@@ -433,9 +441,8 @@ class SequenceScheduler:
             )
             wanted.update(dict.fromkeys(request.output_names))
         streams, unary = answer_routes(pending for _, pending in rows)
-        keep = any(request.handoff for request in requests if request is not None)
         chain = merge_chains(request.chain for request in requests if request is not None)
-        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, keep, unary, chain))
+        return self._instances.dispatch_to(index, Batch(inputs, tuple(wanted), infos, streams, unary, chain))
 
     def _ran(self, rows: list[_Row], sequences: list[_Sequence | None]) -> None:
         """A batch is back: its sequences can run their next request, and those it ended free their slots."""
@@ -453,8 +460,6 @@ async def _failing(error: InternalError) -> BatchResult:
     raise error
 
 
-def _padding(like: np.ndarray) -> np.ndarray:
-    """An empty slot's input: zeros (empty strings) shaped as a real request's."""
-    if like.dtype.kind == "O":
-        return np.full(like.shape, b"", dtype=np.object_)
-    return np.zeros(like.shape, dtype=like.dtype)
+def _padding(like: SharedTensor) -> SharedTensor:
+    """An empty slot's input: zeros (empty strings) shaped as a real request's, made by the worker."""
+    return SharedTensor.zeros(like.datatype, like.shape)

@@ -8,9 +8,8 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve.errors import GeserveError, ModelLoadError
+from geserve.residency import SharedTensor
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, RequestInfo
 from geserve.workers.streams import ResponseStream
@@ -27,13 +26,13 @@ class WarmupSample:
     name: str
     count: int
     batch_size: int
-    inputs: Mapping[str, np.ndarray]
+    inputs: Mapping[str, SharedTensor]
     output_names: tuple[str, ...]
     decoupled: bool = False
 
     def batch(self) -> Batch:
         """One run of the sample (a stream ends with its request: each run needs its own)."""
-        inputs = {name: [array] * self.batch_size for name, array in self.inputs.items()}
+        inputs = {name: [tensor] * self.batch_size for name, tensor in self.inputs.items()}
         rows = 1  # a request of a batching model has batch dimension 1; one without has none
         requests = [RequestInfo(rows, self.output_names)] * self.batch_size
         streams = {index: ResponseStream() for index in range(self.batch_size)} if self.decoupled else {}

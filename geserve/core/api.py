@@ -27,12 +27,13 @@ SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compu
 HISTOGRAM_FAMILY = "nv_inference_first_response_histogram_ms"
 
 
-class InferenceAPI(Protocol):
-    """What HTTP, gRPC and the metrics endpoint call: health, metadata, inference and the protocol extensions.
+class EngineAPI(Protocol):
+    """What the metrics endpoint calls, and what the front-ends call besides inference: health, metadata and the
+    protocol extensions. The engine (`InferenceService`) answers them.
 
-    Every method is a coroutine (`infer_stream` an async iterator) and every value is a snapshot: nothing
-    returned stays connected to the state it was read from, and nothing is registered to be called back, so
-    an implementation may run in this process (`InferenceService`) or answer over a channel from another one.
+    Every method is a coroutine and every value is a snapshot: nothing returned stays connected to the state it
+    was read from, and nothing is registered to be called back, so the engine may answer in this process or over a
+    channel from another one.
     """
 
     # -- health and metadata ---------------------------------------------------------------
@@ -48,15 +49,6 @@ class InferenceAPI(Protocol):
     async def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
 
     async def model_config(self, name: str, version: str = "") -> mc.ModelConfig: ...
-
-    # -- inference -------------------------------------------------------------------------
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """One response; a request whose `raw_body` is set (HTTP's binary body without a JSON header) is shaped
-        as the one input of the version it addresses."""
-        ...
-
-    def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]: ...
 
     # -- the model repository extension ----------------------------------------------------
 
@@ -108,3 +100,17 @@ class InferenceAPI(Protocol):
         ...
 
     async def custom_metrics(self) -> list[CustomMetric]: ...
+
+
+class InferenceAPI(EngineAPI, Protocol):
+    """What HTTP and gRPC call: the engine's API and inference, whose own work (checks, placing inputs, building
+    responses) the front door (`frontdoor.service.FrontDoor`) does where the request was decoded."""
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """One response; a request whose `raw_body` is set (HTTP's binary body without a JSON header) is shaped
+        as the one input of the version it addresses."""
+        ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]: ...

@@ -10,16 +10,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Se
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
-from geserve.codecs import dtypes
 from geserve.core import calls, response_cache, validation
 from geserve.core.models import Model, ModelVersion, StreamedOutputs, find_version
 from geserve.core.stats import ModelStats
 from geserve.core.trace import StepTrace, traced_steps
 from geserve.errors import GeserveError, InternalError, ModelLoadError
+from geserve.residency import SharedTensor
 from geserve.types import (
     SCHEDULING_PARAMETERS,
     CallChain,
@@ -287,7 +285,7 @@ class EnsembleSteps:
     def __init__(self, steps: tuple[Step, ...], models: Mapping[str, Model]) -> None:
         self._steps = steps
         self._models = models
-        self._running: set[asyncio.Task[dict[str, np.ndarray]]] = set()
+        self._running: set[asyncio.Task[dict[str, SharedTensor]]] = set()
         self._stopping = False
 
     def ready(self) -> bool:
@@ -307,7 +305,7 @@ class EnsembleSteps:
         if self._running:
             await asyncio.wait(list(self._running), timeout=timeout_s)
 
-    def track(self, task: asyncio.Task[dict[str, np.ndarray]]) -> None:
+    def track(self, task: asyncio.Task[dict[str, SharedTensor]]) -> None:
         """A request the ensemble runs now: `stop` waits for it."""
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -357,12 +355,12 @@ class EnsembleScheduler:
         self._stats.record_execution(_rows(request.inputs), *timing[1:])
         return ScheduledResponse(outputs)
 
-    async def _outputs(self, request: ScheduledRequest, timing: list[int]) -> dict[str, np.ndarray]:
+    async def _outputs(self, request: ScheduledRequest, timing: list[int]) -> dict[str, SharedTensor]:
         forwarded = _forwarded(request.parameters)
         flow = self._flow(dict(request.inputs), self._steps, forwarded, request.request_id, timing, chain=request.chain)
         async with contextlib.aclosing(flow):
             # The first complete set: the only one, unless a step's model became decoupled since the check.
-            tensors: dict[str, np.ndarray] = await anext(flow, {})
+            tensors: dict[str, SharedTensor] = await anext(flow, {})
         missing = [name for name in request.output_names if name not in tensors]
         if missing:
             raise InternalError(f"ensemble '{self._name}' did not produce output(s) {missing}")
@@ -390,14 +388,14 @@ class EnsembleScheduler:
 
     async def _flow(
         self,
-        tensors: dict[str, np.ndarray],
+        tensors: dict[str, SharedTensor],
         waiting: Sequence[Step],
         parameters: Parameters,
         request_id: str,
         timing: list[int] | None,
         *,
         chain: CallChain = (),
-    ) -> AsyncGenerator[dict[str, np.ndarray]]:
+    ) -> AsyncGenerator[dict[str, SharedTensor]]:
         """The graph executor: runs the `waiting` steps as their inputs come, side by side, and yields the
         ensemble tensors once none is left to run. A decoupled step runs once the others in flight are done,
         and each of its responses runs the steps after it (one yield per complete response). Each step's
@@ -459,7 +457,7 @@ class EnsembleScheduler:
         self,
         step: Step,
         model: ModelVersion,
-        tensors: Mapping[str, np.ndarray],
+        tensors: Mapping[str, SharedTensor],
         parameters: Parameters,
         request_id: str,
         *,
@@ -473,7 +471,7 @@ class EnsembleScheduler:
         async with self._in_flight(step):
             # Steps hand their outputs on in shared memory: the next step's worker reads them where they were written.
             response = await response_cache.execute(
-                model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, handoff=True, chain=chain)
+                model, ScheduledRequest(inputs, tuple(step.outputs), parameters, request_id, chain=chain)
             )
         steps = traced_steps.get()
         if steps is not None:  # the request is traced: this step is a child of its trace
@@ -488,7 +486,7 @@ def _forwarded(parameters: Parameters) -> Parameters:
 
 
 def _request(
-    step: Step, model: ModelVersion, tensors: Mapping[str, np.ndarray], parameters: Parameters, request_id: str
+    step: Step, model: ModelVersion, tensors: Mapping[str, SharedTensor], parameters: Parameters, request_id: str
 ) -> InferRequest:
     """The request a step makes of its composing model."""
     return InferRequest(
@@ -500,7 +498,7 @@ def _request(
     )
 
 
-def _with(tensors: dict[str, np.ndarray], step: Step, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _with(tensors: dict[str, SharedTensor], step: Step, outputs: Mapping[str, SharedTensor]) -> dict[str, SharedTensor]:
     """The ensemble tensors once a step's outputs are in."""
     merged = dict(tensors)
     for model_output, tensor in step.outputs.items():
@@ -509,10 +507,10 @@ def _with(tensors: dict[str, np.ndarray], step: Step, outputs: Mapping[str, np.n
     return with_parameters(merged, response_parameters(outputs))  # the latest step's response parameters
 
 
-def _input(name: str, array: np.ndarray) -> InferInput:
-    return InferInput(name, dtypes.from_numpy(array.dtype).wire, tuple(array.shape), array)
+def _input(name: str, tensor: SharedTensor) -> InferInput:
+    return InferInput(name, tensor.datatype, tensor.shape, tensor)
 
 
-def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+def _rows(inputs: Mapping[str, SharedTensor]) -> int:
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1

@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
+from geserve import snapshots
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.lifecycle import InstanceControl
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.codecs import dtypes
-from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.stats import ModelStats
-from geserve.errors import GeserveError, InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.errors import GeserveError
+from geserve.residency import SharedTensor
 from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
 
 logger = logging.getLogger(__name__)
 
+# Numbers every load of every version: a request checked against one load is checked again if another serves it.
+_LOADS = itertools.count(1)
+
 # One response of a decoupled model: its outputs (or None), its error (or None), and whether it is the last.
-StreamedOutputs = tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]
+StreamedOutputs = tuple[dict[str, SharedTensor] | None, GeserveError | None, bool]
 
 
 def _tensor_specs(tensors: list[mc.ModelInput] | list[mc.ModelOutput], batched: bool) -> dict[str, TensorSpec]:
@@ -50,6 +53,7 @@ class ModelVersion:
         self.name = config.name
         self.version = version
         self.version_str = str(version)
+        self.load = next(_LOADS)  # this load's own number: a reload of the version gets another
         self.config = config
         self.scheduler = scheduler
         self._instances = instances
@@ -127,23 +131,6 @@ class Model:
 def find_version(models: Mapping[str, Model], name: str, version: str = "") -> ModelVersion:
     """The version a request addresses (the latest ready one without a number); Triton's errors for unknown
     models and versions."""
-    model = models.get(name)
-    if model is None:
-        raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found")
-    if version:
-        number = decimal_value(version)
-        if number is None:
-            raise InvalidArgumentError(f"failed to parse model version '{shortened(version)}' of model '{name}'")
-        found = model.versions.get(number)
-        if found is None:
-            raise NotFoundError(f"Request for unknown model: '{name}' version {number} is not found")
-        if not found.ready:
-            # Known but restarting or failed: clients should retry, not give up on a missing model.
-            raise UnavailableError(f"'{name}' version {number} is not at ready state")
-        return found
-    ready = model.ready_versions()
-    if not ready:
-        if model.versions:
-            raise UnavailableError(f"'{name}' version {max(model.versions)} is not at ready state")
-        raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
-    return ready[-1]
+    found = snapshots.find_version(models, name, version)
+    assert isinstance(found, ModelVersion)
+    return found

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from geserve.errors import InvalidArgumentError
+from geserve.residency import SharedTensor
 from geserve.types import InferInput, TensorSpec
 
 
-def raw_input(body: memoryview, model_name: str, inputs: Sequence[TensorSpec]) -> InferInput:
+def raw_input(body: memoryview | SharedTensor, model_name: str, inputs: Sequence[TensorSpec]) -> InferInput:
     """The one input a raw request's `body` holds, its shape deduced from the config's `inputs`."""
     if len(inputs) != 1:
         raise InvalidArgumentError(
@@ -28,7 +29,8 @@ def raw_input(body: memoryview, model_name: str, inputs: Sequence[TensorSpec]) -
             )
         shape = (*batch, 1)
         element = np.empty(1, dtype=np.object_)
-        element[0] = bytes(body)  # the whole body is the one string element
+        # The whole body is the one string element.
+        element[0] = bytes(body.array.data) if isinstance(body, SharedTensor) else bytes(body)
         return InferInput(spec.name, spec.dtype.wire, shape, element.reshape(shape))
     variable = [i for i, d in enumerate(spec.dims) if d == -1]
     if len(variable) > 1:
@@ -39,5 +41,8 @@ def raw_input(body: memoryview, model_name: str, inputs: Sequence[TensorSpec]) -
     dims = list(spec.dims)
     if variable:
         fixed = math.prod(d for d in dims if d != -1) * itemsize
-        dims[variable[0]] = len(body) // fixed if fixed else 0
-    return InferInput(spec.name, spec.dtype.wire, batch + tuple(dims), body)
+        dims[variable[0]] = body.nbytes // fixed if fixed else 0
+    shape = batch + tuple(dims)
+    if isinstance(body, SharedTensor):  # the bytes stay where they lie, seen as the input's type and shape
+        return InferInput(spec.name, spec.dtype.wire, shape, SharedTensor(spec.dtype.wire, shape, body.where))
+    return InferInput(spec.name, spec.dtype.wire, shape, body)

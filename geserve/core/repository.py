@@ -64,6 +64,8 @@ class ModelRepository:
         self.poll_secs = settings.poll_secs
         self.models: dict[str, Model] = {}
         self.listeners: list[Callable[[ModelVersion], None]] = []
+        # Called whenever the models served change (a load, reload or unload): protocol processes hear of it.
+        self.on_change: list[Callable[[], None]] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: set[str] = set()
         self._fingerprints: dict[str, tuple[Any, ...]] = {}
@@ -90,13 +92,13 @@ class ModelRepository:
             scan = await self._scan(wanted)
         for name, reason in scan.conflicts.items():
             logger.error("failed to load '%s': %s", name, reason)
-            self.models[name] = Model(name, reason=reason)
+            self._set(name, Model(name, reason=reason))
         sources = scan.models
         if self.mode is ControlMode.EXPLICIT and "*" not in self.startup_models:
             missing = [name for name in self.startup_models if name not in sources]
             for name in missing:
                 logger.error("failed to load '%s': no such model in the repository", name)
-                self.models[name] = Model(name, reason=f"failed to load '{name}', failed to poll from model repository")
+                self._set(name, Model(name, reason=f"failed to load '{name}', failed to poll from model repository"))
             sources = {name: source for name, source in sources.items() if name in wanted}
         # Loading takes seconds to minutes (ATC compiles take longer): say so before the first model is ready.
         logger.info("loading %d model(s) from %s", len(sources), self._named)
@@ -238,7 +240,7 @@ class ModelRepository:
             old = self.models.get(name)
             if old is None or (old.unloaded and not old.versions):
                 return
-            self.models[name] = Model(name, unloaded=True, unloaded_versions=tuple(sorted(old.versions)))
+            self._set(name, Model(name, unloaded=True, unloaded_versions=tuple(sorted(old.versions))))
             self._fingerprints.pop(name, None)
         if wait:
             await self._finish_unload(name, old)
@@ -282,6 +284,11 @@ class ModelRepository:
 
     # -- loading and retiring ------------------------------------------------------------------
 
+    def _set(self, name: str, model: Model) -> None:
+        self.models[name] = model
+        for listener in self.on_change:
+            listener()
+
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
@@ -300,7 +307,7 @@ class ModelRepository:
                 return model
             if model.reason:
                 logger.error("failed to load '%s': %s", source.name, model.reason)
-            self.models[source.name] = model
+            self._set(source.name, model)
             self._fingerprints[source.name] = current
             for version in model.versions.values():
                 for listener in self.listeners:

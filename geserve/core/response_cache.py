@@ -17,6 +17,7 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import ModelLoadError
+from geserve.residency import SharedTensor
 from geserve.types import CacheSnapshot, response_parameters, with_parameters
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def request_key(model: str, version: int, request: ScheduledRequest, load: int =
     digest.update(load.to_bytes(8, "little"))
     digest.update(steps.to_bytes(8, "little"))
     for name in sorted(request.inputs):
-        array = request.inputs[name]
+        array = request.inputs[name].array
         _add(digest, name.encode())
         _add(digest, array.dtype.str.encode())
         _add(digest, np.asarray(array.shape, dtype=np.int64).tobytes())
@@ -163,7 +164,7 @@ class ResponseCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, key: bytes) -> dict[str, np.ndarray] | None:
+    def lookup(self, key: bytes) -> dict[str, SharedTensor] | None:
         started_ns = time.monotonic_ns()
         self.lookups += 1
         found = self._entries.get(key)
@@ -173,7 +174,10 @@ class ResponseCache:
             self.hits += 1
             self._entries.move_to_end(key)
         self.lookup_ns += time.monotonic_ns() - started_ns
-        return None if found is None else with_parameters(dict(found[0]), response_parameters(found[0]))
+        if found is None:
+            return None
+        outputs = {name: SharedTensor.local(array) for name, array in found[0].items()}
+        return with_parameters(outputs, response_parameters(found[0]))
 
     def insert(self, key: bytes, outputs: dict[str, np.ndarray], size: int) -> bool:
         """Store outputs the cache owns (see `frozen_copy`) under `key`; False when they are larger than the cache."""
@@ -215,7 +219,7 @@ class ResponseCache:
         try:
             load = self._loads.get(version, 0)
             steps = self._generation if version.config.platform == "ensemble" else 0
-            if _total_bytes(request.inputs) > OFFLOAD_BYTES:
+            if _total_bytes({name: tensor.array for name, tensor in request.inputs.items()}) > OFFLOAD_BYTES:
                 key = await asyncio.to_thread(request_key, version.name, version.version, request, load, steps)
             else:
                 key = request_key(version.name, version.version, request, load, steps)
@@ -230,10 +234,13 @@ class ResponseCache:
         answered = await version.scheduler.execute(request)
         insert_start_ns = time.monotonic_ns()
         try:
-            if _total_bytes(answered.outputs) > OFFLOAD_BYTES:
-                owned = await asyncio.to_thread(_owned, answered.outputs)
+            arrays = with_parameters(
+                {name: tensor.array for name, tensor in answered.outputs.items()}, response_parameters(answered.outputs)
+            )
+            if _total_bytes(arrays) > OFFLOAD_BYTES:
+                owned = await asyncio.to_thread(_owned, arrays)
             else:
-                owned = _owned(answered.outputs)
+                owned = _owned(arrays)
             self._insert_answer(version, key, owned)
         except Exception:
             logger.exception("response cache insertion failed for model '%s'", version.name)

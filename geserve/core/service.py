@@ -5,48 +5,52 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 import geserve
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
+from geserve.batching.scheduler import Scheduler
+from geserve.batching.sequence import SequenceScheduler
 from geserve.core import calls, limits, response_cache, validation
-from geserve.core.api import HISTOGRAM_FAMILY, InferenceAPI
+from geserve.core.api import HISTOGRAM_FAMILY, EngineAPI
 from geserve.core.instance_monitor import InstanceMonitor
 from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
 from geserve.core.log_control import LogControl
-from geserve.core.models import ModelVersion, find_version
+from geserve.core.models import Model, ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
 from geserve.core.raw import raw_input
 from geserve.core.repository import ModelRepository
-from geserve.core.responses import ResponseBuilder
 from geserve.core.shared_memory import CudaSharedMemory, RegionLimits, SharedMemoryManager
 from geserve.core.stats import statistics_json
 from geserve.core.trace import TraceController, traced_steps
 from geserve.errors import (
+    CancelledError,
     DecoupledModelError,
     GeserveError,
+    InternalError,
     NotFoundError,
     UnavailableError,
 )
 from geserve.offload import DECODE_BYTES, off_loop
+from geserve.residency import SharedTensor
 from geserve.settings import MetricsSettings, RepositorySettings, ServerSettings
+from geserve.submissions import Answer, Submission
 from geserve.types import (
     CacheSnapshot,
     CallChain,
     CustomMetric,
     DeviceUsage,
+    InferInput,
     InferRequest,
-    InferResponse,
     ModelMetadata,
+    RequestedOutput,
     ServerMetadata,
-    StreamedResponse,
     TraceRecord,
     VersionSnapshot,
+    response_parameters,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,7 +98,6 @@ class InferenceService:
             reserved_prefixes=(pools.segment_prefix,),
             limits=RegionLimits(server.max_client_shm_regions, server.max_client_shm_bytes),
         )
-        self._responses = ResponseBuilder(self._shared_memory)
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)
         self._log_control = LogControl(server.logging)
@@ -301,18 +304,88 @@ class InferenceService:
 
     # -- inference -------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, schedule and run one request; errors carry Triton's request-id prefix. A decoupled
-        model answers only streams: the request fails with DecoupledModelError."""
-        started_ns = time.monotonic_ns()
-        model, scheduled = await self._admit(request)
-        return await self._answer(model, scheduled, request, started_ns)
+    @property
+    def models(self) -> Mapping[str, Model]:
+        """The served models, as requests are checked against them."""
+        return self._models
 
-    async def _answer(
-        self, model: ModelVersion, scheduled: ScheduledRequest, request: InferRequest, started_ns: int
-    ) -> InferResponse:
-        """One admitted request's response, traced when tracing is on."""
-        trace = self._traces.start(model.name, model.version_str, request.id) if self._traces.active else None
+    @property
+    def shared_memory(self) -> SharedMemoryManager:
+        """The client regions registered (what requests' tensors may name)."""
+        return self._shared_memory
+
+    def watch(self, models: Callable[[], None], regions: Callable[[], None]) -> None:
+        """Call `models` whenever the served models change and `regions` whenever the client regions do."""
+        self._repository.on_change.append(models)
+        self._shared_memory.on_change.append(regions)
+
+    def refused(self, model_name: str, version: int) -> None:
+        """A request a front door refused after finding its version: a failure of that version's requests."""
+        model = self._models.get(model_name)
+        served = model.versions.get(version) if model is not None else None
+        if served is not None:
+            served.stats.record_failure("OTHER", 0)
+
+    def submit(self, submission: Submission, done: Callable[[Answer | GeserveError], None]) -> Callable[[], None]:
+        """Schedule one request checked where it was decoded; its answer, or its error (carrying Triton's request-id
+        prefix), goes to `done`. Returns what cancels it (its client went away). A request to a batching model goes
+        straight into its scheduler's queue, answered from its batch: no task and no future of its own. Ensembles,
+        cached and traced requests run as a task, as `infer_submission`."""
+        request_id = submission.request_id
+        try:
+            model, scheduled = self._admit_submission(submission)
+        except GeserveError as error:
+            done(error)
+            return _nothing
+        scheduler = model.scheduler
+        direct = not model.decoupled and model.response_cache is None and not self._traces.active
+        if direct and isinstance(scheduler, Scheduler | SequenceScheduler):
+            version = model.version_str
+
+            def finished(outcome: dict[str, SharedTensor] | GeserveError) -> None:
+                if isinstance(outcome, GeserveError):
+                    done(outcome.with_request_id(request_id))
+                else:
+                    done(Answer(outcome, version, response_parameters(outcome)))
+
+            try:
+                pending = scheduler.submit(scheduled, finished)
+            except GeserveError as error:  # a full queue
+                done(error.with_request_id(request_id))
+                return _nothing
+            return lambda: scheduler.cancel(pending)
+        task = asyncio.get_running_loop().create_task(self._answer(model, scheduled, time.monotonic_ns()))
+        task.add_done_callback(lambda _: done(_outcome(task, request_id)))
+        return _canceller(task)
+
+    async def infer_submission(self, submission: Submission) -> Answer:
+        """Schedule and run one request checked where it was decoded; errors carry Triton's request-id prefix. A
+        decoupled model answers only streams: the request fails with DecoupledModelError."""
+        started_ns = time.monotonic_ns()
+        model, scheduled = self._admit_submission(submission)
+        return await self._answer(model, scheduled, started_ns)
+
+    async def stream_submission(self, submission: Submission) -> AsyncGenerator[Answer]:
+        """Every response to one request, as the model sends them (one, final, for a model that is not
+        decoupled). Errors before the model runs are raised; the model's own come as answers."""
+        started_ns = time.monotonic_ns()
+        model, scheduled = self._admit_submission(submission)
+        if not model.decoupled:
+            yield await self._answer(model, scheduled, started_ns)
+            return
+        request_id = scheduled.request_id
+        try:
+            async for outputs, error, final in model.scheduler.stream(scheduled):
+                failed = error.with_request_id(request_id) if error else None
+                parameters = response_parameters(outputs)
+                yield Answer(outputs, model.version_str, parameters, None, final, failed)
+        except GeserveError as error:
+            raise error.with_request_id(request_id) from None
+
+    async def _answer(self, model: ModelVersion, scheduled: ScheduledRequest, started_ns: int) -> Answer:
+        """One admitted request's answer, traced when tracing is on."""
+        request_id = scheduled.request_id
+        trace = self._traces.start(model.name, model.version_str, request_id) if self._traces.active else None
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
@@ -324,41 +397,58 @@ class InferenceService:
                     answered = await response_cache.execute(model, scheduled, started_ns)
                 finally:
                     traced_steps.reset(noted)
-            response = await self._responses.build(model, request, scheduled.output_names, answered.outputs)
         except GeserveError as error:
             if trace is not None:  # a failed request's trace is written too, as Triton's (its core moments only)
                 trace.mark("REQUEST_START", started_ns)
                 trace.mark("REQUEST_END", time.monotonic_ns())
                 self._traces.record(trace.finished())
-            raise error.with_request_id(request.id) from None
+            raise error.with_request_id(request_id) from None
+        record = None
         if trace is not None:
             trace.mark("REQUEST_START", started_ns)
             if answered.timestamps is not None:  # an ensemble's are its steps'
                 trace.add(answered.timestamps.marks())
             trace.mark("REQUEST_END", time.monotonic_ns())
             # The front-end adds its receive and send moments and hands the trace back (record_trace).
-            response = replace(response, trace=trace.finished())
-        return response
+            record = trace.finished()
+        outputs = answered.outputs
+        return Answer(outputs, model.version_str, response_parameters(outputs), record)
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
-        """Every response to one request, as the model sends them (one, final, for a model that is not
-        decoupled). Errors before the model runs are raised; the model's own come as items."""
-        started_ns = time.monotonic_ns()
-        model, scheduled = await self._admit(request)
-        if not model.decoupled:  # admitted once: validation and shared-memory reads are not done twice
-            yield StreamedResponse(await self._answer(model, scheduled, request, started_ns), None, True)
-            return
-        output_names = scheduled.output_names
+    def _admit_submission(self, submission: Submission) -> tuple[ModelVersion, ScheduledRequest]:
+        """The version a submission addresses (found again: its readiness is the engine's to tell) and the request as
+        its scheduler takes it; checked again when another load of the version serves now than the one it was
+        checked against."""
+        if not self._accepting:
+            raise UnavailableError("the server is shutting down").with_request_id(submission.request_id)
         try:
-            async for outputs, error, final in model.scheduler.stream(scheduled):
-                response = (
-                    await self._responses.build(model, request, output_names, outputs) if outputs is not None else None
-                )
-                yield StreamedResponse(response, error.with_request_id(request.id) if error else None, final)
+            model = self.model_version(submission.model_name, submission.requested_version)
+            if model.version == submission.version and model.load == submission.load:
+                inputs = {name: validation.reshaped(tensor, model.inputs[name]) for name, tensor in submission.inputs}
+                output_names = submission.output_names
+            else:
+                inputs, output_names = self._recheck(model, submission)
         except GeserveError as error:
-            raise error.with_request_id(request.id) from None
+            raise error.with_request_id(submission.request_id) from None
+        return model, ScheduledRequest(inputs, output_names, submission.parameters, submission.request_id)
 
-    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]:
+    def _recheck(self, model: ModelVersion, submission: Submission) -> tuple[dict[str, SharedTensor], tuple[str, ...]]:
+        """A submission checked against another load of the version (reloaded meanwhile), checked against this one."""
+        request = InferRequest(
+            model.name,
+            model.version_str,
+            tuple(InferInput(name, tensor.datatype, tensor.shape, tensor) for name, tensor in submission.inputs),
+            tuple(RequestedOutput(name) for name in submission.output_names),
+            submission.request_id,
+            submission.parameters,
+        )
+        try:
+            inputs = validation.validate_inputs(request, model, None, self._server.max_bytes_elements)
+            return inputs, validation.requested_output_names(request, model)
+        except GeserveError:
+            model.stats.record_failure("OTHER", 0)
+            raise
+
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, SharedTensor]:
         """A python model's BLS request (`exec`), part of `chain`: validated and scheduled as a client's request,
         also while the server drains at shutdown (the request that made it was admitted); its outputs as arrays.
         A request that could only wait for itself (calls.check_cycle) is refused."""
@@ -371,7 +461,7 @@ class InferenceService:
 
     async def stream_model(
         self, request: InferRequest, chain: CallChain = ()
-    ) -> AsyncIterator[tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]]:
+    ) -> AsyncIterator[tuple[dict[str, SharedTensor] | None, GeserveError | None, bool]]:
         """A BLS request with `decoupled=True`, part of `chain`: every response the model sends (one, for a model
         that is not decoupled)."""
         model, scheduled = await self._admit(request, internal=True, chain=chain)
@@ -406,7 +496,7 @@ class InferenceService:
                 validation.validate_inputs,
                 request,
                 model,
-                self._shared_memory.read,
+                self._shared_memory,
                 self._server.max_bytes_elements,
             )
             output_names = validation.requested_output_names(request, model)
@@ -414,6 +504,30 @@ class InferenceService:
             model.stats.record_failure("OTHER", 0)
             raise error.with_request_id(request.id) from None
         return model, ScheduledRequest(inputs, output_names, request.parameters, request.id, chain=chain)
+
+
+def _nothing() -> None:
+    """What cancels a request answered already."""
+
+
+def _canceller(task: asyncio.Task[Answer]) -> Callable[[], None]:
+    def cancel() -> None:
+        task.cancel()
+
+    return cancel
+
+
+def _outcome(task: asyncio.Task[Answer], request_id: str) -> Answer | GeserveError:
+    """A request's task, once done, as its answer or its error."""
+    if task.cancelled():
+        return CancelledError("the request was cancelled").with_request_id(request_id)
+    error = task.exception()
+    if error is None:
+        return task.result()
+    if isinstance(error, GeserveError):
+        return error
+    logger.error("a request failed in the engine", exc_info=error)
+    return InternalError(f"{type(error).__name__}: {error}").with_request_id(request_id)
 
 
 def _track_latency(version: ModelVersion, metrics: MetricsSettings) -> None:
@@ -432,5 +546,5 @@ def _histogram_bounds(config: mc.ModelConfig) -> tuple[float, ...]:
 
 
 if TYPE_CHECKING:
-    # mypy proves here that the in-process service implements the whole API.
-    _IN_PROCESS: type[InferenceAPI] = InferenceService
+    # mypy proves here that the engine answers every call of its API.
+    _ENGINE: type[EngineAPI] = InferenceService

@@ -17,7 +17,9 @@ from geserve.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from geserve.residency import Kind, Residency, SharedTensor
 from geserve.settings import DEFAULT_CLIENT_SHM_BYTES, DEFAULT_CLIENT_SHM_REGIONS
+from geserve.snapshots import RegionView
 from geserve.types import Parameters
 
 DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -63,17 +65,99 @@ def _integer(value: Any, what: str) -> int:
     return value
 
 
-class SharedMemoryManager:
-    """Regions clients registered; off unless the server was started with --allow-client-shm=true."""
+class _Regions:
+    """Registered regions by name, and tensors read from and written to them through their files, bounds-checked on
+    every use (the engine's registry, or a protocol process's mirror of it)."""
+
+    def __init__(self) -> None:
+        self._regions: dict[str, _Region] = {}
+        self._lock = threading.Lock()  # reads and writes of large tensors run on worker threads
+
+    # -- tensors in regions --------------------------------------------------------------------
+
+    def _span(self, parameters: Parameters, what: str) -> tuple[_Region, int, int]:
+        """The region and the absolute (start, size) a tensor's parameters name, checked against the
+        region and the mapped segment."""
+        name = parameters.get(REGION)
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"{what}: '{REGION}' must be a string")
+        if BYTE_SIZE not in parameters:
+            raise InvalidArgumentError(f"{what}: '{BYTE_SIZE}' is required with '{REGION}'")
+        size = _integer(parameters[BYTE_SIZE], f"{what}: '{BYTE_SIZE}'")
+        offset = _integer(parameters.get(OFFSET, 0), f"{what}: '{OFFSET}'")
+        region = self._regions.get(name)
+        if region is None:
+            raise InvalidArgumentError(f"Unable to find system shared memory region: '{name}'")
+        if offset < 0 or offset > region.byte_size:
+            raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
+        if size < 0 or offset + size > region.byte_size:
+            raise InvalidArgumentError(f"Invalid offset + byte size for shared memory region: '{name}'")
+        start = region.offset + offset
+        _check_segment(region, start + size)
+        return region, start, size
+
+    def locate(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> SharedTensor:
+        """Where an input's bytes lie in its region, for a worker to read them there: no byte is read here. `check`
+        sees the byte size once the region and the bounds are checked. (Datatype and shape are the caller's.)"""
+        with self._lock:
+            region, start, size = self._span(parameters, what)
+            if check is not None:
+                check(size)
+            where = Residency(Kind.CLIENT, region.key.lstrip("/"), start, size, region.inode, region.name)
+            return SharedTensor("UINT8", (size,), where)
+
+    def read(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> memoryview:
+        """A copy of an input's bytes: the client may rewrite or unregister the region meanwhile. `check` sees the
+        byte size once the region and the bounds are checked, and may refuse it before anything is read."""
+        with self._lock:
+            region, start, size = self._span(parameters, what)
+            if check is not None:
+                check(size)
+            data = os.pread(region.fd, size, start) if size else b""
+            if len(data) != size:  # shrunk between the check and the read
+                raise _shrunk(region, os.fstat(region.fd).st_size, start + size)
+            return memoryview(data)
+
+    def write(self, parameters: Parameters, what: str, data: bytes | memoryview) -> int:
+        """Copy an output into its region; returns the bytes written."""
+        with self._lock:
+            region, start, size = self._span(parameters, what)
+            if len(data) > size:
+                raise InvalidArgumentError(
+                    f"shared memory size specified with the request for {what} ({size} bytes) should be at least "
+                    f"{len(data)} bytes to hold the results"
+                )
+            view = memoryview(data).cast("B")
+            written = 0
+            while written < len(view):
+                written += os.pwrite(region.fd, view[written:], start + written)
+            return written
+
+
+class SharedMemoryManager(_Regions):
+    """Regions clients registered; off unless the server was started with --allow-client-shm=true. `views` tells
+    what is registered, as protocol processes mirror it."""
 
     def __init__(
         self, allowed: bool = False, reserved_prefixes: tuple[str, ...] = (), limits: RegionLimits | None = None
     ) -> None:
+        super().__init__()
         self.allowed = allowed
         self.limits = limits or RegionLimits()
         self._reserved = (TRITON_PYTHON_PREFIX, *reserved_prefixes)
-        self._regions: dict[str, _Region] = {}
-        self._lock = threading.Lock()  # reads and writes of large tensors run on worker threads
+        # Called after every registration and unregistration: protocol processes hear of it.
+        self.on_change: list[Callable[[], None]] = []
+
+    def _changed(self) -> None:
+        for listener in self.on_change:
+            listener()
+
+    def views(self) -> tuple[RegionView, ...]:
+        """Every registered region, as a protocol process's mirror takes them."""
+        with self._lock:
+            return tuple(
+                RegionView(r.name, r.key.lstrip("/"), r.offset, r.byte_size, r.inode) for r in self._regions.values()
+            )
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
         with self._lock:
@@ -130,6 +214,7 @@ class SharedMemoryManager:
                 os.close(fd)
                 raise
             self._regions[name] = _Region(name, key, offset, byte_size, fd, path, info.st_ino)
+        self._changed()
 
     def _check_limits(self, name: str, byte_size: int) -> None:
         """Refuse a region past the caps (called holding the lock), naming the flag that sets each."""
@@ -157,60 +242,54 @@ class SharedMemoryManager:
                 if region is not None:
                     with contextlib.suppress(OSError):
                         os.close(region.fd)
+        self._changed()
 
     def close(self) -> None:
         if self.allowed:
             self.unregister()
 
-    # -- tensors in regions --------------------------------------------------------------------
 
-    def _span(self, parameters: Parameters, what: str) -> tuple[_Region, int, int]:
-        """The region and the absolute (start, size) a tensor's parameters name, checked against the
-        region and the mapped segment."""
-        name = parameters.get(REGION)
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"{what}: '{REGION}' must be a string")
-        if BYTE_SIZE not in parameters:
-            raise InvalidArgumentError(f"{what}: '{BYTE_SIZE}' is required with '{REGION}'")
-        size = _integer(parameters[BYTE_SIZE], f"{what}: '{BYTE_SIZE}'")
-        offset = _integer(parameters.get(OFFSET, 0), f"{what}: '{OFFSET}'")
-        region = self._regions.get(name)
-        if region is None:
-            raise InvalidArgumentError(f"Unable to find system shared memory region: '{name}'")
-        if offset < 0 or offset > region.byte_size:
-            raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
-        if size < 0 or offset + size > region.byte_size:
-            raise InvalidArgumentError(f"Invalid offset + byte size for shared memory region: '{name}'")
-        start = region.offset + offset
-        _check_segment(region, start + size)
-        return region, start, size
+class RegionMirror(_Regions):
+    """A protocol process's copy of the engine's registry (the engine pushes every change): requests name regions
+    registered over any connection, and this process reads and writes them through files of its own."""
 
-    def read(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> memoryview:
-        """A copy of an input's bytes: the client may rewrite or unregister the region meanwhile. `check` sees the
-        byte size once the region and the bounds are checked, and may refuse it before anything is read."""
+    def apply(self, views: tuple[RegionView, ...]) -> None:
+        """The registry as it is now: regions gone are let go, new ones opened (one that cannot be opened is left
+        out: a request naming it is refused as unregistered)."""
+        wanted = {view.name: view for view in views}
         with self._lock:
-            region, start, size = self._span(parameters, what)
-            if check is not None:
-                check(size)
-            data = os.pread(region.fd, size, start) if size else b""
-            if len(data) != size:  # shrunk between the check and the read
-                raise _shrunk(region, os.fstat(region.fd).st_size, start + size)
-            return memoryview(data)
+            for name in [name for name, region in self._regions.items() if _stale(region, wanted.get(name))]:
+                with contextlib.suppress(OSError):
+                    os.close(self._regions.pop(name).fd)
+            for name, view in wanted.items():
+                if name not in self._regions:
+                    region = _open_view(view)
+                    if region is not None:
+                        self._regions[name] = region
 
-    def write(self, parameters: Parameters, what: str, data: bytes | memoryview) -> int:
-        """Copy an output into its region; returns the bytes written."""
-        with self._lock:
-            region, start, size = self._span(parameters, what)
-            if len(data) > size:
-                raise InvalidArgumentError(
-                    f"shared memory size specified with the request for {what} ({size} bytes) should be at least "
-                    f"{len(data)} bytes to hold the results"
-                )
-            view = memoryview(data).cast("B")
-            written = 0
-            while written < len(view):
-                written += os.pwrite(region.fd, view[written:], start + written)
-            return written
+    def close(self) -> None:
+        self.apply(())
+
+
+def _stale(region: _Region, view: RegionView | None) -> bool:
+    return view is None or (view.key, view.offset, view.byte_size, view.inode) != (
+        region.key.lstrip("/"),
+        region.offset,
+        region.byte_size,
+        region.inode,
+    )
+
+
+def _open_view(view: RegionView) -> _Region | None:
+    path = os.path.join(SHM_DIRECTORY, view.key)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if os.fstat(fd).st_ino != view.inode:
+        os.close(fd)
+        return None
+    return _Region(view.name, view.key, view.offset, view.byte_size, fd, path, view.inode)
 
 
 def _check_segment(region: _Region, end: int) -> None:

@@ -6,18 +6,34 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.core.classification import classification_count
-from geserve.core.models import ModelVersion
-from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.errors import InternalError, InvalidArgumentError, UnsupportedError
+from geserve.residency import Kind, SharedTensor
+from geserve.snapshots import ServedVersion
 from geserve.types import InferInput, InferRequest, Parameters, TensorSpec
 
-# (a tensor's parameters, what it is for messages, a check of the byte size it names, called once the region and
-# the bounds are checked and before any read) -> its bytes from client shared memory.
-SharedReader = Callable[[Parameters, str, Callable[[int], None]], memoryview]
+
+class SharedRegions(Protocol):
+    """Client shared memory as validation reads it (core.shared_memory): each call takes a tensor's parameters, what
+    it is for messages, and a check of the byte size it names, called once the region and the bounds are checked and
+    before any read."""
+
+    def read(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> memoryview:
+        """The input's bytes, copied out of the region."""
+        ...
+
+    def locate(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> SharedTensor:
+        """Where the input's bytes lie in the region, for a worker to read them there."""
+        ...
+
+
+# (datatype, shape, raw little-endian bytes / framed BYTES elements / an array) -> the tensor in shared memory.
+Placer = Callable[[str, tuple[int, ...], memoryview | np.ndarray], SharedTensor]
 
 
 def check_parameters(parameters: Parameters) -> None:
@@ -47,14 +63,18 @@ def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 
 def validate_inputs(
     request: InferRequest,
-    model: ModelVersion,
-    read_shared: SharedReader | None = None,
+    model: ServedVersion,
+    regions: SharedRegions | None = None,
     max_bytes_elements: int | None = None,
-) -> dict[str, np.ndarray]:
-    """Check every input against the config and return them as arrays of the configured shape; inputs
-    in client shared memory are read through `read_shared`; a BYTES input may have `max_bytes_elements`."""
+    *,
+    place: Placer | None = None,
+) -> dict[str, SharedTensor]:
+    """Check every input against the config and return them as tensors: in the configured shape, or, with `place`,
+    as the client shaped them and placed in shared memory by it (whoever runs the request reshapes them, see
+    `reshaped`); an input in a client's region (`regions`) then stays there for the worker to read. A BYTES input
+    may have `max_bytes_elements`."""
     name = model.name
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, SharedTensor] = {}
     batch_size: int | None = None
     for given in request.inputs:
         tensor = given
@@ -90,14 +110,22 @@ def validate_inputs(
         if "shared_memory_region" in tensor.parameters:
             # Read only once the input is known to be what the model takes, and never more than the tensor: a
             # region's byte size is the client's to choose (a sparse GiB costs it nothing, a read of it costs us).
-            if read_shared is None:
+            if regions is None:
                 raise UnsupportedError(f"input '{tensor.name}': shared memory is not supported by this server")
             check_size = functools.partial(_check_shared_size, tensor, spec, name)
-            tensor = replace(tensor, data=read_shared(tensor.parameters, f"input '{tensor.name}'", check_size))
-        array = _as_array(tensor, spec, name)
-        if spec.reshape is not None:
-            array = array.reshape(((shape[0],) if spec.batched else ()) + spec.reshape)
-        arrays[tensor.name] = array
+            what = f"input '{tensor.name}'"
+            found: memoryview | SharedTensor
+            if place is not None and spec.dtype.itemsize is not None:
+                # A worker reads the region itself; its byte size is checked already.
+                located = regions.locate(tensor.parameters, what, check_size)
+                found = SharedTensor(spec.dtype.wire, tensor.shape, located.where)
+            else:  # BYTES elements are counted here, so they are read here
+                found = regions.read(tensor.parameters, what, check_size)
+            tensor = replace(tensor, data=found)
+        checked = _as_tensor(tensor, spec, name, place)
+        if place is None:
+            checked = reshaped(checked, spec)
+        arrays[tensor.name] = checked
     if len(arrays) != len(model.inputs):
         missing = [n for n, s in model.inputs.items() if n not in arrays and not s.optional]
         if missing:
@@ -129,7 +157,7 @@ def decode_cost(request: InferRequest) -> int:
         if isinstance(size, int) and not isinstance(size, bool) and "shared_memory_region" in tensor.parameters:
             cost += size
         elif tensor.datatype == "BYTES" and not isinstance(tensor.data, np.ndarray):
-            cost += len(tensor.data)
+            cost += tensor.data.nbytes
     return cost
 
 
@@ -145,31 +173,61 @@ def _check_shared_size(tensor: InferInput, spec: TensorSpec, model_name: str, si
         )
 
 
-def _as_array(tensor: InferInput, spec: TensorSpec, model_name: str) -> np.ndarray:
-    """Turn raw bytes into an array of the declared shape, checking the byte size first."""
+def reshaped(tensor: SharedTensor, spec: TensorSpec) -> SharedTensor:
+    """An input as the model takes it: in the config's `reshape`, when it has one (its batch dimension kept)."""
+    if spec.reshape is None:
+        return tensor
+    return tensor.reshaped(((tensor.shape[0],) if spec.batched else ()) + spec.reshape)
+
+
+def _as_tensor(tensor: InferInput, spec: TensorSpec, model_name: str, place: Placer | None) -> SharedTensor:
+    """The input as a tensor of the declared shape, its byte size (or BYTES element count) checked first; bytes in
+    shared memory stay there; raw bytes are viewed as an array without copying, or handed to `place`."""
     data = tensor.data
-    if isinstance(data, np.ndarray):
-        return data  # front-ends build typed arrays with exactly the declared shape
+    if isinstance(data, np.ndarray):  # front-ends build typed arrays with the declared shape
+        if place is not None:
+            return place(spec.dtype.wire, tensor.shape, data)
+        return SharedTensor.local(data, spec.dtype.wire)
     count = math.prod(tensor.shape)
     itemsize = spec.dtype.itemsize
+    if isinstance(data, SharedTensor):
+        if itemsize is None and data.where is not None and data.where.kind == Kind.CLIENT:
+            raise InternalError("a BYTES input in client shared memory must be read to be checked")
+        if itemsize is None:
+            _check_string_count(tensor, data.array, count, model_name)  # the elements are split to be counted
+        elif data.nbytes != count * itemsize:
+            raise _byte_size_mismatch(tensor, model_name, count * itemsize, data.nbytes)
+        return data.reshaped(tensor.shape) if data.shape != tensor.shape else data
     if itemsize is None:
         strings = bytes_codec.deserialize(data, count)
-        if len(strings) != count:
-            raise InvalidArgumentError(
-                f"expected {count} string elements for inference input '{tensor.name}' for model "
-                f"'{model_name}', got {len(strings)}"
-            )
-        return strings.reshape(tensor.shape)
+        _check_string_count(tensor, strings, count, model_name)
+        if place is not None:
+            return place("BYTES", tensor.shape, data)  # the framed elements as they came
+        return SharedTensor.local(strings.reshape(tensor.shape), "BYTES")
     expected = count * itemsize
     if data.nbytes != expected:
+        raise _byte_size_mismatch(tensor, model_name, expected, data.nbytes)
+    if place is not None:
+        return place(spec.dtype.wire, tensor.shape, data)
+    array = np.frombuffer(data, dtype=spec.dtype.numpy.newbyteorder("<")).reshape(tensor.shape)
+    return SharedTensor.local(array, spec.dtype.wire)
+
+
+def _check_string_count(tensor: InferInput, strings: np.ndarray, count: int, model_name: str) -> None:
+    if strings.size != count:
         raise InvalidArgumentError(
-            f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. "
-            f"Expected {expected}, got {data.nbytes}"
+            f"expected {count} string elements for inference input '{tensor.name}' for model "
+            f"'{model_name}', got {strings.size}"
         )
-    return np.frombuffer(data, dtype=spec.dtype.numpy.newbyteorder("<")).reshape(tensor.shape)
 
 
-def requested_output_names(request: InferRequest, model: ModelVersion) -> tuple[str, ...]:
+def _byte_size_mismatch(tensor: InferInput, model_name: str, expected: int, given: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. Expected {expected}, got {given}"
+    )
+
+
+def requested_output_names(request: InferRequest, model: ServedVersion) -> tuple[str, ...]:
     """The outputs to compute: those requested, in order, or all of them."""
     if not request.outputs:
         return model.output_names

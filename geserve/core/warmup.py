@@ -15,6 +15,7 @@ from geserve.codecs import dtypes
 from geserve.core.models import ModelVersion
 from geserve.core.validation import validate_inputs
 from geserve.errors import GeserveError, ModelLoadError
+from geserve.residency import SharedTensor
 from geserve.types import InferInput, InferRequest
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def build_samples(model: ModelVersion, model_directory: Path) -> list[WarmupSamp
             inputs = validate_inputs(InferRequest(model.name, model.version_str, tuple(given)), model)
         except GeserveError as error:
             raise ModelLoadError(error.message) from None
-        inputs.update(control_inputs)
+        inputs.update({name: SharedTensor.local(array) for name, array in control_inputs.items()})
         largest = max(model.max_batch_size, 1)
         if setting.batch_size > largest:
             # What Triton's backends answer a batch larger than the model takes (any batch of more than one

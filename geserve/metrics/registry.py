@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from geserve.core.api import HISTOGRAM_FAMILY, SUMMARY_FAMILIES, InferenceAPI
+from geserve.core.api import HISTOGRAM_FAMILY, SUMMARY_FAMILIES, EngineAPI
 from geserve.metrics.system import CpuUtilization, memory_bytes
 from geserve.settings import MetricsSettings
 from geserve.types import CacheSnapshot, CustomMetric, DeviceUsage, DurationSnapshot, VersionSnapshot
@@ -90,7 +90,7 @@ class TritonCollector(Collector):
     """Publishes the snapshot of the last `refresh` (taken just before each scrape): the numbers the
     statistics extension reports, under Triton's metric names."""
 
-    def __init__(self, api: InferenceAPI, config: MetricsSettings) -> None:
+    def __init__(self, api: EngineAPI, config: MetricsSettings) -> None:
         self._api = api
         self._config = config
         self._cpu = CpuUtilization(config.interval_ms) if config.cpu_metrics else None
@@ -258,7 +258,7 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def create_registry(api: InferenceAPI, config: MetricsSettings) -> tuple[CollectorRegistry, TritonCollector]:
+def create_registry(api: EngineAPI, config: MetricsSettings) -> tuple[CollectorRegistry, TritonCollector]:
     """A fresh registry (never prometheus_client's global one) holding Triton's families, and the collector
     to refresh before each scrape."""
     registry = CollectorRegistry(auto_describe=False)

@@ -23,9 +23,7 @@ async def serve_engine(launch: Launch, control: ControlLine) -> int:
     settings = launch.settings
     pools = InstancePools(settings.workers, run=launch.run)
     service = create_service(settings, launch.run, pools)
-    # Request tensors in the protocol processes' arenas are tracked with the pipeline outputs: a worker is
-    # given them in place.
-    endpoint = EngineEndpoint(service, pools.mapped)
+    endpoint = EngineEndpoint(service)
     metrics: Listener | None = None
     if settings.metrics.enabled:
         registry, collector = create_registry(service, settings.metrics)

@@ -1,8 +1,9 @@
-"""Frames of the engine channel: a pickled message whose large buffers travel beside it, never joined into it."""
+"""Frames of the engine channel: the messages of one turn of the loop, pickled together; large buffers beside them."""
 
 # A frame is `<Q body length>` then the body: `<I pickle length><I buffer count>`, one `<Q length>` per buffer, the
-# pickle, then the buffers. Buffers of `INLINE_BYTES` or more (tensor data) are written with the frame in one
-# `writelines` and read into one allocation that the unpickled arrays then view.
+# pickle (a list of messages), then the buffers. One pickle a turn: the classes its messages name are looked up once,
+# not once a message. Buffers of `INLINE_BYTES` or more are written with the frame in one `writelines` and read into
+# one allocation that the unpickled arrays then view.
 
 from __future__ import annotations
 
@@ -55,15 +56,23 @@ class FrameProtocol(asyncio.BufferedProtocol):
     """Reads frames off a stream straight into their buffers and hands each decoded message to `on_message`;
     writes are gathered for one turn of the loop and sent in one `writelines` (small messages coalesce)."""
 
-    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[Exception | None], None]) -> None:
+    def __init__(
+        self,
+        on_message: Callable[[Any], None],
+        on_lost: Callable[[Exception | None], None],
+        on_made: Callable[[], None] | None = None,
+        on_unsendable: Callable[[Any, Exception], None] | None = None,
+    ) -> None:
         self._on_message = on_message
         self._on_lost = on_lost
+        self._on_made = on_made
+        self._on_unsendable = on_unsendable  # a message that cannot be pickled, and why (it is not sent)
         self.transport: asyncio.Transport | None = None
         self._chunk = bytearray(_READ_CHUNK)  # small frames, and the start of large ones
         self._filled = 0
         self._large: bytearray | None = None  # the body of a frame larger than a chunk, being filled
         self._large_filled = 0
-        self._pending: list[bytes | memoryview] = []
+        self._pending: list[Any] = []  # messages of this turn
         self._flush_scheduled = False
         self._paused = False
         self._resumed: asyncio.Event | None = None
@@ -71,19 +80,36 @@ class FrameProtocol(asyncio.BufferedProtocol):
     # -- writing ---------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
-        """Queue a message; it leaves with the others of this turn of the loop."""
+        """Queue a message; it leaves with the others of this turn of the loop, in one frame."""
         if self.transport is None or self.transport.is_closing():
             return
-        self._pending.extend(encode(message))
+        self._pending.append(message)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        parts, self._pending = self._pending, []
-        if parts and self.transport is not None and not self.transport.is_closing():
+        messages, self._pending = self._pending, []
+        if not messages or self.transport is None or self.transport.is_closing():
+            return
+        try:
+            parts = encode(messages)
+        except Exception:  # one of them cannot be pickled: the others still go, one frame each
+            parts = self._encode_each(messages)
+        if parts:
             self.transport.writelines(parts)
+
+    def _encode_each(self, messages: list[Any]) -> list[bytes | memoryview]:
+        parts: list[bytes | memoryview] = []
+        for message in messages:
+            try:
+                parts += encode([message])
+            except Exception as error:
+                if self._on_unsendable is None:
+                    raise
+                self._on_unsendable(message, error)
+        return parts
 
     async def drained(self) -> None:
         """Wait while the peer is not reading (the transport's buffer is over its high-water mark)."""
@@ -105,6 +131,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self._on_made is not None:
+            self._on_made()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -121,10 +149,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._large_filled += nbytes
             if self._large_filled == len(self._large):
                 body, self._large = self._large, None
-                self._on_message(decode(memoryview(body)))
+                self._deliver(decode(memoryview(body)))
             return
         self._filled += nbytes
         self._take_frames()
+
+    def _deliver(self, messages: list[Any]) -> None:
+        for message in messages:
+            self._on_message(message)
 
     def _take_frames(self) -> None:
         chunk = memoryview(self._chunk)
@@ -140,7 +172,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 if body is None:
                     body = memoryview(bytearray(chunk[start : start + length]))
                 position = start + length
-                self._on_message(decode(body))
+                self._deliver(decode(body))
                 continue
             if length > len(self._chunk) - _FRAME.size:
                 # Larger than a chunk: read the rest of it straight into its own buffer.

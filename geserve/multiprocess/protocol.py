@@ -10,15 +10,16 @@ import socket
 from typing import Any
 
 from geserve.core.log_control import LogControl
-from geserve.errors import GeserveError
+from geserve.frontdoor.arena import RequestArena, body_allocator, request_arena
+from geserve.frontdoor.placement import Placement
+from geserve.frontdoor.service import FrontDoor
 from geserve.http.connections import ListeningHere, ThisProcessOnly, TransportHooks
-from geserve.http.direct import BodyAllocator, heap_body
+from geserve.http.direct import heap_body
 from geserve.listeners import Listener, grpc_server, http_listener, stop_front_ends
-from geserve.multiprocess.arena import RequestArena
 from geserve.multiprocess.calls import LOG_SETTINGS_EVENT
 from geserve.multiprocess.connection_count import SharedConnectionCount, SharedListening
 from geserve.multiprocess.control import DRAIN, KILL, READY, ControlLine, Launch
-from geserve.multiprocess.remote import RemoteInferenceAPI
+from geserve.multiprocess.remote import RemoteEngineLink
 from geserve.settings import LoggingSettings
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def _apply_log_settings(name: str, value: Any) -> None:
         LogControl(LoggingSettings(**value)).apply()
 
 
-async def _connect(api: RemoteInferenceAPI, path: str, control: asyncio.Task[bytes]) -> bool:
+async def _connect(api: RemoteEngineLink, path: str, control: asyncio.Task[bytes]) -> bool:
     """Connect once the engine listens (it does after the startup models load); False if told to stop first."""
     while not control.done():
         try:
@@ -45,42 +46,26 @@ async def _connect(api: RemoteInferenceAPI, path: str, control: asyncio.Task[byt
 
 
 async def serve_protocol(launch: Launch, control: ControlLine) -> int:
-    arena = _request_arena(launch)
-    api = RemoteInferenceAPI(on_event=_apply_log_settings, arena=arena)
+    arena = request_arena(launch.arena, launch.settings.server.request_arena_bytes)
+    link = RemoteEngineLink(on_event=_apply_log_settings)
     try:
-        return await _serve(launch, control, api, arena)
+        return await _serve(launch, control, link, arena)
     finally:
         if arena is not None:
             arena.close()
 
 
-def _request_arena(launch: Launch) -> RequestArena | None:
-    try:
-        return RequestArena(launch.arena)
-    except (GeserveError, OSError) as error:
-        message = error.message if isinstance(error, GeserveError) else str(error)
-        logger.warning("no request arena (%s): request tensors go to the engine in its channel's messages", message)
-        return None
-
-
-def _body_allocator(arena: RequestArena) -> BodyAllocator:
-    def allocate(size: int) -> memoryview:
-        block = arena.allocate(size)
-        return heap_body(size) if block is None else block.data
-
-    return allocate
-
-
-async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, arena: RequestArena | None) -> int:
+async def _serve(launch: Launch, control: ControlLine, link: RemoteEngineLink, arena: RequestArena | None) -> int:
     settings = launch.settings
     word = asyncio.ensure_future(control.next_word())
-    if not await _connect(api, launch.channel_path, word):
+    if not await _connect(link, launch.channel_path, word):
         return 0
+    api = FrontDoor(link, Placement(arena, launch.run), settings.server.max_bytes_elements)
     listeners: list[Listener] = []
     if settings.http.enabled:
         counts = launch.connection_counts
         hooks = TransportHooks(
-            heap_body if arena is None else _body_allocator(arena),
+            heap_body if arena is None else body_allocator(arena),
             SharedConnectionCount(counts, launch.index) if counts is not None else ThisProcessOnly(),
             SharedListening(counts, launch.index) if counts is not None else ListeningHere(),
         )
@@ -103,7 +88,7 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
             if not await listener.start():
                 return 1
         control.tell(READY)
-        lost = asyncio.ensure_future(api.lost.wait())
+        lost = asyncio.ensure_future(link.lost.wait())
         await asyncio.wait([word, lost], return_when=asyncio.FIRST_COMPLETED)
         if lost.done():
             logger.error("the engine closed its channel: exiting")
@@ -117,8 +102,8 @@ async def _serve(launch: Launch, control: ControlLine, api: RemoteInferenceAPI, 
         if settings.server.drain_delay_secs > 0:
             # Still accepting and serving: load balancers see the engine's not-ready and stop sending.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(api.lost.wait(), settings.server.drain_delay_secs)
+                await asyncio.wait_for(link.lost.wait(), settings.server.drain_delay_secs)
         return 0
     finally:
         await stop_front_ends(listeners, grpc, grace_s)
-        api.close()
+        link.close()

@@ -1,31 +1,27 @@
-"""RemoteInferenceAPI: the InferenceAPI of a protocol process, each call answered by the engine over its channel."""
+"""RemoteEngineLink: a protocol process's engine, reached over its channel; requests cross as submissions."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+import threading
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.core.api import InferenceAPI
-from geserve.errors import UnavailableError
-from geserve.multiprocess.arena import RequestArena, to_engine
-from geserve.multiprocess.calls import Kind
-from geserve.multiprocess.framing import FrameProtocol
-from geserve.types import (
-    CacheSnapshot,
-    CustomMetric,
-    DeviceUsage,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    ServerMetadata,
-    StreamedResponse,
-    TraceRecord,
-    VersionSnapshot,
+from geserve.core.shared_memory import RegionMirror
+from geserve.errors import InternalError, UnavailableError
+from geserve.multiprocess.calls import (
+    MODELS_EVENT,
+    REGIONS_EVENT,
+    Kind,
 )
+from geserve.multiprocess.framing import FrameProtocol
+from geserve.residency import Lease
+from geserve.snapshots import ModelView
+from geserve.submissions import Answer, Submission
 
 logger = logging.getLogger(__name__)
 
@@ -33,41 +29,67 @@ ENGINE_GONE = "the inference engine is not running"
 EventHandler = Callable[[str, Any], None]
 
 
-class RemoteInferenceAPI:
-    """Calls the engine's InferenceService by name over one unix-socket connection; answers are matched to
-    calls by id, so any number are in flight at once. A call whose caller is cancelled (a client that went
-    away) is cancelled in the engine too."""
+class RemoteEngineLink:
+    """The engine over one unix-socket connection. Calls and submissions are answered by id, so any number are in
+    flight at once; one whose caller is cancelled (a client that went away) is cancelled in the engine too, and its
+    inputs are kept until the engine has answered it (a worker may be reading them). An answer's outputs lie where the
+    worker left them: they are held until every array made of them here is gone, then released in the engine. The
+    served models and the client regions are the engine's latest snapshots."""
 
-    def __init__(self, on_event: EventHandler | None = None, arena: RequestArena | None = None) -> None:
+    def __init__(self, on_event: EventHandler | None = None) -> None:
         self._ids = itertools.count(1)
-        self._arena = arena
         self._calls: dict[int, asyncio.Future[Any]] = {}
-        # What a call's arena blocks need kept alive until the engine answers it, even once its caller gave up.
-        self._kept: dict[int, list[Any]] = {}
-        self._streams: dict[int, asyncio.Queue[tuple[Kind, Any]]] = {}
+        # A submission's inputs, kept until the engine answers it, even once its caller gave up.
+        self._kept: dict[int, Submission] = {}
+        self._streams: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
         self._on_event = on_event
-        self._channel = FrameProtocol(self._received, self._lost)
+        self._channel = FrameProtocol(self._received, self._lost, on_unsendable=self._unsendable)
+        self._models: dict[str, ModelView] = {}
+        self._regions = RegionMirror()
+        # Answers whose outputs are no longer read here, released together once per turn of the loop.
+        self._released: collections.deque[int] = collections.deque()
+        self._release_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self.lost = asyncio.Event()  # set when the engine's end closes
+        self._told = asyncio.Event()  # the engine's first snapshots are in
 
     async def connect(self, path: str) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.create_unix_connection(lambda: self._channel, path)
+        """Connect, and wait for the engine's first snapshots: no request is checked before they are in."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        await self._loop.create_unix_connection(lambda: self._channel, path)
+        told = asyncio.ensure_future(self._told.wait())
+        lost = asyncio.ensure_future(self.lost.wait())
+        await asyncio.wait([told, lost], return_when=asyncio.FIRST_COMPLETED)
+        told.cancel()
+        lost.cancel()
 
     def close(self) -> None:
         if self._channel.transport is not None:
             self._channel.transport.close()
+        self._regions.close()
+
+    @property
+    def models(self) -> Mapping[str, ModelView]:
+        return self._models
+
+    @property
+    def regions(self) -> RegionMirror:
+        return self._regions
 
     # -- the channel -----------------------------------------------------------------------
 
     def _received(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == Kind.EVENT:
-            if self._on_event is not None:
-                self._on_event(message[1], message[2])
+            self._event(message[1], message[2])
             return
         call_id = message[1]
         if kind in (Kind.RESULT, Kind.ERROR, Kind.END):
             self._kept.pop(call_id, None)
+        if kind in (Kind.RESULT, Kind.ITEM) and len(message) > 3:
+            self._hold(message[2], message[3])
         if kind in (Kind.RESULT, Kind.ERROR):
             future = self._calls.pop(call_id, None)
             if future is not None and not future.done():
@@ -78,7 +100,57 @@ class RemoteInferenceAPI:
                 return
         queue = self._streams.get(call_id)
         if queue is not None:
-            queue.put_nowait((Kind(kind), message[2] if len(message) > 2 else None))
+            queue.put_nowait((kind, message[2] if len(message) > 2 else None))
+
+    def _event(self, name: str, value: Any) -> None:
+        if name == MODELS_EVENT:
+            self._models = value
+            self._told.set()
+        elif name == REGIONS_EVENT:
+            self._regions.apply(value)
+        elif self._on_event is not None:
+            self._on_event(name, value)
+
+    def _hold(self, answer: Answer, lease_id: int) -> None:
+        """An answer's outputs are held in the engine until released from here, once nothing here reads them."""
+        if answer.outputs:
+            lease = Lease(lease_id, self._release)
+            for tensor in answer.outputs.values():
+                tensor.lease = lease
+        else:
+            self._release(lease_id)
+
+    def _release(self, lease_id: object) -> None:
+        """Called wherever the last array of an answer died (any thread): released with the others of this turn."""
+        assert isinstance(lease_id, int)
+        self._released.append(lease_id)
+        if self._release_scheduled or self._loop is None:
+            return
+        self._release_scheduled = True
+        try:
+            if threading.get_ident() == self._loop_thread:
+                self._loop.call_soon(self._send_releases)
+            else:
+                self._loop.call_soon_threadsafe(self._send_releases)
+        except RuntimeError:  # the loop is closed: the engine forgets this process's answers with its connection
+            pass
+
+    def _send_releases(self) -> None:
+        self._release_scheduled = False
+        released: list[int] = []
+        while self._released:
+            released.append(self._released.popleft())
+        if released and not self.lost.is_set():
+            self._channel.send((Kind.RELEASE, tuple(released)))
+
+    def _unsendable(self, message: tuple[Any, ...], error: Exception) -> None:
+        """A call whose arguments cannot be pickled fails with why; nothing of it reached the engine."""
+        future = self._calls.pop(message[1], None) if message[0] in (Kind.CALL, Kind.STREAM) else None
+        if future is not None and not future.done():
+            future.set_exception(InternalError(f"the call cannot be sent to the engine: {error}"))
+        queue = self._streams.get(message[1]) if message[0] == Kind.STREAM else None
+        if queue is not None:
+            queue.put_nowait((Kind.ERROR, InternalError(f"the call cannot be sent to the engine: {error}")))
 
     def _lost(self, exc: Exception | None) -> None:
         self.lost.set()
@@ -91,13 +163,13 @@ class RemoteInferenceAPI:
         for queue in self._streams.values():
             queue.put_nowait((Kind.ERROR, error))
 
-    async def _call(self, method: str, *args: Any, keep: list[Any] | None = None) -> Any:
+    async def _call(self, method: str, *args: Any, keep: Submission | None = None) -> Any:
         if self.lost.is_set():
             raise UnavailableError(ENGINE_GONE)
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
-        if keep:
+        if keep is not None:
             self._kept[call_id] = keep
         self._channel.send((Kind.CALL, call_id, method, args))
         try:
@@ -107,52 +179,20 @@ class RemoteInferenceAPI:
                 self._channel.send((Kind.CANCEL, call_id))
             raise
 
-    # -- health and metadata ---------------------------------------------------------------
+    # -- what the front door asks ------------------------------------------------------------
 
-    async def live(self) -> bool:
-        return bool(await self._call("live"))
+    async def infer(self, submission: Submission) -> Answer:
+        answer: Answer = await self._call("infer_submission", submission, keep=submission)
+        return answer
 
-    async def ready(self) -> bool:
-        return bool(await self._call("ready"))
-
-    async def server_metadata(self) -> ServerMetadata:
-        metadata: ServerMetadata = await self._call("server_metadata")
-        return metadata
-
-    async def model_ready(self, name: str, version: str = "") -> bool:
-        return bool(await self._call("model_ready", name, version))
-
-    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        metadata: ModelMetadata = await self._call("model_metadata", name, version)
-        return metadata
-
-    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        config = mc.ModelConfig()
-        config.ParseFromString(await self._call("model_config", name, version))
-        return config
-
-    # -- inference -------------------------------------------------------------------------
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        if self._arena is None:
-            response: InferResponse = await self._call("infer", request, ())
-            return response
-        outgoing, refs, keep = to_engine(request, self._arena)
-        response = await self._call("infer", outgoing, refs, keep=keep)
-        return response
-
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamedResponse]:
+    async def stream(self, submission: Submission) -> AsyncGenerator[Answer]:
         if self.lost.is_set():
             raise UnavailableError(ENGINE_GONE)
         call_id = next(self._ids)
-        queue: asyncio.Queue[tuple[Kind, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self._streams[call_id] = queue
-        if self._arena is None:
-            self._channel.send((Kind.STREAM, call_id, "infer_stream", (request, ())))
-        else:
-            outgoing, refs, keep = to_engine(request, self._arena)
-            self._kept[call_id] = keep
-            self._channel.send((Kind.STREAM, call_id, "infer_stream", (outgoing, refs)))
+        self._kept[call_id] = submission
+        self._channel.send((Kind.STREAM, call_id, "stream_submission", (submission,)))
         finished = False
         try:
             while True:
@@ -169,86 +209,20 @@ class RemoteInferenceAPI:
             if not finished and not self.lost.is_set():
                 self._channel.send((Kind.CANCEL, call_id))
 
-    # -- the model repository extension ----------------------------------------------------
-
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        index: list[dict[str, str]] = await self._call("repository_index", ready_only)
-        return index
-
-    async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        await self._call("load_model", name, dict(parameters) if parameters is not None else None)
-
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        await self._call("unload_model", name, unload_dependents)
-
-    # -- the shared-memory extensions ------------------------------------------------------
-
-    async def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
-        status: list[dict[str, Any]] = await self._call("shared_memory_status", name)
-        return status
-
-    async def register_shared_memory(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
-        await self._call("register_shared_memory", name, key, offset, byte_size)
-
-    async def unregister_shared_memory(self, name: str = "") -> None:
-        await self._call("unregister_shared_memory", name)
-
-    async def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
-        status: list[dict[str, Any]] = await self._call("cuda_shared_memory_status", name)
-        return status
-
-    async def register_cuda_shared_memory(self) -> None:
-        await self._call("register_cuda_shared_memory")
-
-    async def unregister_cuda_shared_memory(self, name: str = "") -> None:
-        await self._call("unregister_cuda_shared_memory", name)
-
-    # -- the trace and logging extensions --------------------------------------------------
-
-    async def trace_settings(self, model: str | None = None) -> dict[str, list[str] | str]:
-        settings: dict[str, list[str] | str] = await self._call("trace_settings", model)
-        return settings
-
-    async def update_trace_settings(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
-        settings: dict[str, Any] = await self._call("update_trace_settings", model, dict(changes))
-        return settings
-
-    async def record_trace(self, trace: TraceRecord) -> None:
-        # Sent without waiting for the answer (which nobody awaits, so it is dropped when it comes): the
-        # front-end has answered its client already, and the engine writes the trace.
+    def refused(self, model_name: str, version: int) -> None:
+        # Sent without waiting for the answer (dropped when it comes): only the engine's statistics change.
         if not self.lost.is_set():
-            self._channel.send((Kind.CALL, next(self._ids), "record_trace", (trace,)))
+            self._channel.send((Kind.CALL, next(self._ids), "refused", (model_name, version)))
 
-    async def log_settings(self) -> dict[str, Any]:
-        settings: dict[str, Any] = await self._call("log_settings")
-        return settings
-
-    async def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
-        settings: dict[str, Any] = await self._call("update_log_settings", changes)
-        return settings
-
-    # -- statistics and metrics ------------------------------------------------------------
-
-    async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        statistics: list[dict[str, Any]] = await self._call("statistics", name, version)
-        return statistics
-
-    async def version_statistics(self) -> list[VersionSnapshot]:
-        versions: list[VersionSnapshot] = await self._call("version_statistics")
-        return versions
-
-    async def device_usage(self) -> dict[int, DeviceUsage]:
-        usage: dict[int, DeviceUsage] = await self._call("device_usage")
-        return usage
-
-    async def custom_metrics(self) -> list[CustomMetric]:
-        metrics: list[CustomMetric] = await self._call("custom_metrics")
-        return metrics
-
-    async def cache_statistics(self) -> CacheSnapshot | None:
-        statistics: CacheSnapshot | None = await self._call("cache_statistics")
-        return statistics
-
-
-def _implements(api: RemoteInferenceAPI) -> InferenceAPI:
-    return api  # mypy checks that the remote client implements the whole interface
+    async def call(self, method: str, *args: Any) -> Any:
+        if method == "record_trace":
+            # The front-end has answered its client already, and the engine writes the trace: not waited for.
+            if not self.lost.is_set():
+                self._channel.send((Kind.CALL, next(self._ids), method, args))
+            return None
+        value = await self._call(method, *args)
+        if method == "model_config":
+            config = mc.ModelConfig()
+            config.ParseFromString(value)  # generated protobuf classes do not pickle by reference
+            return config
+        return value

@@ -6,8 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
+from geserve.residency import SharedTensor
 from geserve.types import CallChain
 from geserve.workers.messages import RequestInfo
 from geserve.workers.streams import ResponseStream
@@ -23,17 +22,15 @@ class Cancellable(Protocol):
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One batch of requests. Each input is given as the requests' row blocks, in request order (the worker
-    lays them out contiguously); `output_names` is the union of the outputs the requests asked for. The
+    gathers them where they lie); `output_names` is the union of the outputs the requests asked for. The
     requests whose index is in `streams` answer there (decoupled models), also after the batch has returned.
-    With `keep_outputs` (a pipeline's step) the outputs may stay in shared memory, for the next step to read.
     The requests whose index is in `cancellable` answer with the batch; a backend that looks (a python model's
     `is_cancelled`) learns when their clients go away. `chain` tells the BLS calls its model makes meanwhile which
     instances already wait for them."""
 
-    inputs: Mapping[str, Sequence[np.ndarray]]
+    inputs: Mapping[str, Sequence[SharedTensor]]
     output_names: tuple[str, ...]
     requests: Sequence[RequestInfo]
     streams: Mapping[int, ResponseStream] = field(default_factory=dict)
-    keep_outputs: bool = False
     cancellable: Mapping[int, Cancellable] = field(default_factory=dict)
     chain: CallChain = ()  # the BLS calls its requests are part of, merged (types.merge_chains)

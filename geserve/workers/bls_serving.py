@@ -11,6 +11,7 @@ import numpy as np
 
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.residency import SharedTensor
 from geserve.types import CallChain, InferInput, InferRequest, RequestedOutput, response_parameters
 from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
@@ -26,7 +27,7 @@ class ModelCaller(Protocol):
     """The server as a BLS request reaches it (core's InferenceService): validated and scheduled like a
     client's request, answered with the outputs' arrays."""
 
-    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]: ...
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, SharedTensor]: ...
 
     def stream_model(self, request: InferRequest, chain: CallChain = ()) -> AsyncIterator[StreamItem]: ...
 
@@ -52,7 +53,7 @@ async def serve_call(
             await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run, chain=chain), timeout_s)
             return
         outputs = await asyncio.wait_for(caller.call_model(request, chain), timeout_s)
-        refs = write_tensors(outputs, run.segment_name("blsout"))
+        refs = write_tensors(arrays_of(outputs), run.segment_name("blsout"))
         reply(BlsReply(call.call_id, refs, None, True, response_parameters(outputs)))
     except TimeoutError:
         reply(BlsReply(call.call_id, (), UnavailableError(TIMEOUT_EXPIRED), True))
@@ -87,10 +88,15 @@ async def _stream(
 ) -> None:
     final = False
     async for outputs, error, final in caller.stream_model(request, chain):
-        refs = write_tensors(outputs or {}, run.segment_name("blsout"))
+        refs = write_tensors(arrays_of(outputs or {}), run.segment_name("blsout"))
         reply(BlsReply(call_id, refs, error, final, response_parameters(outputs)))
     if not final:
         reply(BlsReply(call_id, (), None, True))
+
+
+def arrays_of(outputs: Mapping[str, SharedTensor]) -> dict[str, np.ndarray]:
+    """The outputs' arrays, as a BLS reply carries them (read here, where the call is answered)."""
+    return {name: tensor.array for name, tensor in outputs.items()}
 
 
 async def serve_control(caller: ModelCaller | None, call: ControlCall, reply: Callable[[ControlReply], None]) -> None:

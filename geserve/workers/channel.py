@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
@@ -13,6 +15,7 @@ from multiprocessing.connection import Connection
 from geserve.errors import GeserveError
 from geserve.types import InstanceStatus, with_parameters
 from geserve.workers.batch import Cancellable
+from geserve.workers.client import local_tensors
 from geserve.workers.messages import (
     BatchPlaced,
     BlsCall,
@@ -24,6 +27,7 @@ from geserve.workers.messages import (
     LoadFailed,
     Partial,
     ReadStatus,
+    Release,
     Retiring,
     RunBatch,
     Shutdown,
@@ -72,6 +76,10 @@ class WorkerChannel:
         # BLS replies the worker may not have read yet: a worker that dies cannot unlink them, so we do.
         self._reply_segments: deque[str] = deque(maxlen=_KEPT_REPLY_SEGMENTS)
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        # Batches whose outputs their readers are done with, sent together once per turn of the loop.
+        self._released: collections.deque[int] = collections.deque()
+        self._release_scheduled = False
         # Read on the loop as the worker writes; messages of any size arrive and leave whole.
         self._pipe = PipeEnd(connection, self._on_message, self._on_pipe_lost)
 
@@ -128,6 +136,30 @@ class WorkerChannel:
             return await answer
         finally:
             self._in_flight.pop(message.batch_id, None)
+
+    def release(self, batch_id: object) -> None:
+        """The readers of batch `batch_id`'s outputs are done with them: the worker may reuse their place. Called
+        wherever the last reader let go (any thread); sent with the others released in the same turn of the loop."""
+        assert isinstance(batch_id, int)
+        self._released.append(batch_id)
+        if self._release_scheduled:
+            return
+        self._release_scheduled = True
+        try:
+            if threading.get_ident() == self._loop_thread:
+                self._loop.call_soon(self._send_releases)
+            else:
+                self._loop.call_soon_threadsafe(self._send_releases)
+        except RuntimeError:  # the loop is closed: the worker is gone with it
+            pass
+
+    def _send_releases(self) -> None:
+        self._release_scheduled = False
+        released: list[int] = []
+        while self._released:
+            released.append(self._released.popleft())
+        if released:
+            self._send_quietly(Release(tuple(released)))
 
     def cancel(self, stream_id: int) -> None:
         """The client of a streamed request (or of a running unary one, by its cancel id) went away: tell the
@@ -235,9 +267,10 @@ class WorkerChannel:
             logger.error("instance %s sent an unknown message %r", self._name, type(message).__name__)
 
     def _on_partial(self, message: Partial) -> None:
-        outputs = message.outputs
+        arrays = message.outputs
         if message.refs:
-            outputs = take_tensors(message.refs)  # also unlinks the response's own segment
+            arrays = take_tensors(message.refs)  # also unlinks the response's own segment
+        outputs = local_tensors(arrays) if arrays is not None else None
         if message.parameters:
             outputs = with_parameters(dict(outputs or {}), message.parameters)
         stream = self._streams.pop(message.stream_id, None) if message.final else self._streams.get(message.stream_id)

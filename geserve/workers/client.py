@@ -7,7 +7,7 @@ import enum
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -16,7 +16,8 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.types import InstanceStatus
+from geserve.residency import SharedTensor, gather, unreadable_rows, zeroed
+from geserve.types import InstanceStatus, response_parameters, with_parameters
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.runner import InstanceRunner
@@ -88,8 +89,10 @@ def observes_cancellation(spec: InstanceSpec) -> bool:
         return False  # it will not load either
 
 
-def concatenate(parts: Sequence[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+def local_tensors(outputs: Mapping[str, np.ndarray]) -> dict[str, SharedTensor]:
+    """A backend's outputs in this process as the scheduler takes them, with the response parameters they carry."""
+    tensors = {name: SharedTensor.local(np.asarray(array)) for name, array in outputs.items()}
+    return with_parameters(tensors, response_parameters(outputs))
 
 
 class ThreadWorker:
@@ -124,7 +127,14 @@ class ThreadWorker:
         if not self.alive:
             raise UnavailableError(f"instance '{self.spec.instance_name}' is {self._state.value}")
         loop = asyncio.get_running_loop()
-        arrays = {name: concatenate(parts) for name, parts in batch.inputs.items()}
+        refused: dict[int, GeserveError] = {}
+        try:
+            arrays = {name: gather(parts, parts[0].datatype) for name, parts in batch.inputs.items()}
+        except GeserveError:  # a client's region shrunk or replaced: its requests fail alone, the rest run
+            refused = unreadable_rows(list(batch.inputs.values()), len(batch.requests))
+            if not refused or len(refused) == len(batch.requests):
+                raise
+            arrays = {name: gather(zeroed(parts, refused), parts[0].datatype) for name, parts in batch.inputs.items()}
         infos = list(batch.requests)
         streams = batch.streams
         for index, stream in streams.items():
@@ -140,14 +150,19 @@ class ThreadWorker:
         def emit(index: int, outputs: Mapping[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
             stream = streams.get(index)
             if stream is not None:
-                loop.call_soon_threadsafe(stream.put, dict(outputs) if outputs else None, error, final)
+                loop.call_soon_threadsafe(stream.put, local_tensors(outputs) if outputs else None, error, final)
 
         run = functools.partial(self._runner.execute, arrays, batch.output_names, tuple(infos), None, emit)
         try:
-            return await loop.run_in_executor(self._thread, run)
+            result = await loop.run_in_executor(self._thread, run)
         finally:
             for request in cancellable.values():
                 request.on_cancel(None)
+        results = tuple(
+            refused.get(index) or (outcome if isinstance(outcome, GeserveError) else local_tensors(outcome))
+            for index, outcome in enumerate(result.results)
+        )
+        return BatchResult(results, result.infer_start_ns, result.infer_end_ns)
 
     async def read_status(self) -> InstanceStatus | None:
         if not self.alive:

@@ -6,7 +6,7 @@ import logging
 import queue
 import select
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -16,7 +16,7 @@ from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError
 from geserve.types import response_parameters
 from geserve.workers import pipe
-from geserve.workers.messages import BlsReply, Cancel, ControlReply, Partial, RequestInfo, Shutdown
+from geserve.workers.messages import BlsReply, Cancel, ControlReply, Partial, Release, RequestInfo, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import write_tensors
 
@@ -78,10 +78,18 @@ class Inbox:
     _END = object()
 
     def __init__(
-        self, connection: Connection, cancelled: set[int], outbox: Outbox, threaded: bool, loading: str = ""
+        self,
+        connection: Connection,
+        cancelled: set[int],
+        outbox: Outbox,
+        threaded: bool,
+        *,
+        release: Callable[[tuple[int, ...]], None],
+        loading: str = "",
     ) -> None:
         self._connection = connection
         self._cancelled = cancelled  # the runner's cancelled requests, which its model reads
+        self._release = release  # frees released batches' outputs (thread-safe)
         self._bls: BlsClient | None = None
         self._queue: queue.SimpleQueue[object] | None = None
         # One poll object, made once: Connection.poll builds a selector on every call.
@@ -124,9 +132,12 @@ class Inbox:
         except (OSError, ValueError):
             return True  # `get` reports the closed pipe
 
-    def get(self) -> object:
-        """The next message for the main loop; EOFError once the front-end is gone."""
+    def get(self) -> object | None:
+        """The next message for the main loop; None when only messages handled here came (a cancellation, released
+        outputs) and nothing else waits, so that the loop can turn to a batch the device finished; EOFError once
+        the front-end is gone."""
         while True:
+            message: object
             if self._queue is None:
                 message = self._connection.recv()
             else:
@@ -135,8 +146,12 @@ class Inbox:
                     raise EOFError
             if isinstance(message, Cancel):
                 self._cancelled.add(message.stream_id)
-                continue
-            return message
+            elif isinstance(message, Release):
+                self._release(message.batch_ids)
+            else:
+                return message
+            if not self.ready():
+                return None
 
     def _read(self) -> None:
         assert self._queue is not None and self._bls is not None
@@ -151,6 +166,8 @@ class Inbox:
                 self._bls.deliver(message)
             elif isinstance(message, Cancel):
                 self._cancelled.add(message.stream_id)
+            elif isinstance(message, Release):
+                self._release(message.batch_ids)
             else:
                 self._queue.put(message)
                 if isinstance(message, Shutdown):

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
 import queue
-import secrets
 import signal
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
-from multiprocessing import shared_memory
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
+from geserve.residency import Kind, Residency, SharedTensor, gather, unreadable_rows, zeroed
 from geserve.types import response_parameters
 from geserve.workers.lineage import GROUP_SIGNALS, watch_parent
 from geserve.workers.mailbox import Inbox, Outbox
@@ -25,145 +22,122 @@ from geserve.workers.messages import (
     InstanceSpec,
     Loaded,
     LoadFailed,
+    OutputBlock,
     ReadStatus,
     Retiring,
     RunBatch,
     Shutdown,
     StatusReport,
 )
+from geserve.workers.output_arena import InPlaceOutputs, OutputArena
 from geserve.workers.output_blocks import OutputBlocks
 from geserve.workers.runner import InstanceRunner, StagedBatch
 from geserve.workers.runs import RunId
-from geserve.workers.shm import (
-    REQUEST_ARENA_ROLE,
-    InPlaceOutputs,
-    TensorLayout,
-    TensorRef,
-    attach_foreign_segment,
-    attach_segment,
-    buffer_of,
-    create_segment,
-    read_tensor,
-    unlink_quietly,
-)
+from geserve.workers.shm import TensorLayout, TensorRef, attach_segment, buffer_of, unlink_quietly
 
 logger = logging.getLogger(__name__)
-
-# Outputs kept for a pipeline's next step get a segment of their own from this size: below it, creating and
-# mapping a segment costs more than the copies it saves, and they go through the arena as usual.
-HANDOFF_MIN_BYTES = 64 << 10
-# The name suffix of pipeline handoff segments, and how many of them a worker keeps attached.
-_HANDOFF_ROLE = "_handoff"
-_ATTACHED_HANDOFFS = 16
 
 
 @dataclass(slots=True)
 class _Running:
-    """A batch the worker has staged or launched, and the one-off segments its inputs are read from."""
+    """A batch the worker has staged or launched; `refused`: requests whose inputs could not be read (a client's
+    region shrunk or replaced since the front door checked it), run as zeros and answered with their own error."""
 
     message: RunBatch
     batch: StagedBatch
-    extra: dict[str, shared_memory.SharedMemory]
-
-
-def _close(segments: dict[str, shared_memory.SharedMemory]) -> None:
-    for segment in segments.values():
-        with contextlib.suppress(BufferError):  # a backend may still hold a view; the OS cleans up
-            segment.close()
+    refused: dict[int, GeserveError] = field(default_factory=dict)
 
 
 class _ShmBatchRunner:
-    """Runs the batches RunBatch messages describe through shared memory: reads their inputs from the worker's
-    arenas (attached once), the segments reused batch after batch (pipeline handoffs, protocol processes' request
-    arenas) and the one-off segments of batches too large for an arena, stages them on the instance runner, and
-    writes their outputs back to shared memory."""
+    """Runs the batches RunBatch messages describe through shared memory: gathers their inputs from where the
+    requests' rows lie (each segment mapped once), stages them on the instance runner, and leaves their outputs in
+    the output arena, held until released (or in one-off segments when they do not fit)."""
 
     def __init__(self, spec: InstanceSpec) -> None:
-        self.arenas = {name: attach_segment(name) for name in spec.arenas}
-        # Pipeline handoff segments (any worker's) and the protocol processes' request arenas, attached once:
-        # they are reused batch after batch.
-        self._handoffs: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
-
-    def _handoff(self, name: str, foreign: bool = False) -> shared_memory.SharedMemory:
-        segment = self._handoffs.pop(name, None) or (attach_foreign_segment(name) if foreign else attach_segment(name))
-        self._handoffs[name] = segment
-        while len(self._handoffs) > _ATTACHED_HANDOFFS:
-            _, oldest = self._handoffs.popitem(last=False)
-            with contextlib.suppress(BufferError):
-                oldest.close()
-        return segment
-
-    def _segment(self, name: str, extra: dict[str, shared_memory.SharedMemory]) -> shared_memory.SharedMemory:
-        if name in self.arenas:
-            return self.arenas[name]
-        if name.endswith(_HANDOFF_ROLE):
-            return self._handoff(name)
-        if name.rsplit("_", 1)[-1].startswith(REQUEST_ARENA_ROLE):
-            return self._handoff(name, foreign=True)  # a protocol process's arena: reused, like a handoff
-        if name not in extra:
-            extra[name] = attach_segment(name)
-        return extra[name]
+        self.outputs = OutputArena(spec.output_arena)
+        self._run = spec.run or RunId.current()
 
     def stage(self, runner: InstanceRunner, message: RunBatch) -> _Running:
-        """Read a batch's inputs from shared memory and stage it (a pipelined backend copies them to the
-        device now, while the batch before it may still run)."""
-        extra: dict[str, shared_memory.SharedMemory] = {}
+        """Gather a batch's inputs and stage it (a pipelined backend copies them to the device now, while the batch
+        before it may still run). A request whose client region can no longer be read fails alone: its rows run as
+        zeros and the rest of the batch is served."""
         try:
-            inputs = {
-                ref.name: read_tensor(buffer_of(self._segment(ref.segment, extra)), ref) for ref in message.inputs
-            }
-            return _Running(message, runner.stage(inputs, message.output_names, message.requests), extra)
-        except BaseException:
-            _close(extra)
-            raise
+            return _Running(message, self._staged(runner, message))
+        except (GeserveError, OSError, ValueError) as error:  # a segment gone, a client's region shrunk
+            failure: Exception = error
+            refused = _unreadable(message)
+            if refused and len(refused) < len(message.requests):
+                try:
+                    return _Running(message, self._staged(runner, _zeroed(message, refused)), refused)
+                except (GeserveError, OSError, ValueError) as again:
+                    failure = again
+            return _Running(message, runner.failed_batch(failure, message.output_names, message.requests))
+
+    @staticmethod
+    def _staged(runner: InstanceRunner, message: RunBatch) -> StagedBatch:
+        if runner.gathers:  # the backend copies each request's rows from where they lie to the device
+            blocks = {name: [part.array for part in parts] for name, _, parts in message.inputs}
+            return runner.stage_blocks(blocks, message.output_names, message.requests)
+        inputs = {name: gather(parts, datatype) for name, datatype, parts in message.inputs}
+        return runner.stage(inputs, message.output_names, message.requests)
 
     def finish(self, runner: InstanceRunner, running: _Running, emit: ResponseEmitter | None = None) -> BatchPlaced:
         """Wait for (or run) a staged batch and place its outputs in shared memory."""
         message = running.message
+        in_place = InPlaceOutputs(self.outputs, message.batch_id)
+        result, whole = runner.finish(running.batch, in_place.allocate, emit, split=False)
+        running.batch.inputs = {}
+        blocks = OutputBlocks(runner.output_datatypes, in_place)
         try:
-            in_place = InPlaceOutputs(buffer_of(self.arenas[message.output_arena]), message.output_arena)
-            keep = message.keep_outputs  # the front-end keeps them: not in the arena, which the next batch reuses
-            allocate = None if keep else in_place.allocate
-            result, whole = runner.finish(running.batch, allocate, emit, split=False)
-            running.batch.inputs = {}
-            blocks = OutputBlocks(runner.output_datatypes, in_place)
-            try:
-                placed = blocks.place(result.results, whole, message.requests)
-                overflow = message.output_overflow
-                blocks.written(self._write(blocks.layout, message.output_arena, overflow, in_place.end, keep))
-            except (GeserveError, OSError) as error:  # the outputs do not fit in /dev/shm: every request fails
-                if isinstance(error, OSError):
-                    error = UnavailableError(f"the batch's outputs cannot be placed in shared memory: {error}")
-                blocks, placed = OutputBlocks(runner.output_datatypes, in_place), (error,) * len(message.requests)
-            parameters = tuple(response_parameters(outcome) for outcome in result.results)
-            kept = parameters if any(parameters) else ()
-            return BatchPlaced(
-                message.batch_id, blocks.refs(), placed, result.infer_start_ns, result.infer_end_ns, kept
-            )
-        finally:
-            _close(running.extra)
+            placed = blocks.place(result.results, whole, message.requests)
+            if running.refused:
+                placed = tuple(running.refused.get(index, own) for index, own in enumerate(placed))
+            blocks.written(self._write(blocks.layout, message.batch_id))
+        except (GeserveError, OSError) as error:  # the outputs do not fit in /dev/shm: every request fails
+            if isinstance(error, OSError):
+                error = UnavailableError(f"the batch's outputs cannot be placed in shared memory: {error}")
+            self.outputs.release((message.batch_id,))
+            blocks, placed = OutputBlocks(runner.output_datatypes, in_place), (error,) * len(message.requests)
+        parameters = tuple(response_parameters(outcome) for outcome in result.results)
+        kept = parameters if any(parameters) else ()
+        refs = blocks.refs()
+        if not refs:  # nobody will release a batch no output of which is read (its backend may have been given some)
+            self.outputs.release((message.batch_id,))
+        return BatchPlaced(message.batch_id, refs, placed, result.infer_start_ns, result.infer_end_ns, kept)
 
-    def _write(
-        self, layout: TensorLayout, arena_name: str, overflow_name: str, start: int, own_segment: bool = False
-    ) -> tuple[TensorRef, ...]:
+    def _write(self, layout: TensorLayout, batch_id: int) -> tuple[OutputBlock, ...]:
+        """Copy the outputs the backend did not write in place into the arena, or into a one-off segment when no
+        region of the arena is large enough."""
         if not layout.count:
             return ()
-        arena = self.arenas[arena_name]
-        own_segment = own_segment and layout.size >= HANDOFF_MIN_BYTES
-        if not own_segment and start + layout.size <= arena.size:
-            return layout.write(buffer_of(arena), arena_name, start)
-        if overflow_name.endswith(_HANDOFF_ROLE):
-            target = self._handoff(overflow_name)
-            if layout.size <= target.size:
-                return layout.write(buffer_of(target), overflow_name)
-            # Too large for it: a one-off segment (a fresh name, as the last one may still be in use).
-            overflow_name = f"{overflow_name}_{secrets.token_hex(8)}"
-        # Too large for the arena: a segment of its own, which the front-end unlinks after reading.
-        segment = create_segment(overflow_name, layout.size)
+        offset = self.outputs.allocate(batch_id, layout.size)
+        if offset is not None:
+            return _blocks(layout.write(memoryview(self.outputs.mapping), self.outputs.name, offset), Kind.ARENA)
+        name = self._run.segment_name("out")
+        self.outputs.one_off(batch_id, name, layout.size)
+        segment = attach_segment(name)
         try:
-            return layout.write(buffer_of(segment), overflow_name)
+            return _blocks(layout.write(buffer_of(segment), name), Kind.ONE_OFF)
         finally:
             segment.close()
+
+
+def _unreadable(message: RunBatch) -> dict[int, GeserveError]:
+    return unreadable_rows([parts for _, _, parts in message.inputs], len(message.requests))
+
+
+def _zeroed(message: RunBatch, refused: dict[int, GeserveError]) -> RunBatch:
+    """The batch with the refused requests' inputs as zeros of their shapes."""
+    inputs = tuple((name, datatype, zeroed(parts, refused)) for name, datatype, parts in message.inputs)
+    return replace(message, inputs=inputs)
+
+
+def _blocks(refs: tuple[TensorRef, ...], kind: Kind) -> tuple[OutputBlock, ...]:
+    """Tensors the layout wrote, as output blocks of the segment kind they were written to."""
+    return tuple(
+        (ref.name, SharedTensor(ref.datatype, ref.shape, Residency(kind, ref.segment, ref.offset, ref.nbytes)))
+        for ref in refs
+    )
 
 
 def run_worker(connection: Connection, spec: InstanceSpec) -> None:
@@ -183,18 +157,27 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
         ),
     )
     # A front-end killed outright while this worker's model is stuck: nobody else removes the arenas.
-    watch_parent(lambda: _unlink_all(spec.arenas))
+    watch_parent(lambda: _unlink_all((*spec.arenas, spec.output_arena)))
     runner = InstanceRunner(spec)
     # Started by hand (not by a ProcessWorker), the worker is the top of its own run.
     outbox = Outbox(connection, spec.run or RunId.current())
     inboxes: list[Inbox] = []
 
-    def open_inbox(threaded: bool) -> None:
-        # Before the model's initialize runs: it may wait for the server's answers (BLS, load_model).
-        inboxes.append(Inbox(connection, runner.cancelled, outbox, threaded, loading=spec.model_name))
-
     try:
         batches = _ShmBatchRunner(spec)
+    except OSError as error:
+        outbox.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
+        return
+
+    def open_inbox(threaded: bool) -> None:
+        # Before the model's initialize runs: it may wait for the server's answers (BLS, load_model).
+        inboxes.append(
+            Inbox(
+                connection, runner.cancelled, outbox, threaded, release=batches.outputs.release, loading=spec.model_name
+            )
+        )
+
+    try:
         config = runner.load(open_inbox)
     except ModelLoadError as error:
         outbox.send(LoadFailed(error.message))
@@ -202,7 +185,9 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     except OSError as error:
         outbox.send(LoadFailed(f"instance '{spec.instance_name}' cannot map its shared memory: {error}"))
         return
-    inbox = inboxes[0] if inboxes else Inbox(connection, runner.cancelled, outbox, threaded=False)
+    inbox = (
+        inboxes[0] if inboxes else Inbox(connection, runner.cancelled, outbox, False, release=batches.outputs.release)
+    )
     inbox.loaded()
     outbox.send(Loaded(config.SerializeToString()))
     # The batch launched on the device. While it runs, the next one (already sent when the front-end
@@ -220,8 +205,10 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                 message = inbox.get()
             except EOFError:
                 # The front-end is gone without a Shutdown (killed): nobody else will remove the arenas.
-                _unlink_all(spec.arenas)
+                _unlink_all((*spec.arenas, spec.output_arena))
                 break
+            if message is None:
+                continue
             if isinstance(message, Shutdown):
                 if running is not None:
                     _answer(batches, runner, outbox, running, waiter)
@@ -237,7 +224,6 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
                     finished, running = running, None
                     if not _answer(batches, runner, outbox, finished, waiter):
                         runner.discard(staged.batch)  # its requests fail with the retiring worker
-                        _close(staged.extra)
                         break
                 runner.launch(staged.batch)
                 running = staged
@@ -252,6 +238,7 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
             waiter.close()
         inbox.close()
         runner.unload()
+        batches.outputs.release_all()
         connection.close()
 
 
@@ -301,7 +288,7 @@ def _answer(
     try:
         outbox.send(placed)
     except GeserveError as refused:  # over the channel's limit (the model's response parameters): nothing was sent
-        _refuse(outbox, placed, running.message, refused)
+        _refuse(outbox, placed, refused, batches.outputs)
     if runner.fault:
         # A failed device taints everything this process holds on it: a fresh worker takes over.
         outbox.send(Retiring(runner.fault))
@@ -314,11 +301,9 @@ def _unlink_all(names: tuple[str, ...]) -> None:
         unlink_quietly(name)
 
 
-def _refuse(outbox: Outbox, placed: BatchPlaced, message: RunBatch, refused: GeserveError) -> None:
-    """Answer a batch whose answer is too large to send with that error for each of its requests; an output
-    overflow segment the worker made for it is unlinked, as nobody will read it (the arena is the front-end's)."""
-    for segment in {ref.segment for ref in placed.blocks}:
-        if segment == message.output_overflow:
-            unlink_quietly(segment)
+def _refuse(outbox: Outbox, placed: BatchPlaced, refused: GeserveError, outputs: OutputArena) -> None:
+    """Answer a batch whose answer is too large to send with that error for each of its requests; its outputs are
+    released at once, as nobody will read them."""
+    outputs.release((placed.batch_id,))
     errors = tuple(refused for _ in placed.results)
     outbox.send(BatchPlaced(placed.batch_id, (), errors, placed.infer_start_ns, placed.infer_end_ns))

@@ -10,6 +10,7 @@ import numpy as np
 
 from geserve.backends.base import RequestResult
 from geserve.errors import GeserveError
+from geserve.residency import SharedTensor
 from geserve.types import EMPTY_PARAMETERS, InstanceStatus, Parameters
 from geserve.workers.runs import RunId
 from geserve.workers.shm import TensorRef
@@ -30,8 +31,10 @@ class InstanceSpec:
     log_level: int
     # Set in the worker before its backend is imported (e.g. ASCEND_RT_VISIBLE_DEVICES).
     environment: tuple[tuple[str, str], ...] = ()
-    # Tensor arenas in shared memory (process workers only): an input and an output arena per slot.
+    # Shared memory (process workers only): the input arenas the worker's owner writes batches' local tensors to,
+    # one per slot, and the output arena the worker holds each batch's outputs in until they are released.
     arenas: tuple[str, ...] = ()
+    output_arena: str = ""
     # Placed on an accelerator (KIND_GPU): the instance reports that device's usage for metrics.
     on_device: bool = False
     # The instance group's kind as Triton names it to python models ("CPU", "GPU", "MODEL").
@@ -88,30 +91,37 @@ SEQUENCE_END = 2
 SEQUENCE_READY = 4
 
 
+# One input of a batch: its name, datatype and the requests' row blocks, in request order, which the worker gathers.
+BatchInput = tuple[str, str, tuple[SharedTensor, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class RunBatch:
-    """Run one batch whose inputs lie in shared memory; `batch_id` matches the answer to it.
-    Outputs go to `output_arena`, or, when they do not fit, to a new segment named `output_overflow`."""
+    """Run one batch whose inputs lie in shared memory (each given as the requests' row blocks, read where they lie);
+    `batch_id` matches the answer to it and names its outputs until they are released."""
 
     batch_id: int
-    inputs: tuple[TensorRef, ...]
+    inputs: tuple[BatchInput, ...]
     output_names: tuple[str, ...]
-    output_arena: str
-    output_overflow: str
     requests: tuple[RequestInfo, ...]
-    # Outputs for a pipeline's next step: always in `output_overflow`, which the front-end maps and keeps.
-    keep_outputs: bool = False
 
     def __reduce__(self) -> tuple[Callable[..., RunBatch], tuple[object, ...]]:
         # Sent once per batch: plain tuples pickle several times faster than dataclasses and named tuples.
-        fields = (self.batch_id, self.inputs, self.output_names, self.output_arena, self.output_overflow)
-        return _run_batch, (fields, tuple(map(tuple, self.requests)), self.keep_outputs)
+        fields = (self.batch_id, self.inputs, self.output_names)
+        return _run_batch, (fields, tuple(map(tuple, self.requests)))
 
 
-def _run_batch(fields: tuple[Any, ...], requests: tuple[tuple[Any, ...], ...], keep: bool) -> RunBatch:
-    batch_id, inputs, output_names, output_arena, output_overflow = fields
+def _run_batch(fields: tuple[Any, ...], requests: tuple[tuple[Any, ...], ...]) -> RunBatch:
+    batch_id, inputs, output_names = fields
     infos = tuple(tuple.__new__(RequestInfo, request) for request in requests)
-    return RunBatch(batch_id, inputs, output_names, output_arena, output_overflow, infos, keep)
+    return RunBatch(batch_id, inputs, output_names, infos)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Whoever read these batches' outputs is done with them: their place in the output arena is free again."""
+
+    batch_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,21 +148,25 @@ class Cancel:
 RowRange = tuple[int, int, int]
 # A request's outputs, each a row range of a block in shared memory; or the request's own error.
 PlacedResult = tuple[RowRange, ...] | GeserveError
+# One output block of a batch: the output's name, and the tensor, every request's rows of it back to back.
+OutputBlock = tuple[str, SharedTensor]
 
 
 def request_outputs(
-    arrays: Sequence[np.ndarray], blocks: Sequence[TensorRef], placed: Sequence[PlacedResult]
-) -> tuple[RequestResult, ...]:
-    """Each request's outputs from its row ranges of the blocks (read into `arrays`), or its own error."""
-    results: list[RequestResult] = []
+    blocks: Sequence[OutputBlock], placed: Sequence[PlacedResult], lease: object = None
+) -> tuple[TensorResult, ...]:
+    """Each request's outputs as its row ranges of the blocks (no byte is read), held by `lease`; or its own error."""
+    results: list[TensorResult] = []
     for result in placed:
         if isinstance(result, GeserveError):
             results.append(result)
             continue
-        outputs = {}
+        outputs: dict[str, SharedTensor] = {}
         for block, first, rows in result:
-            array = arrays[block]
-            outputs[blocks[block].name] = array if rows < 0 else array[first : first + rows]
+            name, tensor = blocks[block]
+            own = tensor if rows < 0 else tensor.rows(first, rows)
+            own.lease = lease
+            outputs[name] = own
         results.append(outputs)
     return tuple(results)
 
@@ -163,7 +177,7 @@ class BatchPlaced:
     request's rows back to back), every request's result as row ranges of them, and when the backend ran."""
 
     batch_id: int
-    blocks: tuple[TensorRef, ...]
+    blocks: tuple[OutputBlock, ...]
     results: tuple[PlacedResult, ...]
     infer_start_ns: int
     infer_end_ns: int
@@ -176,11 +190,25 @@ class BatchPlaced:
         return BatchPlaced, (*fields, self.parameters)
 
 
+# A request's result as the scheduler receives it: its outputs (tensors in shared memory, or in this process for an
+# instance on a thread), or its own error.
+TensorResult = dict[str, SharedTensor] | GeserveError
+
+
 @dataclass(frozen=True, slots=True)
 class BatchResult:
-    """A batch as the scheduler receives it: every request's result (its outputs, or its own error), in
-    order, and when the backend started and finished (time.monotonic_ns, comparable across processes).
-    A request that streams (decoupled model) has an empty result here: its responses come on its stream."""
+    """A batch as the scheduler receives it: every request's result, in order, and when the backend started and
+    finished (time.monotonic_ns, comparable across processes). A request that streams (decoupled model) has an
+    empty result here: its responses come on its stream."""
+
+    results: tuple[TensorResult, ...]
+    infer_start_ns: int
+    infer_end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """A batch as a backend answered it in the worker: every request's outputs as arrays, or its own error."""
 
     results: tuple[RequestResult, ...]
     infer_start_ns: int

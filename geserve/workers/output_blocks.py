@@ -7,8 +7,9 @@ import numpy as np
 from geserve.backends.base import RequestResult
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError
-from geserve.workers.messages import PlacedResult, RequestInfo, RowRange
-from geserve.workers.shm import InPlaceOutputs, TensorLayout, TensorRef
+from geserve.workers.messages import OutputBlock, PlacedResult, RequestInfo, RowRange
+from geserve.workers.output_arena import InPlaceOutputs
+from geserve.workers.shm import TensorLayout
 
 
 class OutputBlocks:
@@ -20,9 +21,9 @@ class OutputBlocks:
     def __init__(self, datatypes: dict[str, str], in_place: InPlaceOutputs) -> None:
         self._datatypes = datatypes
         self._in_place = in_place
-        self._blocks: list[TensorRef | int] = []  # a ref in place, or the layout entry to be written
+        self._blocks: list[OutputBlock | int] = []  # a block in place, or the layout entry to be written
         self.layout = TensorLayout()
-        self._written: tuple[TensorRef, ...] = ()
+        self._written: tuple[OutputBlock, ...] = ()
 
     def place(
         self, results: tuple[RequestResult, ...], whole: dict[str, np.ndarray], requests: tuple[RequestInfo, ...]
@@ -46,22 +47,30 @@ class OutputBlocks:
 
     def _place_whole(self, whole: dict[str, np.ndarray], requests: tuple[RequestInfo, ...]) -> tuple[PlacedResult, ...]:
         """One block per output, in place where the backend wrote it there; each request has its rows of the
-        outputs it asked for (a batch of one request has them whole, a model without a batch dimension too)."""
-        blocks = {name: self._block(name, array) for name, array in whole.items()}
+        outputs it asked for (a batch of one request has them whole, a model without a batch dimension too). A BYTES
+        output's rows vary in size, so each request's rows of it are a block of their own."""
         if len(requests) == 1:
+            blocks = {name: self._block(name, array) for name, array in whole.items()}
             return (tuple((blocks[name], 0, -1) for name in requests[0].output_names),)
+        blocks = {name: self._block(name, array) for name, array in whole.items() if not _is_bytes(array)}
         placed: list[PlacedResult] = []
         first = 0
         for info in requests:
-            placed.append(tuple((blocks[name], first, info.rows) for name in info.output_names))
+            ranges: list[RowRange] = []
+            for name in info.output_names:
+                if name in blocks:
+                    ranges.append((blocks[name], first, info.rows))
+                else:
+                    ranges.append((self._block(name, whole[name][first : first + info.rows]), 0, -1))
+            placed.append(tuple(ranges))
             first += info.rows
         return tuple(placed)
 
     def _block(self, name: str, array: np.ndarray) -> int:
         block = len(self._blocks)
-        ref = self._in_place.ref_of(name, array)
-        if ref is not None:
-            self._blocks.append(ref)
+        tensor = self._in_place.ref_of(name, array)
+        if tensor is not None:
+            self._blocks.append((name, tensor))
         else:
             self._blocks.append(self.layout.count)
             self.layout.add(name, self._datatype(name, array), [array])
@@ -86,11 +95,12 @@ class OutputBlocks:
     def _datatype(self, name: str, array: np.ndarray) -> str:
         return self._datatypes.get(name) or dtypes.from_numpy(array.dtype).wire
 
-    def written(self, refs: tuple[TensorRef, ...]) -> None:
-        self._written = refs
+    def written(self, blocks: tuple[OutputBlock, ...]) -> None:
+        """Where the layout's entries were written, in its order."""
+        self._written = blocks
 
-    def refs(self) -> tuple[TensorRef, ...]:
-        return tuple(block if isinstance(block, TensorRef) else self._written[block] for block in self._blocks)
+    def refs(self) -> tuple[OutputBlock, ...]:
+        return tuple(block if isinstance(block, tuple) else self._written[block] for block in self._blocks)
 
 
 def _stackable(arrays: list[np.ndarray]) -> bool:
@@ -101,3 +111,7 @@ def _stackable(arrays: list[np.ndarray]) -> bool:
         and all(a.ndim == first.ndim and a.shape[1:] == first.shape[1:] for a in arrays)
         and all(a.dtype == first.dtype for a in arrays)
     )
+
+
+def _is_bytes(array: np.ndarray) -> bool:
+    return array.dtype.kind == "O"

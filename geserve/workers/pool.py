@@ -24,7 +24,6 @@ from geserve.workers import placement
 from geserve.workers.batch import Batch
 from geserve.workers.bls_serving import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
-from geserve.workers.handoff import MappedOutputs
 from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.npu_mode import NpuResolver, Resolved
 from geserve.workers.process import ProcessWorker
@@ -182,10 +181,8 @@ class InstancePools:
     ) -> None:
         self._settings = settings
         self._restart = restart
-        # The server run every worker's segments belong to (by default this process's), and the pipeline
-        # outputs mapped in this process, which any worker's next step may read in place.
+        # The server run every worker's segments belong to (by default this process's).
         self._run = run or RunId.current()
-        self._mapped = MappedOutputs()
         self._npu = NpuResolver(settings)
         self._compiles = ThreadPoolExecutor(settings.compile_concurrency, thread_name_prefix="geserve-atc")
         self._resolving = 0  # `ge` versions on or waiting for the compile threads
@@ -197,11 +194,6 @@ class InstancePools:
     def stop_compiles(self) -> None:
         """The server is stopping: running ATC compiles are killed (their loads fail at once), none starts."""
         compiler.stop_compiles()  # compiles still queued fail as they begin
-
-    @property
-    def mapped(self) -> MappedOutputs:
-        """Shared memory mapped in this process that workers may be given views of in place."""
-        return self._mapped
 
     def complete(self, config: mc.ModelConfig, source: ModelSource, versions: list[int]) -> None:
         """Select the config's backend and fill the defaults it implies (backend, model file, instance kinds);
@@ -302,6 +294,5 @@ class InstancePools:
                 pipeline_depth=self._settings.pipeline_depth or (2 if registry.by_name(spec.backend).pipelined else 1),
                 caller=lambda: self.caller,
                 run=self._run,
-                mapped=self._mapped,
             )
         return ThreadWorker(spec)

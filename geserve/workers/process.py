@@ -7,14 +7,14 @@ from dataclasses import replace
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
+from geserve.residency import Lease
 from geserve.settings import DEFAULT_ARENA_BYTES
 from geserve.types import CallChain, InstanceStatus, with_parameters
 from geserve.workers.arenas import Arenas
 from geserve.workers.batch import Batch, Cancellable
 from geserve.workers.bls_serving import BlsServer, ModelCaller
 from geserve.workers.client import InstanceState, WorkerClient, observes_cancellation
-from geserve.workers.handoff import HandoffSegments, MappedOutputs
-from geserve.workers.messages import BatchResult, InstanceSpec, LoadFailed, RunBatch
+from geserve.workers.messages import BatchResult, InstanceSpec, LoadFailed, RunBatch, request_outputs
 from geserve.workers.runs import RunId
 from geserve.workers.supervisor import ProcessSupervisor, RestartPolicy
 
@@ -35,12 +35,9 @@ class ProcessWorker:
         caller: Callable[[], ModelCaller | None] | None = None,
         *,
         run: RunId | None = None,
-        mapped: MappedOutputs | None = None,
     ) -> None:
-        # The run whose segments these are (by default this process's), and the pipeline outputs mapped
-        # here (shared by the pool factory's workers, so one's outputs pass on to another in place).
+        # The run whose segments these are (by default this process's).
         run = run or RunId.current()
-        mapped = mapped or MappedOutputs()
         self.spec = replace(spec, run=run)
         # Batches the worker may hold at once: one running, the rest waiting in its pipe, each in its
         # own pair of arenas, so the next batch is already there when the running one finishes.
@@ -48,14 +45,15 @@ class ProcessWorker:
         self.on_ready: Callable[[WorkerClient], None] | None = None
         self.model_ready = True
         self._per_request = observes_cancellation(spec)  # its unary requests learn when their clients go away
-        self._arenas = Arenas(self.capacity, arena_bytes, run, mapped)
-        self._handoff = HandoffSegments(arena_bytes, run, mapped)
+        self._arenas = Arenas(self.capacity, arena_bytes, run)
         # The chains of the batches it holds, oldest (the one running) first: a BLS call its model makes is part
         # of the running one's chain, and this instance waits for it.
         self._chains: list[CallChain] = []
         # The model's BLS requests go to the server (`caller`, once it is up).
         bls = BlsServer(caller or (lambda: None), run, self._waiting_chain)
-        self._supervisor = ProcessSupervisor(self.spec, restart or RestartPolicy(), bls, self._back_up)
+        self._supervisor = ProcessSupervisor(
+            self.spec, restart or RestartPolicy(), bls, self._back_up, renew=self._renewed
+        )
 
     @property
     def alive(self) -> bool:
@@ -83,14 +81,14 @@ class ProcessWorker:
 
     @property
     def segments(self) -> list[str]:
-        return list(self._arenas.names)
+        return [*self._arenas.names, self._arenas.output_name]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> mc.ModelConfig:
         try:
             self._arenas.create()
-            self.spec = replace(self.spec, arenas=self._arenas.names)
+            self.spec = replace(self.spec, arenas=self._arenas.names, output_arena=self._arenas.output_name)
             result = await self._supervisor.start(self.spec)
         except (GeserveError, OSError) as error:
             await self.stop(timeout_s=5.0)
@@ -104,13 +102,17 @@ class ProcessWorker:
     async def stop(self, timeout_s: float) -> None:
         await self._supervisor.stop(timeout_s)
         self._arenas.unlink()
-        self._handoff.close()
 
     def kill(self) -> None:
         """Forced exit: no drain, no waiting."""
         self._supervisor.kill()
         self._arenas.unlink()
-        self._handoff.close()
+
+    def _renewed(self, spec: InstanceSpec) -> InstanceSpec:
+        """The spec of a new process of the instance: an output arena of its own, as the last one's outputs may
+        still be read."""
+        self.spec = replace(spec, output_arena=self._arenas.renew_output())
+        return self.spec
 
     def _waiting_chain(self) -> CallChain:
         """The chain a BLS call from this instance's model joins: its running batch's, then this instance."""
@@ -134,10 +136,10 @@ class ProcessWorker:
             self._chains.remove(batch.chain)
 
     async def _execute(self, batch: Batch) -> BatchResult:
-        slot = await self._arenas.write_inputs(batch.inputs)
+        slot, inputs = await self._arenas.place(batch.inputs)
         channel = self._supervisor.channel
         if not self.alive or channel is None:
-            self._arenas.release(slot, False)
+            self._arenas.release(slot)
             raise UnavailableError(self._supervisor.exited_message())
         stream_ids = channel.open_streams(batch.streams)  # request index -> stream id
         infos = list(batch.requests)
@@ -147,37 +149,16 @@ class ProcessWorker:
         for index, cancel_id in channel.watch_cancels(cancellable).items():
             infos[index] = infos[index]._replace(cancel_id=cancel_id)
         failed = set(stream_ids)  # streams the scheduler ends with an error: forgotten here
-        collected = False
         try:
-            # A pipeline's step: its outputs go to a segment of their own, which the next step reads in place.
-            handoff_segment = self._handoff.acquire() if batch.keep_outputs else ""
-        except BaseException:  # /dev/shm full: the batch fails, and its arena slot and streams are let go
-            self._arenas.release(slot, False)
-            channel.forget_streams(stream_ids.values())
-            _unwatch(cancellable)
-            raise
-        try:
-            arena, overflow = slot.output_arena, handoff_segment or slot.output_overflow
-            message = RunBatch(
-                channel.new_id(),
-                slot.inputs,
-                batch.output_names,
-                arena,
-                overflow,
-                tuple(infos),
-                batch.keep_outputs,
-            )
-            placed = await channel.run(message)
-            if handoff_segment and placed.blocks and placed.blocks[0].segment not in self._arenas.names:
-                results = self._handoff.map_results(handoff_segment, placed.blocks, placed.results)
-                handoff_segment = ""  # its views own it now
-            else:  # small outputs come through the arena, as any batch's
-                results = await self._arenas.collect(placed.blocks, placed.results)
-            collected = True
+            batch_id = channel.new_id()
+            placed = await channel.run(RunBatch(batch_id, inputs, batch.output_names, tuple(infos)))
+            # The outputs stay in the worker's output arena until every request's reader is done with them.
+            lease = Lease(batch_id, channel.release) if placed.blocks else None
+            results = request_outputs(placed.blocks, placed.results, lease)
             failed = {index for index in stream_ids if isinstance(results[index], GeserveError)}
             if placed.parameters:
                 results = tuple(
-                    outcome if isinstance(outcome, GeserveError) else with_parameters(outcome, parameters)
+                    outcome if isinstance(outcome, GeserveError) else with_parameters(dict(outcome), parameters)
                     for outcome, parameters in zip(results, placed.parameters, strict=True)
                 )
             return BatchResult(results, placed.infer_start_ns, placed.infer_end_ns)
@@ -185,9 +166,7 @@ class ProcessWorker:
             # The pipe broke (or was closed on EOF) before the exit was reaped: the worker is gone.
             raise UnavailableError(self._supervisor.exited_message()) from None
         finally:
-            self._arenas.release(slot, collected)
-            if handoff_segment:
-                self._handoff.release(handoff_segment)
+            self._arenas.release(slot)
             channel.forget_streams(stream_ids[index] for index in failed)
             _unwatch(cancellable)
 

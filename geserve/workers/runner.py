@@ -28,7 +28,7 @@ from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.repository.sequence import read_states
 from geserve.types import CustomMetric, DeviceUsage, InstanceStatus, response_parameters, with_parameters
-from geserve.workers.messages import BatchResult, InstanceSpec, RequestInfo
+from geserve.workers.messages import InstanceSpec, RequestInfo, RunResult
 from geserve.workers.states import SlotStates
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class StagedBatch:
     requests: Sequence[RequestInfo]
     started: int
     staged: object | None = None
-    failure: BatchResult | None = None
+    failure: RunResult | None = None
 
 
 class InstanceRunner:
@@ -96,7 +96,7 @@ class InstanceRunner:
         requests: Sequence[RequestInfo],
         allocate: OutputAllocator | None = None,
         emit: ResponseEmitter | None = None,
-    ) -> BatchResult:
+    ) -> RunResult:
         """Run one batch and answer each of its `requests` (with views of their rows of the batch's outputs);
         any failure becomes their error, never an exception."""
         batch = self.stage(inputs, output_names, requests)
@@ -124,6 +124,36 @@ class InstanceRunner:
                 batch.staged = loaded.pipelined.stage(batch.inputs)
         except Exception as error:  # states whose shapes do not stack, inputs the device refuses
             batch.failure = self._failed(error, requests, batch.started)
+        return batch
+
+    def stage_blocks(
+        self, blocks: Mapping[str, Sequence[np.ndarray]], output_names: tuple[str, ...], requests: Sequence[RequestInfo]
+    ) -> StagedBatch:
+        """`stage` for a batch given as each input's row blocks (see `gathers`): the backend copies each block to the
+        device where its rows go."""
+        batch = StagedBatch({}, output_names, requests, time.monotonic_ns())
+        backend = self._pipeline
+        if backend is None:
+            batch.failure = self._failed(InternalError("this backend stages joined batches"), requests, batch.started)
+            return batch
+        try:
+            batch.staged = backend.stage_blocks(blocks)
+        except Exception as error:  # inputs the device refuses
+            batch.failure = self._failed(error, requests, batch.started)
+        return batch
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the backend takes a batch as its requests' row blocks and copies them to the device itself: a
+        pipelined backend, unless the model keeps implicit state, which is joined with the inputs first."""
+        return self.pipelined and not self._states
+
+    def failed_batch(
+        self, error: Exception, output_names: tuple[str, ...], requests: Sequence[RequestInfo]
+    ) -> StagedBatch:
+        """A batch that cannot run (its inputs could not be read): `error` answers each of its requests."""
+        batch = StagedBatch({}, output_names, requests, time.monotonic_ns())
+        batch.failure = self._failed(error, requests, batch.started)
         return batch
 
     def launch(self, batch: StagedBatch) -> None:
@@ -176,7 +206,7 @@ class InstanceRunner:
         emit: ResponseEmitter | None = None,
         *,
         split: bool = True,
-    ) -> tuple[BatchResult, dict[str, np.ndarray]]:
+    ) -> tuple[RunResult, dict[str, np.ndarray]]:
         """Run the batch (or wait for it, once launched) and answer each of its requests."""
         if batch.failure is not None:
             return batch.failure, {}
@@ -203,7 +233,7 @@ class InstanceRunner:
             results = self._split(arrays, requests) if split else tuple({} for _ in requests)
         except Exception as error:
             return self._failed(error, requests, started), {}
-        return BatchResult(results, started, time.monotonic_ns()), arrays
+        return RunResult(results, started, time.monotonic_ns()), arrays
 
     def _check_rows(self, outputs: dict[str, np.ndarray], requests: Sequence[RequestInfo]) -> None:
         """A batch of several requests needs outputs with a row per input row, to give each its own."""
@@ -236,7 +266,7 @@ class InstanceRunner:
         requests: Sequence[RequestInfo],
         emit: ResponseEmitter | None,
         started: int,
-    ) -> BatchResult:
+    ) -> RunResult:
         """The batch split back into its requests (views of the rows each sent), answered one by one."""
         split = []
         row = 0
@@ -265,16 +295,16 @@ class InstanceRunner:
                     self.cancelled.discard(info.cancel_id)
         finished = time.monotonic_ns()
         if answered is None:  # decoupled: the responses stream
-            return BatchResult(tuple({} for _ in requests), started, finished)
+            return RunResult(tuple({} for _ in requests), started, finished)
         results = tuple(self.checked(result) for result in answered)
         if self._states:
             self._states.keep_own(results, requests)
         if len(results) < len(requests):
             missing = InternalError(f"model '{self.spec.model_name}' returned no response for a request")
             results += (missing,) * (len(requests) - len(results))
-        return BatchResult(results[: len(requests)], started, finished)
+        return RunResult(results[: len(requests)], started, finished)
 
-    def _failed(self, error: Exception, requests: Sequence[RequestInfo], started: int) -> BatchResult:
+    def _failed(self, error: Exception, requests: Sequence[RequestInfo], started: int) -> RunResult:
         """A failed batch: its error for every request (a device fault also retires the worker)."""
         if isinstance(error, DeviceFaultError):
             logger.error("instance %s: %s", self.spec.instance_name, error.message)
@@ -282,7 +312,7 @@ class InstanceRunner:
         if not isinstance(error, GeserveError):
             logger.exception("instance %s failed to execute", self.spec.instance_name, exc_info=error)
             error = InternalError(f"model '{self.spec.model_name}' failed to execute: {type(error).__name__}: {error}")
-        return BatchResult((error,) * len(requests), started, time.monotonic_ns())
+        return RunResult((error,) * len(requests), started, time.monotonic_ns())
 
     def checked(self, result: RequestResult | Mapping[str, np.ndarray]) -> RequestResult:
         """A request's outputs if they have the types the config declares, else its error."""

@@ -164,32 +164,6 @@ class TensorLayout:
         return tuple(refs)
 
 
-class InPlaceOutputs:
-    """Outputs a backend writes in place, bump-allocated in the output arena while they fit there;
-    an output that does not fit gets ordinary memory and is laid out afterwards."""
-
-    def __init__(self, buffer: memoryview, segment: str) -> None:
-        self._buffer = buffer
-        self._segment = segment
-        self.end = 0
-        self.allocated: dict[str, tuple[np.ndarray, TensorRef]] = {}
-
-    def allocate(self, name: str, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
-        dtype = dtypes.from_wire(datatype).numpy
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if datatype == "BYTES" or self.end + align(nbytes) > len(self._buffer):
-            return np.empty(shape, dtype)
-        array: np.ndarray = np.ndarray(shape, dtype=dtype, buffer=self._buffer, offset=self.end)
-        self.allocated[name] = (array, TensorRef(name, datatype, tuple(shape), self.end, nbytes, self._segment))
-        self.end += align(nbytes)
-        return array
-
-    def ref_of(self, name: str, array: np.ndarray) -> TensorRef | None:
-        """The output's place in the arena, if the backend returned the very array it was given."""
-        allocated = self.allocated.get(name)
-        return allocated[1] if allocated is not None and allocated[0] is array else None
-
-
 def write_tensors(arrays: Mapping[str, np.ndarray], name: str) -> tuple[TensorRef, ...]:
     """Tensors in a segment of their own named `name`, which the reader unlinks (`take_tensors`); () for none."""
     if not arrays:

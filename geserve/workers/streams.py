@@ -6,12 +6,11 @@ import asyncio
 import enum
 from collections.abc import AsyncIterator, Callable
 
-import numpy as np
-
 from geserve.errors import GeserveError
+from geserve.residency import SharedTensor
 
 # One response: its outputs (or None), its error (or None), and whether it is the stream's last.
-StreamItem = tuple[dict[str, np.ndarray] | None, GeserveError | None, bool]
+StreamItem = tuple[dict[str, SharedTensor] | None, GeserveError | None, bool]
 
 
 class StreamState(enum.Enum):
@@ -34,7 +33,7 @@ class ResponseStream:
     def open(self) -> bool:
         return self.state is StreamState.OPEN
 
-    def put(self, outputs: dict[str, np.ndarray] | None, error: GeserveError | None, final: bool) -> None:
+    def put(self, outputs: dict[str, SharedTensor] | None, error: GeserveError | None, final: bool) -> None:
         if self.state is not StreamState.OPEN:
             return
         if final:

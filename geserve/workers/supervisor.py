@@ -102,9 +102,15 @@ class ProcessSupervisor:
     a restarted process is ready."""
 
     def __init__(
-        self, spec: InstanceSpec, policy: RestartPolicy, serve_bls: BlsHandler, on_up: Callable[[], None]
+        self,
+        spec: InstanceSpec,
+        policy: RestartPolicy,
+        serve_bls: BlsHandler,
+        on_up: Callable[[], None],
+        renew: Callable[[InstanceSpec], InstanceSpec] | None = None,
     ) -> None:
         self._spec = spec
+        self._renew = renew  # the spec a restarted process gets (its own output arena)
         self._serve_bls = serve_bls
         self._on_up = on_up
         self._restarts = Restarts(spec.instance_name, policy, self._respawn, self._back_up, self._give_up)
@@ -277,6 +283,8 @@ class ProcessSupervisor:
         if self._state is not InstanceState.RESTARTING:
             raise asyncio.CancelledError  # stopped while waiting to restart
         try:
+            if self._renew is not None:
+                self._spec = self._renew(self._spec)
             result = await self._spawn()
         except OSError as error:
             return f"could not start a worker process: {error}"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from geserve.errors import ErrorCode, GeserveError, InvalidArgumentError
+from geserve.residency import SharedTensor
 from geserve.types import CallChain, InferRequest
 from geserve.workers.bls_serving import TIMEOUT_EXPIRED, BlsServer, ModelCaller, serve_call
 from geserve.workers.messages import BlsCall, BlsReply
@@ -29,13 +30,13 @@ class Doubler:
         self._delay_s = delay_s
         self._stream_final = stream_final
 
-    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, np.ndarray]:
+    async def call_model(self, request: InferRequest, chain: CallChain = ()) -> dict[str, SharedTensor]:
         self.requests.append(request)
         self.chains.append(chain)
         await asyncio.sleep(self._delay_s)
         if request.model_name != "double":
             raise InvalidArgumentError(f"unknown model '{request.model_name}'")
-        return {"OUT": np.asarray(request.inputs[0].data) * 2}
+        return {"OUT": SharedTensor.local(np.asarray(request.inputs[0].data) * 2)}
 
     async def stream_model(self, request: InferRequest, chain: CallChain = ()) -> AsyncIterator[StreamItem]:
         outputs = await self.call_model(request, chain)

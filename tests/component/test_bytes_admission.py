@@ -11,22 +11,23 @@ import pytest
 
 from geserve.codecs import bytes as bytes_codec
 from geserve.core import validation
-from geserve.core.service import InferenceService
 from geserve.errors import InvalidArgumentError
+from geserve.frontdoor.service import FrontDoor
+from geserve.residency import SharedTensor
 from geserve.settings import ServerSettings
 from geserve.types import InferInput, InferRequest
-from tests.component.conftest import in_process_service
+from tests.component.conftest import in_process_server
 from tests.support import write_identity_model
 
 LIMIT = 50_000
 
 
 @pytest.fixture
-async def strings(tmp_path: Path) -> AsyncIterator[InferenceService]:
+async def strings(tmp_path: Path) -> AsyncIterator[FrontDoor]:
     """`strings`: identity over BYTES [-1], with at most LIMIT elements per BYTES input."""
     write_identity_model(tmp_path, "strings", dtype="TYPE_STRING", dims="-1", max_batch_size=0)
-    served = await in_process_service(tmp_path, ServerSettings(max_bytes_elements=LIMIT))
-    yield served
+    served = await in_process_server(tmp_path, ServerSettings(max_bytes_elements=LIMIT))
+    yield served.door
     await served.shutdown()
 
 
@@ -36,7 +37,7 @@ def framed(count: int, element: bytes = b"x") -> InferRequest:
 
 
 async def test_more_elements_than_the_limit_are_refused_and_the_next_request_served(
-    strings: InferenceService,
+    strings: FrontDoor,
 ) -> None:
     with pytest.raises(InvalidArgumentError) as error:
         await strings.infer(framed(LIMIT + 1))
@@ -49,12 +50,12 @@ async def test_more_elements_than_the_limit_are_refused_and_the_next_request_ser
 
 
 async def test_large_bytes_inputs_are_split_on_a_thread_small_ones_on_the_loop(
-    strings: InferenceService, monkeypatch: pytest.MonkeyPatch
+    strings: FrontDoor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     where: list[bool] = []
     validate = validation.validate_inputs
 
-    def recording(*args: object, **kwargs: object) -> dict[str, np.ndarray]:
+    def recording(*args: object, **kwargs: object) -> dict[str, SharedTensor]:
         where.append(threading.current_thread() is threading.main_thread())
         return validate(*args, **kwargs)  # type: ignore[arg-type]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from geserve.workers.streams import ResponseStream, StreamState
 
 RUN = RunId.current()
 
+Call = messages.BlsCall | messages.ControlCall  # what a worker asks of the server
+Reply = messages.BlsReply | messages.ControlReply
+
 
 class Ends:
     """A channel over a pipe, the worker's end of that pipe, and what the channel handed on."""
@@ -28,13 +32,13 @@ class Ends:
     def __init__(self) -> None:
         front, self.worker = multiprocessing.Pipe(duplex=True)
         self.lifecycle: list[Lifecycle] = []
-        self.bls_calls: list[tuple[messages.BlsCall, Callable[[messages.BlsReply], None]]] = []
+        self.bls_calls: list[tuple[Call, Callable[[Reply], None]]] = []
         self.lost = asyncio.Event()
         self.channel = WorkerChannel(
             front, "echo_0", self._serve_bls, on_lifecycle=self.lifecycle.append, on_lost=self.lost.set
         )
 
-    def _serve_bls(self, call: messages.BlsCall, reply: Callable[[messages.BlsReply], None]) -> None:
+    def _serve_bls(self, call: Call, reply: Callable[[Reply], None]) -> None:
         self.bls_calls.append((call, reply))
 
     def received(self) -> object:
@@ -52,7 +56,7 @@ async def ends() -> AsyncIterator[Ends]:
 
 
 def batch(ends: Ends) -> messages.RunBatch:
-    return messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", ())
+    return messages.RunBatch(ends.channel.new_id(), (), ("OUT",), ())
 
 
 def placed(batch_id: int, start_ns: int = 0) -> messages.BatchPlaced:
@@ -75,6 +79,21 @@ async def test_answers_resolve_their_own_batches_whatever_their_order(ends: Ends
     answers = await asyncio.wait_for(asyncio.gather(*running), 5)
     assert [answer.infer_start_ns for answer in answers] == [10, 20]
     assert ends.channel.in_flight == 0
+
+
+async def test_outputs_released_in_one_turn_reach_the_worker_as_one_release(ends: Ends) -> None:
+    # Readers let go of a batch's outputs on the loop or on another thread; the worker hears of them once a turn.
+    reader = threading.Thread(target=ends.channel.release, args=(4,))
+    reader.start()
+    reader.join()  # the loop does not turn meanwhile
+    ends.channel.release(5)
+    ends.channel.release(6)
+    await asyncio.sleep(0)
+    assert ends.received() == messages.Release((4, 5, 6))
+    assert not ends.worker.poll(0.05)  # nothing else was sent for them
+    ends.channel.release(7)  # a later turn's: a Release of its own
+    await asyncio.sleep(0)
+    assert ends.received() == messages.Release((7,))
 
 
 async def test_a_lost_connection_closes_the_channel_and_fail_ends_everything_in_flight(ends: Ends) -> None:
@@ -114,8 +133,8 @@ async def test_partials_feed_their_stream_until_the_final_one(ends: Ends) -> Non
     assert [final for _, _, final in items] == [False, True]
     first, last = items[0][0], items[1][0]
     assert first is not None and last is not None
-    np.testing.assert_array_equal(first["OUT"], np.ones(2, np.float32))
-    np.testing.assert_array_equal(last["OUT"], large)
+    np.testing.assert_array_equal(first["OUT"].array, np.ones(2, np.float32))
+    np.testing.assert_array_equal(last["OUT"].array, large)
     assert not segment_exists(refs[0].segment)  # read once, then unlinked
     assert stream.state is StreamState.ENDED
 
@@ -196,7 +215,7 @@ async def test_a_reply_after_the_connection_ended_is_unlinked_not_sent(ends: End
 async def test_a_batch_larger_than_the_pipe_buffer_reaches_the_worker_whole(ends: Ends) -> None:
     # Several MiB of request ids: far more than a socket pair holds, so the channel must finish it later.
     info = messages.RequestInfo(1, ("OUT",), "r" * (4 << 20), {"key": "v" * (1 << 20)})
-    message = messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", (info,))
+    message = messages.RunBatch(ends.channel.new_id(), (), ("OUT",), (info,))
     running = asyncio.ensure_future(ends.channel.run(message))
     following = batch(ends)
     second = asyncio.ensure_future(ends.channel.run(following))
@@ -222,7 +241,7 @@ async def test_a_response_larger_than_the_pipe_buffer_reaches_its_stream_whole()
         await asyncio.wait_for(sending, 30)
         [(outputs, error, final)] = [item async for item in stream.responses()]
         assert error is None and final and outputs is not None
-        assert outputs["OUT"].tolist() == text.tolist()
+        assert outputs["OUT"].array.tolist() == text.tolist()
         assert channel.open and not lost.is_set()
     finally:
         channel.close()
@@ -234,12 +253,13 @@ async def test_a_message_over_the_channel_limit_is_refused_before_a_byte_is_sent
 ) -> None:
     monkeypatch.setattr(pipe, "MAX_MESSAGE_BYTES", 1 << 16)
     info = messages.RequestInfo(1, ("OUT",), "r" * (1 << 17))
-    refused = messages.RunBatch(ends.channel.new_id(), (), ("OUT",), "arena", "overflow", (info,))
+    refused = messages.RunBatch(ends.channel.new_id(), (), ("OUT",), (info,))
     with pytest.raises(InvalidArgumentError, match=r"exceeds the worker channel's limit of 65536 bytes"):
         await ends.channel.run(refused)
     following = batch(ends)
     running = asyncio.ensure_future(ends.channel.run(following))
     await asyncio.sleep(0)  # the task sends it
-    assert ends.received().batch_id == following.batch_id  # the pipe holds nothing of the refused one
+    sent = ends.received()
+    assert isinstance(sent, messages.RunBatch) and sent.batch_id == following.batch_id  # nothing of the refused one
     ends.worker.send(placed(following.batch_id))
     assert (await asyncio.wait_for(running, 5)).batch_id == following.batch_id

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 
-from geserve.core.service import InferenceService
+from geserve.core.api import InferenceAPI
 from geserve.http.connections import TransportHooks
 from geserve.listeners import Listener, http_listener
 from geserve.settings import HttpSettings, Restriction, Settings
@@ -48,7 +48,7 @@ def no_collector() -> Iterator[None]:
 
 @pytest.fixture(params=["open", "restricted"])
 async def listening(
-    service: InferenceService, request: pytest.FixtureRequest
+    service: InferenceAPI, request: pytest.FixtureRequest
 ) -> AsyncIterator[tuple[Listener, TrackedBodies]]:
     """The HTTP listener, open or with inference restricted (answered 403 before the body is read)."""
     tracked = TrackedBodies()

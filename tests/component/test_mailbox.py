@@ -11,7 +11,7 @@ import pytest
 
 from geserve.backends.python import pb_utils
 from geserve.workers.mailbox import Inbox, Outbox
-from geserve.workers.messages import Cancel, Partial, ReadStatus, RequestInfo, Shutdown
+from geserve.workers.messages import Cancel, Partial, ReadStatus, Release, RequestInfo, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors
 
@@ -32,12 +32,14 @@ def pipe() -> Iterator[Ends]:
 def test_cancellations_are_recorded_and_the_rest_reaches_the_main_loop(pipe: Ends, threaded: bool) -> None:
     front_end, worker = pipe
     cancelled: set[int] = set()
-    inbox = Inbox(worker, cancelled, Outbox(worker, RUN), threaded=threaded)
+    released: list[tuple[int, ...]] = []
+    inbox = Inbox(worker, cancelled, Outbox(worker, RUN), threaded=threaded, release=released.append)
     try:
         assert inbox.threaded is threaded and not inbox.ready()
         front_end.send(Cancel(3))
+        front_end.send(Release((1, 2)))
         front_end.send(ReadStatus())
-        assert isinstance(inbox.get(), ReadStatus) and cancelled == {3}
+        assert isinstance(inbox.get(), ReadStatus) and cancelled == {3} and released == [(1, 2)]
         front_end.send(Shutdown())
         assert isinstance(inbox.get(), Shutdown)
     finally:
@@ -45,9 +47,27 @@ def test_cancellations_are_recorded_and_the_rest_reaches_the_main_loop(pipe: End
         pb_utils.set_bls_caller(None)
 
 
+def test_only_cancellations_and_releases_waiting_hand_the_main_loop_nothing(pipe: Ends) -> None:
+    # The main loop reading the pipe itself is not kept waiting by messages handled here: it may turn to a batch
+    # the device finished.
+    front_end, worker = pipe
+    cancelled: set[int] = set()
+    released: list[tuple[int, ...]] = []
+    inbox = Inbox(worker, cancelled, Outbox(worker, RUN), threaded=False, release=released.append)
+    try:
+        front_end.send(Cancel(4))
+        front_end.send(Release((5,)))
+        assert inbox.get() is None
+        assert cancelled == {4} and released == [(5,)] and not inbox.ready()
+        front_end.send(ReadStatus())
+        assert isinstance(inbox.get(), ReadStatus)
+    finally:
+        inbox.close()
+
+
 def test_the_front_end_gone_ends_the_inbox(pipe: Ends) -> None:
     front_end, worker = pipe
-    inbox = Inbox(worker, set(), Outbox(worker, RUN), threaded=True)
+    inbox = Inbox(worker, set(), Outbox(worker, RUN), threaded=True, release=lambda batch_ids: None)
     try:
         front_end.close()
         with pytest.raises(EOFError):

@@ -16,6 +16,7 @@ from geserve.backends import registry
 from geserve.errors import ModelLoadError
 from geserve.repository.config import parse_config_text
 from geserve.repository.scan import ModelSource
+from geserve.residency import SharedTensor
 from geserve.settings import WorkerSettings
 from geserve.workers.batch import Batch
 from geserve.workers.devices import discover_devices, worker_visible_devices
@@ -142,10 +143,10 @@ async def test_a_worker_given_a_list_the_runtime_cuts_short_opens_the_one_device
     try:
         await worker.start()
         x = np.ones((1, FEATURES), dtype=np.float32)
-        executed = await worker.execute(Batch({"x": [x]}, ("y",), [RequestInfo(1, ("y",))]))
+        executed = await worker.execute(Batch({"x": [SharedTensor.local(x)]}, ("y",), [RequestInfo(1, ("y",))]))
         (outputs,) = executed.results
         assert isinstance(outputs, dict)
-        np.testing.assert_array_equal(outputs["y"], affine_reference(x)["y"])
+        np.testing.assert_array_equal(outputs["y"].array, affine_reference(x)["y"])
     finally:
         await worker.stop(timeout_s=10)
     (report,) = _reports(simulated_container)
@@ -181,10 +182,10 @@ async def test_both_devices_get_a_worker_and_each_worker_sees_exactly_one(
             await worker.start()
         x = np.arange(2 * FEATURES, dtype=np.float32).reshape(2, FEATURES)
         for worker in workers:
-            executed = await worker.execute(Batch({"x": [x]}, ("y",), [RequestInfo(2, ("y",))]))
+            executed = await worker.execute(Batch({"x": [SharedTensor.local(x)]}, ("y",), [RequestInfo(2, ("y",))]))
             (outputs,) = executed.results
             assert isinstance(outputs, dict)
-            np.testing.assert_array_equal(outputs["y"], affine_reference(x)["y"])
+            np.testing.assert_array_equal(outputs["y"].array, affine_reference(x)["y"])
     finally:
         for worker in workers:
             await worker.stop(timeout_s=10)

@@ -1,4 +1,5 @@
-"""InferenceService in process, on thread instances: the whole InferenceAPI without a server or a socket."""
+"""InferenceService in process, on thread instances, behind its FrontDoor: the whole InferenceAPI without a server or
+a socket."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from geserve.core.api import InferenceAPI
 from geserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.settings import ServerSettings
 from geserve.types import InferInput, InferRequest, RequestedOutput, VersionSnapshot
-from tests.component.conftest import in_process_service
+from tests.component.conftest import in_process_server
 from tests.support import write_identity_model
 
 
@@ -81,13 +82,14 @@ async def test_statistics_and_metric_snapshots_are_plain_values(service: Inferen
 
 async def test_without_latency_metrics_no_summaries_are_kept(tmp_path: Path) -> None:
     write_identity_model(tmp_path, "echo")
-    service = await in_process_service(tmp_path)
+    served = await in_process_server(tmp_path)
+    service = served.door
     try:
         await service.infer(_request("echo", np.ones((1, 2), np.float32)))
         [echo] = await service.version_statistics()
         assert echo.summaries == () and echo.histogram is None and echo.success.count == 1
     finally:
-        await service.shutdown()
+        await served.shutdown()
 
 
 async def test_repository_control_in_process(service: InferenceAPI) -> None:
@@ -114,7 +116,8 @@ async def test_trace_log_and_shared_memory_settings(service: InferenceAPI) -> No
 
 async def test_client_shared_memory_in_and_out(tmp_path: Path) -> None:
     write_identity_model(tmp_path, "echo")
-    service = await in_process_service(tmp_path, ServerSettings(allow_client_shm=True))
+    served = await in_process_server(tmp_path, ServerSettings(allow_client_shm=True))
+    service = served.door
     values = np.arange(6, dtype=np.float32).reshape(1, 6)
     region = shared_memory.SharedMemory(create=True, size=2 * values.nbytes)
     try:
@@ -133,7 +136,7 @@ async def test_client_shared_memory_in_and_out(tmp_path: Path) -> None:
             await service.infer(InferRequest("echo", "", (tensor,)))
         np.testing.assert_array_equal((await service.infer(_request("echo", values))).outputs[0].data, values)
     finally:
-        await service.shutdown()
+        await served.shutdown()
         region.close()
         region.unlink()
 

@@ -5,19 +5,37 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from geserve.errors import UnavailableError
 from geserve.workers.client import InstanceState
-from geserve.workers.messages import BlsCall, BlsReply, Loaded, LoadFailed
+from geserve.workers.messages import BlsCall, BlsReply, InstanceSpec, Loaded, LoadFailed
+from geserve.workers.runs import RunId
+from geserve.workers.shm import create_segment, unlink_quietly
 from geserve.workers.streams import ResponseStream
 from geserve.workers.supervisor import ProcessSupervisor, RestartPolicy
-from tests.component.test_workers import spec
+from tests.component import test_workers
 
 
 def no_bls(call: BlsCall, reply: Callable[[BlsReply], None]) -> None:
     raise AssertionError(f"unexpected BLS call {call}")
+
+
+@pytest.fixture
+def output_arena() -> Iterator[str]:
+    """The output arena a worker process leaves its batches' outputs in, made by its owner (a ProcessWorker does)."""
+    name = RunId.current().segment_name("out")
+    create_segment(name, 4096).close()
+    yield name
+    unlink_quietly(name)
+
+
+def spec(tmp_path: Path, output_arena: str, backend: str = "identity") -> InstanceSpec:
+    return replace(test_workers.spec(tmp_path, backend=backend), output_arena=output_arena)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
@@ -28,10 +46,13 @@ async def until(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
     raise AssertionError("timed out")
 
 
-async def test_a_restarted_process_gets_a_new_channel_and_the_old_ones_waiters_get_the_reason(tmp_path: Path) -> None:
+async def test_a_restarted_process_gets_a_new_channel_and_the_old_ones_waiters_get_the_reason(
+    tmp_path: Path, output_arena: str
+) -> None:
     ups: list[int] = []
-    supervisor = ProcessSupervisor(spec(tmp_path), RestartPolicy(first_delay_s=0.05), no_bls, lambda: ups.append(1))
-    assert isinstance(await supervisor.start(spec(tmp_path)), Loaded)
+    given = spec(tmp_path, output_arena)
+    supervisor = ProcessSupervisor(given, RestartPolicy(first_delay_s=0.05), no_bls, lambda: ups.append(1))
+    assert isinstance(await supervisor.start(given), Loaded)
     assert (supervisor.state.value, supervisor.alive, supervisor.incarnation) == ("ready", True, 1)
     first, first_pid = supervisor.channel, supervisor.pid
     assert first is not None and first_pid is not None
@@ -52,9 +73,9 @@ async def test_a_restarted_process_gets_a_new_channel_and_the_old_ones_waiters_g
     assert supervisor.exited_message() == "instance 'echo_0' of model 'echo' version 1 is stopped"
 
 
-async def test_a_process_that_cannot_load_says_why(tmp_path: Path) -> None:
-    supervisor = ProcessSupervisor(spec(tmp_path), RestartPolicy(), no_bls, lambda: None)
-    result = await supervisor.start(spec(tmp_path, backend="nonexistent"))
+async def test_a_process_that_cannot_load_says_why(tmp_path: Path, output_arena: str) -> None:
+    supervisor = ProcessSupervisor(spec(tmp_path, output_arena), RestartPolicy(), no_bls, lambda: None)
+    result = await supervisor.start(spec(tmp_path, output_arena, backend="nonexistent"))
     assert isinstance(result, LoadFailed) and "unknown backend 'nonexistent'" in result.message
     assert supervisor.state is InstanceState.STARTING and not supervisor.alive
     await supervisor.stop(timeout_s=10)

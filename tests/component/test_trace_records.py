@@ -12,7 +12,7 @@ import pytest
 from geserve.errors import GeserveError
 from geserve.settings import ServerSettings
 from geserve.types import InferInput, InferRequest
-from tests.component.conftest import in_process_service
+from tests.component.conftest import in_process_server
 from tests.support import write_identity_model
 
 PYTHON_MODELS = Path(__file__).resolve().parents[1] / "python_models"
@@ -25,7 +25,8 @@ async def test_a_response_carries_its_trace_and_a_failed_request_is_traced_too(t
     shutil.copytree(PYTHON_MODELS / "raises", repository / "raises")
     path = tmp_path / "trace.json"
     trace = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": str(path)}
-    service = await in_process_service(repository, ServerSettings(trace=trace))
+    served = await in_process_server(repository, ServerSettings(trace=trace))
+    service = served.door
     try:
         echo = InferRequest("echo", "", (InferInput("INPUT0", "FP32", (1, 4), np.ones((1, 4), np.float32)),))
         response = await service.infer(echo)
@@ -39,7 +40,7 @@ async def test_a_response_carries_its_trace_and_a_failed_request_is_traced_too(t
         assert untraced["trace_level"] == ["OFF"]
         assert (await service.infer(echo)).trace is None
     finally:
-        await service.shutdown()
+        await served.shutdown()
     written = json.loads(path.read_text())
     heads = [item for item in written if "model_name" in item]
     assert [(head["model_name"], head.get("request_id")) for head in heads] == [("echo", None), ("raises", "bad")]

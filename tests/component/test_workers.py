@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text
+from geserve.residency import SharedTensor
 from geserve.workers.batch import Batch
 from geserve.workers.client import InstanceState, ThreadWorker, WorkerClient
 from geserve.workers.messages import InstanceSpec, RequestInfo
@@ -29,7 +31,12 @@ from tests.support import identity_config
 
 
 async def outputs_of(scheduler: Scheduler, request: ScheduledRequest) -> dict[str, np.ndarray]:
-    return (await scheduler.execute(request)).outputs
+    return {name: tensor.array for name, tensor in (await scheduler.execute(request)).outputs.items()}
+
+
+def local(array: np.ndarray) -> SharedTensor:
+    """An input held in this process (the worker's owner writes it to the slot's input arena)."""
+    return SharedTensor.local(array)
 
 
 def spec(tmp_path: Path, delay_ms: str = "0", backend: str = "identity") -> InstanceSpec:
@@ -54,12 +61,12 @@ async def test_worker_executes_and_stops(tmp_path: Path, kind: type[ProcessWorke
     assert isinstance(config, mc.ModelConfig) and config.name == "echo"
     assert worker.alive
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
-    batches = (worker.execute(Batch({"INPUT0": [data + i]}, ("OUTPUT0",), requests(2))) for i in range(5))
+    batches = (worker.execute(Batch({"INPUT0": [local(data + i)]}, ("OUTPUT0",), requests(2))) for i in range(5))
     results = await asyncio.gather(*batches)
     for i, executed in enumerate(results):
         (outputs,) = executed.results
         assert isinstance(outputs, dict)
-        np.testing.assert_array_equal(outputs["OUTPUT0"], data + i)
+        np.testing.assert_array_equal(outputs["OUTPUT0"].array, data + i)
     await worker.stop(timeout_s=10)
     assert not worker.alive
 
@@ -124,9 +131,10 @@ async def test_killed_worker_fails_in_flight_requests_at_once_and_restarts(tmp_p
     data = np.ones((1, 3), dtype=np.float32)
     # The worker holds two batches (one running, one behind it); the third waits in the scheduler.
     in_flight = [
-        asyncio.ensure_future(outputs_of(scheduler, ScheduledRequest({"INPUT0": data}, ("OUTPUT0",)))) for _ in range(2)
+        asyncio.ensure_future(outputs_of(scheduler, ScheduledRequest({"INPUT0": local(data)}, ("OUTPUT0",))))
+        for _ in range(2)
     ]
-    queued = asyncio.ensure_future(outputs_of(scheduler, ScheduledRequest({"INPUT0": data * 2}, ("OUTPUT0",))))
+    queued = asyncio.ensure_future(outputs_of(scheduler, ScheduledRequest({"INPUT0": local(data * 2)}, ("OUTPUT0",))))
     await asyncio.sleep(0.3)
     os.kill(first_pid, signal.SIGKILL)
     for task in in_flight:
@@ -149,7 +157,7 @@ async def test_a_worker_whose_pipe_ended_takes_no_batch_and_says_it_exited(tmp_p
     # Between the pipe's end and the exit being reaped the state still read "ready": a batch sent then
     # failed with "instance ... is ready: [Errno 32] Broken pipe".
     with pytest.raises(UnavailableError) as error:
-        await worker.execute(Batch({"INPUT0": [np.ones((1, 3), np.float32)]}, ("OUTPUT0",), requests(1)))
+        await worker.execute(Batch({"INPUT0": [local(np.ones((1, 3), np.float32))]}, ("OUTPUT0",), requests(1)))
     assert "echo_0' of model 'echo' version 1 exited unexpectedly" in error.value.message
     assert "is ready" not in error.value.message and "Errno" not in error.value.message
     await wait_for_state(worker, InstanceState.READY)
@@ -168,7 +176,7 @@ async def test_crash_loop_gives_up_with_the_reason(tmp_path: Path) -> None:
     await wait_for_state(worker, InstanceState.FAILED)
     assert "crashed 2 times" in worker.reason
     with pytest.raises(UnavailableError, match="model 'echo' has no running instance"):
-        await outputs_of(scheduler, ScheduledRequest({"INPUT0": np.ones((1, 3), np.float32)}, ("OUTPUT0",)))
+        await outputs_of(scheduler, ScheduledRequest({"INPUT0": local(np.ones((1, 3), np.float32))}, ("OUTPUT0",)))
     await worker.stop(timeout_s=5)
 
 
@@ -176,14 +184,26 @@ async def test_shared_memory_is_released(tmp_path: Path) -> None:
     before = shm_segments()
     worker = ProcessWorker(spec(tmp_path), arena_bytes=4096, pipeline_depth=2)
     await worker.start()
-    # An input and an output arena for each of the two batches it may hold.
-    assert len(shm_segments() - before) == 4 and all(name.startswith(SHM_PREFIX) for name in worker.segments)
-    big = np.arange(3 * 4000, dtype=np.float32).reshape(-1, 3)  # 48 kB: too large for the 4 kB arenas
-    executed = await worker.execute(Batch({"INPUT0": [big[:1000], big[1000:]]}, ("OUTPUT0",), requests(1000, 3000)))
+    # An input arena for each of the two batches it may hold, and the output arena the worker leaves outputs in.
+    arenas = shm_segments() - before
+    assert len(arenas) == 3 and arenas == set(worker.segments)
+    assert all(name.startswith(SHM_PREFIX) for name in worker.segments)
+    big = np.arange(3 * 4000, dtype=np.float32).reshape(-1, 3)  # 48 kB: too large for the 4 and 8 kB arenas
+    parts = [local(big[:1000]), local(big[1000:])]
+    executed = await worker.execute(Batch({"INPUT0": parts}, ("OUTPUT0",), requests(1000, 3000)))
     first, second = executed.results
     assert isinstance(first, dict) and isinstance(second, dict)
-    np.testing.assert_array_equal(np.concatenate([first["OUTPUT0"], second["OUTPUT0"]]), big)
-    assert len(shm_segments() - before) == 4  # the one-off segments are gone
+    np.testing.assert_array_equal(np.concatenate([first["OUTPUT0"].array, second["OUTPUT0"].array]), big)
+    # The inputs' one-off segment is gone with the batch; the outputs' one stays while they are read...
+    assert len(shm_segments() - before - arenas) == 1
+    del executed, first, second
+    gc.collect()
+    # ... and goes once they are released.
+    for _ in range(300):
+        if shm_segments() - before == arenas:
+            break
+        await asyncio.sleep(0.05)
+    assert shm_segments() - before == arenas
     await worker.stop(timeout_s=5)
     assert shm_segments() == before
     failing = ProcessWorker(spec(tmp_path, backend="nonexistent"))
@@ -206,6 +226,6 @@ async def test_scheduler_skips_dead_instances(tmp_path: Path) -> None:
     assert not first.alive
     data = np.ones((1, 3), dtype=np.float32)
     for _ in range(4):
-        outputs = await outputs_of(scheduler, ScheduledRequest({"INPUT0": data}, ("OUTPUT0",)))
+        outputs = await outputs_of(scheduler, ScheduledRequest({"INPUT0": local(data)}, ("OUTPUT0",)))
         np.testing.assert_array_equal(outputs["OUTPUT0"], data)
     await asyncio.gather(first.stop(5), second.stop(5))

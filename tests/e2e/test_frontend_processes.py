@@ -433,3 +433,38 @@ def test_the_process_tree_is_a_supervisor_an_engine_and_two_protocol_processes(
     with Fresh(server, "http") as fresh:
         infer_simple(fresh, 0)
     assert server.stop() == 0
+
+
+def mapped_segments(pid: int) -> set[str]:
+    """The /dev/shm files process `pid` has mapped now."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split("/dev/shm/", 1)[1].removesuffix(" (deleted)") for line in lines if "/dev/shm/" in line}
+
+
+def test_request_bytes_go_from_the_protocol_processes_to_the_workers_and_never_through_the_engine(
+    launch: Launch, repository: Path
+) -> None:
+    """The engine schedules descriptors: it never maps a request arena, yet every request is served with its own
+    values, the workers reading the inputs where the protocol processes put them."""
+    write_identity_model(repository, "identity", max_batch_size=8, extra="dynamic_batching { }")
+    server = launch(f"--model-repository={repository}", TWO).wait_live()
+    rows = 1 << 14  # 64 KiB a request: well past anything a frame would carry inline
+    for protocol in PROTOCOLS:
+        served: set[int] = set()
+        for number in rounds(lambda: both(server, served)):  # noqa: B023 (read while `served` is this protocol's)
+            with Fresh(server, protocol) as fresh:
+                values = np.random.default_rng(number).standard_normal((1, rows)).astype(np.float32)
+                given = fresh.module.InferInput("INPUT0", [1, rows], "FP32")
+                given.set_data_from_numpy(values)
+                result = fresh.client.infer("identity", [given])
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
+                served.add(fresh.process())
+        assert both(server, served), f"{protocol}: served by {served} only"
+    arenas = {name for name in segments_of_server(server.process.pid) if "_requests" in name}
+    assert len(arenas) == 2, arenas  # one per protocol process
+    for pid in protocol_pids(server):
+        assert mapped_segments(pid) & arenas, f"protocol process {pid} maps no request arena"
+    assert not mapped_segments(engine_pid(server)) & arenas, "the engine mapped a request arena"
+    read_by_workers = set().union(*(mapped_segments(pid) for pid in worker_pids(server) if alive(pid)))
+    assert read_by_workers & arenas, "no worker read an input where it lay"
+    assert server.stop() == 0

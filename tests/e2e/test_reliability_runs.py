@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_sigterm_under_load_loses_nothing(tmp_path: Path) -> None:
 
 def test_a_shrunk_region_is_refused_by_name_and_served_again_once_replaced(tmp_path: Path) -> None:
     result = chaos.shrunk_region(tmp_path, phase_s=1.5)
-    assert result["passed"], result["checks"]
+    assert result["passed"], json.dumps({"checks": result["checks"], "phases": result["phases"]})
     assert result["phases"]["shrunk"]["HTTP / simple, inputs in the region"]["failed"] > 0
 
 

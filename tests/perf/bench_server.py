@@ -101,7 +101,7 @@ def run_perf_analyzer(
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"perf_analyzer failed:\n{result.stdout}\n{result.stderr}")
+            raise RuntimeError(f"perf_analyzer failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
         row = next(csv.DictReader(io.StringIO(Path(report.name).read_text())))
     return {
         "infer_per_s": float(row["Inferences/Second"]),

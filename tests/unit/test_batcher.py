@@ -17,8 +17,9 @@ from geserve.core.models import ModelScheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import InternalError, UnavailableError
 from geserve.repository.config import parse_config_text
+from geserve.residency import SharedTensor, gather
 from geserve.workers.batch import Batch
-from geserve.workers.messages import BatchResult, InstanceSpec
+from geserve.workers.messages import BatchResult, InstanceSpec, TensorResult
 from geserve.workers.pool import InstancePool
 
 MS = 1_000_000
@@ -58,7 +59,8 @@ class ManualTimer:
 
 
 class ScriptedInstance:
-    """An instance whose batches finish when the test says; outputs echo the inputs."""
+    """An instance whose batches finish when the test says; outputs echo the inputs. Like a worker, it gathers each
+    input's row blocks where they lie and answers each request's rows as tensors."""
 
     def __init__(self, clock: ManualClock, name: str = "i0") -> None:
         self.clock = clock
@@ -85,7 +87,10 @@ class ScriptedInstance:
         self.alive = False
 
     async def execute(self, batch: Batch) -> BatchResult:
-        inputs = {name: np.concatenate(parts) for name, parts in batch.inputs.items()}
+        inputs = {
+            name: gather([_tensor(part) for part in parts], _tensor(parts[0]).datatype)
+            for name, parts in batch.inputs.items()
+        }
         output_names = batch.output_names
         self.batches.append(dict(inputs))
         self.output_names.append(output_names)
@@ -96,9 +101,11 @@ class ScriptedInstance:
         if self.fail_with is not None:
             raise self.fail_with
         outputs = {name: inputs[name.replace("OUT", "IN")] for name in output_names}
-        results, row = [], 0
+        results: list[TensorResult] = []
+        row = 0
         for request in batch.requests:
-            results.append({name: outputs[name][row : row + request.rows] for name in request.output_names})
+            own = {name: SharedTensor.local(outputs[name][row : row + request.rows]) for name in request.output_names}
+            results.append(own)
             row += request.rows
         if self.answers_short:
             results.pop()
@@ -113,8 +120,16 @@ class ScriptedInstance:
         next(gate for gate in self._waiting if not gate.done()).set_result(None)
 
 
+def _tensor(part: SharedTensor | np.ndarray) -> SharedTensor:
+    """A row block as the scheduler hands it on (a test that builds its own requests may still give arrays)."""
+    return part if isinstance(part, SharedTensor) else SharedTensor.local(part)
+
+
 async def outputs_of(scheduler: ModelScheduler, request: ScheduledRequest) -> dict[str, np.ndarray]:
-    return (await scheduler.execute(request)).outputs
+    """A request's outputs, read: the scheduler answers tensors."""
+    outputs = (await scheduler.execute(request)).outputs
+    assert all(isinstance(tensor, SharedTensor) for tensor in outputs.values())
+    return {name: tensor.array for name, tensor in outputs.items()}
 
 
 async def settle() -> None:
@@ -144,7 +159,7 @@ class Harness:
     ) -> asyncio.Task[dict[str, np.ndarray]]:
         array = np.full((rows, width), value, dtype=np.float32)
         return asyncio.ensure_future(
-            outputs_of(self.scheduler, ScheduledRequest({"IN0": array}, ("OUT0",), parameters))
+            outputs_of(self.scheduler, ScheduledRequest({"IN0": SharedTensor.local(array)}, ("OUT0",), parameters))
         )
 
     def batch_rows(self) -> list[int]:

@@ -1,4 +1,7 @@
-"""Frames of the engine channel: encoded and decoded whole, read off a stream however it is split, sent coalesced."""
+"""Frames of the engine channel: encoded and decoded whole, read off a stream however it is split, sent coalesced.
+
+On the wire a frame carries the messages of one turn of the sender's loop as one pickled list; the reader hands
+them out one by one, in order."""
 
 from __future__ import annotations
 
@@ -22,11 +25,16 @@ def _frame(message: Any) -> bytes:
     return b"".join(bytes(part) for part in encode(message))
 
 
+def _turn(messages: list[Any]) -> bytes:
+    """The frame one turn of the sender's loop writes: its messages in one pickled list."""
+    return _frame(list(messages))
+
+
 def _body(message: Any) -> memoryview:
     return memoryview(bytearray(_frame(message)[HEADER:]))
 
 
-def _address(array: np.ndarray | memoryview) -> int:
+def _address(array: np.ndarray | bytes | memoryview) -> int:
     return int(np.frombuffer(array, dtype=np.uint8).__array_interface__["data"][0])
 
 
@@ -126,15 +134,16 @@ class Reader:
 
 
 def _stream(messages: list[Any]) -> bytes:
-    return b"".join(_frame(message) for message in messages)
+    """One frame per message, as when each was the only send of its turn."""
+    return b"".join(_turn([message]) for message in messages)
 
 
 def _bytes_message(frame_size: int) -> bytes:
-    """A bytes payload whose frame is exactly `frame_size` bytes."""
+    """A bytes payload whose frame (sent alone in its turn) is exactly `frame_size` bytes."""
     payload = b"x" * frame_size
-    while len(_frame(payload)) > frame_size:
-        payload = payload[: len(payload) - (len(_frame(payload)) - frame_size)]
-    assert len(_frame(payload)) == frame_size
+    while len(_turn([payload])) > frame_size:
+        payload = payload[: len(payload) - (len(_turn([payload])) - frame_size)]
+    assert len(_turn([payload])) == frame_size
     return payload
 
 
@@ -143,6 +152,16 @@ SMALL = [(3, 1, "live"), (3, 2, True), {"k": np.arange(6, dtype=np.int16)}, "", 
 
 def test_small_frames_split_at_every_boundary_come_out_once_in_order() -> None:
     data = _stream(SMALL)
+    for split in range(len(data) + 1):
+        reader = Reader()
+        reader.feed_parts([data[:split], data[split:]])
+        assert len(reader.messages) == len(SMALL), f"split at {split}"
+        _assert_same(reader.messages, SMALL)
+
+
+def test_frames_of_several_messages_split_at_every_boundary_come_out_once_in_order() -> None:
+    # Turns of two, one and two sends: each frame's list is handed out message by message.
+    data = _turn(SMALL[:2]) + _turn(SMALL[2:3]) + _turn(SMALL[3:])
     for split in range(len(data) + 1):
         reader = Reader()
         reader.feed_parts([data[:split], data[split:]])
@@ -198,13 +217,13 @@ def test_frames_larger_than_a_chunk_arrive_whole_and_viewed_in_place(monkeypatch
     arrays = [rng.integers(0, 1 << 30, size, dtype=np.int64) for size in (1 << 15, 1 << 17, 3 << 16)]
     messages = [(5, 1, arrays[0]), (3, 2, "small"), (5, 3, arrays[1]), (5, 4, (arrays[2], arrays[0]))]
     data = _stream(messages)
-    assert len(_frame(messages[2])) > CHUNK
+    assert len(_turn([messages[2]])) > CHUNK
     for step in (1 << 20, CHUNK, 100_000, 8191, len(data)):
         bodies.clear()
         reader = Reader()
         reader.feed(data, step)
         _assert_same(reader.messages, messages)
-        # Each large array views the body its frame was read into: no copy after the read.
+        # Each large array views the body its frame was read into: no copy after the read (one frame a message).
         for message, body in zip(reader.messages, bodies, strict=True):
             if isinstance(message[2], np.ndarray):
                 assert np.shares_memory(message[2], np.frombuffer(body, np.uint8))
@@ -254,6 +273,8 @@ async def test_sends_of_one_turn_leave_in_one_writelines() -> None:
     await asyncio.sleep(0)
     assert len(transport.writes) == 1
     [parts] = transport.writes
+    # One frame: its header counts every byte of the write.
+    assert int.from_bytes(bytes(parts[0])[:HEADER], "little") == sum(len(part) for part in parts) - HEADER
     assert any(isinstance(part, memoryview) and _address(part) == _address(large) for part in parts)
     reader = Reader()
     reader.feed(b"".join(bytes(part) for part in parts), CHUNK)
@@ -280,14 +301,29 @@ async def test_nothing_is_written_to_a_closing_transport() -> None:
 
 
 async def test_an_unpicklable_message_fails_its_send_and_spoils_nothing_queued() -> None:
-    protocol, transport = _connected()
+    unsendable: list[tuple[Any, Exception]] = []
+    protocol = FrameProtocol(lambda message: None, lambda exc: None, on_unsendable=lambda *bad: unsendable.append(bad))
+    transport = FakeTransport()
+    protocol.connection_made(transport)
+    bad = (3, 2, lambda: None)
     protocol.send((3, 1, "good"))
-    with pytest.raises((pickle.PicklingError, TypeError, AttributeError)):
-        protocol.send((3, 2, lambda: None))
+    protocol.send(bad)
+    protocol.send((3, 3, "good too"))
     await asyncio.sleep(0)
+    # The bad one is reported as unsendable, with why; it is not written.
+    assert [message for message, _ in unsendable] == [bad]
+    assert isinstance(unsendable[0][1], (pickle.PicklingError, TypeError, AttributeError))
+    # The others of its turn still leave, in order, and in the same write.
+    assert len(transport.writes) == 1
     reader = Reader()
     reader.feed(b"".join(bytes(part) for part in transport.writes[0]), CHUNK)
-    assert reader.messages == [(3, 1, "good")]
+    assert reader.messages == [(3, 1, "good"), (3, 3, "good too")]
+    # Nothing of it lingers into the next turn.
+    protocol.send((3, 4, "later"))
+    await asyncio.sleep(0)
+    reader = Reader()
+    reader.feed(b"".join(bytes(part) for part in transport.writes[1]), CHUNK)
+    assert reader.messages == [(3, 4, "later")] and len(unsendable) == 1
 
 
 async def test_drained_waits_while_writing_is_paused() -> None:

@@ -35,7 +35,9 @@ PROTOCOL_SIDE = (
     "geserve.multiprocess.calls",
     "geserve.multiprocess.connection_count",
 )
-PROTOCOL_SIDE_CORE_ALLOWED = ("geserve.core.api", "geserve.core.log_control")
+# A protocol process reads and writes client shared-memory regions itself, through a mirror of the engine's
+# registry that shares the engine's checks (core.shared_memory).
+PROTOCOL_SIDE_CORE_ALLOWED = ("geserve.core.api", "geserve.core.log_control", "geserve.core.shared_memory")
 # The supervisor stays small: it binds ports, forks the engine and the protocol processes, forwards signals and
 # restarts what dies; a bug in it takes the whole server down, and none of the server's code runs in it. What the
 # forked processes run (and so what the supervisor imports before it forks) it reaches only through
@@ -96,6 +98,23 @@ FORBIDDEN = {
     "geserve.event_loop": ("geserve.",),
     "geserve.helper_process": ("geserve.",),
     "geserve.types": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.repository", "geserve.settings"),
+    # The front door does a request's own work in whichever process reads it: it checks, places and answers,
+    # and reaches the engine only through a link; it never schedules or runs a model.
+    "geserve.frontdoor": (
+        "geserve.batching",
+        "geserve.backends",
+        "geserve.core.service",
+        "geserve.core.models",
+        *FRONT_END_PACKAGES,
+        "geserve.multiprocess",
+        "geserve.server",
+        "geserve.cli",
+    ),
+    # What crosses between the front door, the engine and the workers: leaves every side can import.
+    **{
+        module: ("geserve.core", *BELOW_CORE, "geserve.frontdoor", *FRONT_END_PACKAGES, "geserve.multiprocess")
+        for module in ("geserve.residency", "geserve.snapshots", "geserve.submissions")
+    },
     **{module: ("geserve.batching", "geserve.backends") for module in PROTOCOL_SIDE},
     "geserve.multiprocess.supervisor": SUPERVISOR_FORBIDDEN,
 }

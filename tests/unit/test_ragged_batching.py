@@ -16,6 +16,7 @@ from geserve.batching.scheduler import Scheduler
 from geserve.core.stats import ModelStats
 from geserve.errors import ModelLoadError, UnavailableError
 from geserve.repository.config import parse_config_text, validate_config
+from geserve.residency import SharedTensor
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.pool import InstancePool
@@ -57,7 +58,7 @@ class RecordingInstance:
 
 
 def request(in0: np.ndarray, in1: np.ndarray) -> ScheduledRequest:
-    return ScheduledRequest({"IN0": in0, "IN1": in1}, ("OUT0",))
+    return ScheduledRequest({"IN0": SharedTensor.local(in0), "IN1": SharedTensor.local(in1)}, ("OUT0",))
 
 
 async def batches_formed(policy: BatchingPolicy, requests: list[ScheduledRequest]) -> list[Batch]:
@@ -87,6 +88,7 @@ async def test_requests_whose_ragged_input_differs_share_one_batch_with_their_ow
     batch = batches[0]
     # The ragged input travels flattened, request after request; the other stays in rows.
     assert [part.shape for part in batch.inputs["IN0"]] == [(2,), (5,), (3,)]
+    assert [part.array.tolist() for part in batch.inputs["IN0"]] == [list(map(float, range(n))) for n in lengths]
     assert [part.shape for part in batch.inputs["IN1"]] == [(1, 4)] * 3
     assert [info.ragged_shapes for info in batch.requests] == [(("IN0", (1, n)),) for n in lengths]
 
@@ -99,6 +101,28 @@ async def test_a_differing_non_ragged_input_still_ends_the_batch() -> None:
     ]
     batches = await batches_formed(policy_of(RAGGED), items)
     assert [len(batch.requests) for batch in batches] == [2, 1]
+
+
+async def test_a_batch_whose_ragged_inputs_cannot_travel_fails_its_requests_and_the_next_is_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*_: object) -> None:
+        raise ValueError("cannot flatten")
+
+    monkeypatch.setattr("geserve.batching.scheduler._flatten_ragged", broken)
+    items = [request(np.zeros((1, n), np.float32), np.zeros((1, 4), np.float32)) for n in (2, 5)]
+    instance = RecordingInstance()
+    scheduler = Scheduler("m", InstancePool([instance]), policy_of(RAGGED), ModelStats())
+    blocker = asyncio.ensure_future(scheduler.execute(request(np.zeros((1, 1), np.float32), np.zeros((1, 4)))))
+    await asyncio.sleep(0)
+    queued = asyncio.gather(*(scheduler.execute(item) for item in items), return_exceptions=True)
+    await asyncio.sleep(0)  # queued behind the first batch, the two form one batch of their own
+    instance.gate.set()
+    outcomes = await asyncio.wait_for(queued, 10)
+    await blocker
+    assert [type(outcome).__name__ for outcome in outcomes] == ["InternalError"] * 2
+    assert "cannot flatten" in str(outcomes[0])
+    await asyncio.wait_for(scheduler.execute(items[0]), 10)  # alone: nothing to flatten
 
 
 async def test_without_allow_ragged_batch_differing_dims_never_share_a_batch() -> None:

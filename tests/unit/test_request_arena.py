@@ -1,32 +1,48 @@
-"""The request arena: its allocator, where views lie in it, requests as they cross to the engine and back."""
+"""The request arena: its allocator, where views lie in it, and placing inputs in it or, when it is full, elsewhere."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import itertools
+import logging
 import mmap
+import os
 import pickle
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from geserve.multiprocess.arena import (
-    PLACE_MIN_BYTES,
-    RAW_BODY,
-    ArenaRef,
-    ArenaViews,
-    RequestArena,
-    to_engine,
-)
-from geserve.types import InferInput, InferRequest
-from geserve.workers.handoff import MappedOutputs
+from geserve.codecs import bytes as bytes_codec
+from geserve.errors import UnavailableError
+from geserve.frontdoor.arena import RequestArena, body_allocator, request_arena
+from geserve.frontdoor.placement import Placement
+from geserve.residency import MAPPINGS, SHM_DIRECTORY, Kind, Residency
 from geserve.workers.runs import RunId
-from geserve.workers.shm import SHM_DIRECTORY
 
 RUN = RunId.current()
 SIZE = 256 << 10
 BLOCK = 64 << 10  # four of them fill the arena
+
+
+def _run_segments() -> set[str]:
+    return {entry.name for entry in SHM_DIRECTORY.iterdir() if entry.name.startswith(RUN.prefix)}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """Every segment a test makes (an arena, an input's segment of its own) is gone by its end; the mappings its
+    tensors were read through are let go."""
+    segments, mapped = _run_segments(), set(MAPPINGS.names())
+    yield
+    gc.collect()
+    for name in set(MAPPINGS.names()) - mapped:
+        MAPPINGS.forget(name)
+    left = _run_segments() - segments
+    for name in left:
+        (SHM_DIRECTORY / name).unlink(missing_ok=True)
+    assert not left, f"segments left behind: {sorted(left)}"
 
 
 @pytest.fixture
@@ -38,13 +54,17 @@ def arena() -> Iterator[RequestArena]:
 
 
 def _segment_bytes(name: str, offset: int, nbytes: int) -> bytes:
-    """What the segment holds there, read through a mapping of its own (as the engine reads it)."""
+    """What the segment holds there, read through a mapping of its own (as a worker reads it)."""
     with open(SHM_DIRECTORY / name, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
         return mapping[offset : offset + nbytes]
 
 
 def _address(data: np.ndarray | memoryview) -> int:
     return int(np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def _random_bytes(count: int, seed: int = 3) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, count, dtype=np.uint8).tobytes()
 
 
 # -- the allocator -------------------------------------------------------------------------
@@ -60,14 +80,14 @@ def test_the_segment_is_named_for_the_run_and_removed_on_close() -> None:
 
 
 def test_blocks_are_disjoint_aligned_and_of_the_size_asked(arena: RequestArena) -> None:
-    blocks = [arena.allocate(size) for size in (1, 100, 4096, 5000)]
-    assert all(block is not None for block in blocks)
+    sizes = (1, 100, 4096, 5000)
+    blocks = [arena.allocate(size) for size in sizes]
     spans = []
-    for block, size in zip(blocks, (1, 100, 4096, 5000), strict=True):
+    for block, size in zip(blocks, sizes, strict=True):
         assert block is not None and block.dtype == np.uint8 and block.nbytes == size
-        ref = arena.ref_of(block.data)
-        assert ref is not None and ref.offset % 64 == 0
-        spans.append((ref.offset, ref.offset + size))
+        where = arena.where(block)
+        assert where is not None and where.offset % 64 == 0
+        spans.append((where.offset, where.offset + size))
     spans.sort()
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     # What one block holds does not reach another.
@@ -107,7 +127,7 @@ def test_a_memoryview_of_a_block_keeps_it_until_the_view_dies(arena: RequestAren
     assert arena.allocate(SIZE) is not None
 
 
-def test_a_numpy_view_of_a_block_keeps_it_too(arena: RequestArena) -> None:
+def test_a_numpy_view_of_a_block_keeps_it_until_the_view_dies(arena: RequestArena) -> None:
     block = arena.allocate(SIZE)
     assert block is not None
     part = block[10:20]
@@ -115,6 +135,8 @@ def test_a_numpy_view_of_a_block_keeps_it_too(arena: RequestArena) -> None:
     gc.collect()
     assert arena.allocate(1) is None
     del part
+    gc.collect()
+    assert arena.allocate(SIZE) is not None
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 2, 1, 0), (1, 3, 0, 2), (2, 0, 3, 1)])
@@ -146,226 +168,271 @@ def test_two_freed_neighbours_between_held_blocks_make_one_block(arena: RequestA
 # -- where views lie -----------------------------------------------------------------------
 
 
-def test_ref_of_finds_views_inside_and_nothing_outside(arena: RequestArena) -> None:
+def test_where_finds_views_inside_and_nothing_outside(arena: RequestArena) -> None:
     first = arena.allocate(1000)
     second = arena.allocate(BLOCK)
     assert first is not None and second is not None
-    base = arena.ref_of(first.data)
-    assert base is not None and base == ArenaRef(arena.name, base.offset, 1000)
-    inner = arena.ref_of(second.data[10:30])
-    outer = arena.ref_of(second.data)
-    assert outer is not None and inner == ArenaRef(arena.name, outer.offset + 10, 20)
-    assert arena.ref_of(memoryview(bytearray(BLOCK))) is None
-    assert arena.ref_of(memoryview(np.zeros(BLOCK, np.uint8))) is None
-    assert arena.ref_of(second.data[5:5]) is None  # empty
-    assert arena.ref_of(second.data[::2]) is None  # not contiguous
+    base = arena.where(first.data)
+    assert base is not None and base == Residency(Kind.ARENA, arena.name, base.offset, 1000)
+    outer = arena.where(second.data)
+    assert outer is not None and outer.offset >= base.offset + 1000
+    inner = Residency(Kind.ARENA, arena.name, outer.offset + 10, 20)
+    assert arena.where(second.data[10:30]) == inner
+    # Arrays as well as memoryviews.
+    assert arena.where(second) == outer and arena.where(second[10:30]) == inner
+    # Memory of its own.
+    assert arena.where(memoryview(bytearray(BLOCK))) is None
+    assert arena.where(np.zeros(BLOCK, np.uint8).data) is None
+    assert arena.where(np.zeros(BLOCK, np.uint8)) is None
+    # Empty, or not contiguous.
+    assert arena.where(second.data[5:5]) is None and arena.where(second[5:5]) is None
+    assert arena.where(second[::2]) is None
+    assert arena.where(second.reshape(256, -1).T) is None
     # Typed views count in bytes.
     floats = second.view(np.float32)
-    typed = arena.ref_of(memoryview(floats))
-    assert typed is not None and typed == ArenaRef(arena.name, outer.offset, BLOCK)
+    assert arena.where(floats) == outer
+    assert arena.where(floats.data) == outer
+    assert arena.where(floats.reshape(16, -1).data) == outer
 
 
-def test_ref_of_another_arena_is_none(arena: RequestArena) -> None:
-    other = RequestArena(RUN.segment_name("requests0"), SIZE)
+def test_where_a_strided_memoryview_lies_is_none(arena: RequestArena) -> None:
+    block = arena.allocate(BLOCK)
+    assert block is not None
+    assert arena.where(block.data[::2]) is None
+
+
+def test_where_in_another_arena_is_none(arena: RequestArena) -> None:
+    other = RequestArena(RUN.segment_name("requests1"), SIZE)
     try:
-        block = other.allocate(100)
-        assert block is not None
+        theirs = other.allocate(100)
         mine = arena.allocate(100)
-        assert mine is not None
+        assert theirs is not None and mine is not None
         # Whichever of the two lies higher in the address space, neither claims the other's memory.
-        assert arena.ref_of(block.data) is None and other.ref_of(block.data) is not None
-        assert other.ref_of(mine.data) is None and arena.ref_of(mine.data) is not None
-        del block, mine
+        assert arena.where(theirs.data) is None and other.where(theirs.data) is not None
+        assert other.where(mine.data) is None and arena.where(mine.data) is not None
+        del theirs, mine
     finally:
         other.close()
 
 
-def test_place_copies_the_bytes_into_a_block_the_caller_keeps(arena: RequestArena) -> None:
-    data = np.random.default_rng(3).integers(0, 256, BLOCK + 5, dtype=np.uint8).tobytes()
-    placed = arena.place(memoryview(data))
-    assert placed is not None
-    ref, block = placed
-    assert ref.segment == arena.name and ref.nbytes == len(data) and ref.offset % 64 == 0
-    assert _segment_bytes(arena.name, ref.offset, ref.nbytes) == data
-    assert arena.ref_of(block.data) == ref
-    # The block stays taken while the caller keeps it.
-    assert arena.place(memoryview(bytes(SIZE - BLOCK))) is None
-    del block, placed
+# -- HTTP bodies ---------------------------------------------------------------------------
+
+
+def test_a_body_is_read_into_a_block_of_the_arena_and_onto_the_heap_when_it_is_full(arena: RequestArena) -> None:
+    allocate = body_allocator(arena)
+    body = allocate(3 * BLOCK + 1)
+    assert len(body) == 3 * BLOCK + 1 and body.format == "B" and not body.readonly
+    where = arena.where(body)
+    assert where is not None and where.nbytes == 3 * BLOCK + 1
+    # Less than BLOCK is left: a body that big goes to memory of its own, as writable.
+    spilled = allocate(BLOCK)
+    assert len(spilled) == BLOCK and spilled.format == "B" and not spilled.readonly
+    assert arena.where(spilled) is None
+    spilled[:] = b"\x05" * BLOCK
+    assert bytes(spilled) == b"\x05" * BLOCK
+    assert arena.where(allocate(BLOCK - 64)) is not None  # what is left still serves
+    # The body holds its block until it is dropped.
+    del body
     gc.collect()
-    assert arena.place(memoryview(bytes(SIZE))) is not None
+    again = allocate(SIZE)
+    assert arena.where(again) == Residency(Kind.ARENA, arena.name, 0, SIZE)
 
 
-# -- to the engine and back ----------------------------------------------------------------
-
-LARGE = PLACE_MIN_BYTES  # the smallest input that is placed
+# -- placing inputs ------------------------------------------------------------------------
 
 
-def _floats(count: int, start: float = 0.0) -> np.ndarray:
-    return np.arange(start, start + count, dtype=np.float32)
+def test_an_input_is_copied_into_a_block_the_tensor_holds(arena: RequestArena) -> None:
+    data = _random_bytes(BLOCK + 5)
+    tensor = Placement(arena, RUN).place("UINT8", (len(data),), memoryview(data))
+    where = tensor.where
+    assert where is not None and (where.kind, where.segment, where.nbytes) == (Kind.ARENA, arena.name, len(data))
+    assert where.offset % 64 == 0
+    assert _segment_bytes(arena.name, where.offset, where.nbytes) == data
+    assert bytes(tensor.array) == data
+    # The block (BLOCK + 64 bytes) stays taken while the tensor lives, and comes back once it is dropped.
+    assert arena.allocate(SIZE - BLOCK) is None
+    del tensor
+    gc.collect()
+    assert arena.allocate(SIZE) is not None
 
 
-def test_to_engine_places_large_byte_inputs_and_leaves_the_rest(arena: RequestArena) -> None:
-    large = _floats(LARGE // 4)
-    small = _floats(LARGE // 4 - 1)
-    typed = _floats(LARGE)  # a numpy input (JSON, typed protobuf): its own array, sent as it is
-    inputs = (
-        InferInput("LARGE", "FP32", large.shape, memoryview(large.tobytes())),
-        InferInput("SMALL", "FP32", small.shape, memoryview(small.tobytes())),
-        InferInput("TYPED", "FP32", typed.shape, typed),
-    )
-    request = InferRequest("echo", "1", inputs, id="r1", parameters={"priority": 2})
-    outgoing, refs, keep = to_engine(request, arena)
-    [(index, ref)] = refs
-    assert index == 0 and ref.segment == arena.name and ref.nbytes == large.nbytes
-    assert _segment_bytes(arena.name, ref.offset, ref.nbytes) == large.tobytes()
-    assert outgoing.inputs[0].data.nbytes == 0  # the bytes went to the arena, not into the message
-    assert outgoing.inputs[1] is inputs[1] and outgoing.inputs[2] is inputs[2]
-    assert (outgoing.model_name, outgoing.model_version, outgoing.id) == ("echo", "1", "r1")
-    assert outgoing.parameters == {"priority": 2} and outgoing.raw_body is None
-    # Kept alive until the engine answers: the request, and the block its input was placed in.
-    assert keep[0] is request and len(keep) == 2 and arena.ref_of(keep[1].data) == ref
-    # The large input's bytes do not travel in the message.
-    assert len(pickle.dumps(outgoing, protocol=5)) < len(pickle.dumps(request, protocol=5)) - large.nbytes + 1024
-
-
-def test_to_engine_sends_an_input_read_into_the_arena_by_where_it_lies(arena: RequestArena) -> None:
-    body = arena.allocate(2 * LARGE)
-    assert body is not None
-    body[:] = np.arange(2 * LARGE, dtype=np.uint8) % 251
-    first, second = body.data[:LARGE], body.data[LARGE:]
-    inputs = (InferInput("A", "UINT8", (LARGE,), first), InferInput("B", "UINT8", (LARGE,), second))
-    request = InferRequest("echo", "", inputs)
-    outgoing, refs, keep = to_engine(request, arena)
-    assert dict(refs) == {0: arena.ref_of(first), 1: arena.ref_of(second)}
-    assert keep == [request]  # nothing copied, nothing more to keep
-    assert all(tensor.data.nbytes == 0 for tensor in outgoing.inputs)
-
-
-def test_to_engine_places_a_large_raw_body(arena: RequestArena) -> None:
-    raw = _floats(LARGE).tobytes()
-    request = InferRequest("echo", "", (), raw_body=memoryview(raw))
-    outgoing, refs, keep = to_engine(request, arena)
-    [(index, ref)] = refs
-    assert index == RAW_BODY and ref.nbytes == len(raw)
-    assert _segment_bytes(arena.name, ref.offset, ref.nbytes) == raw
-    assert outgoing.raw_body is not None and outgoing.raw_body.nbytes == 0 and len(keep) == 2
-    small = InferRequest("echo", "", (), raw_body=memoryview(raw[: LARGE - 1]))
-    assert to_engine(small, arena) == (small, (), [small])
-
-
-def test_to_engine_with_a_full_arena_sends_the_bytes(arena: RequestArena) -> None:
-    filler = arena.allocate(SIZE)
-    assert filler is not None
-    data = memoryview(_floats(LARGE).tobytes())
-    request = InferRequest("echo", "", (InferInput("INPUT0", "FP32", (LARGE,), data),))
-    outgoing, refs, keep = to_engine(request, arena)
-    assert outgoing is request and refs == () and keep == [request]
-    del filler
-
-
-Crossed = tuple[InferRequest, tuple[tuple[int, ArenaRef], ...]]
-
-
-def _crossed(request: InferRequest, arena: RequestArena, keep: list[object]) -> Crossed:
-    """The request as the engine receives it: through to_engine, then pickled as the channel pickles it; what
-    must stay alive until the engine answers goes to `keep`."""
-    outgoing, refs, kept = to_engine(request, arena)
-    keep.extend(kept)
-    crossed: Crossed = pickle.loads(pickle.dumps((outgoing, refs), protocol=5))
-    return crossed
-
-
-def _fp32_request(values: np.ndarray) -> InferRequest:
-    return InferRequest("m", "", (InferInput("X", "FP32", values.shape, memoryview(values.tobytes())),))
-
-
-def test_restore_gives_typed_arrays_that_view_the_mapping(arena: RequestArena) -> None:
-    mapped = MappedOutputs()
-    views = ArenaViews(mapped)
-    values = _floats(LARGE, 0.5).reshape(8, -1)
-    body = arena.allocate(values.nbytes)
-    assert body is not None
-    body[:] = np.frombuffer(values.tobytes(), np.uint8)
-    ints = np.arange(LARGE // 4, dtype=np.int32).reshape(2, -1)
-    request = InferRequest(
-        "echo",
-        "",
-        (
-            InferInput("F", "FP32", values.shape, body.data),
-            InferInput("I", "INT32", ints.shape, memoryview(ints.tobytes())),
-        ),
-    )
-    keep: list[object] = []
-    restored = views.restore(*_crossed(request, arena, keep))
-    floats, integers = restored.inputs[0].data, restored.inputs[1].data
-    assert isinstance(floats, np.ndarray) and floats.dtype == np.float32 and floats.shape == values.shape
-    assert isinstance(integers, np.ndarray) and integers.dtype == np.int32 and integers.shape == ints.shape
-    np.testing.assert_array_equal(floats, values)
-    np.testing.assert_array_equal(integers, ints)
-    # A view of the segment, not a copy: what the protocol process writes there shows.
-    body[:4] = np.frombuffer(np.float32(-7.0).tobytes(), np.uint8)
-    assert floats[0, 0] == -7.0
-    # Tracked, so that a worker is given where it lies instead of its bytes.
-    where = mapped.ref_of(floats)
-    source = arena.ref_of(body.data)
-    assert where is not None and source is not None
-    assert (where.segment, where.offset, where.nbytes) == (arena.name, source.offset, values.nbytes)
-    assert (where.datatype, where.shape) == ("FP32", values.shape)
-    other = mapped.ref_of(integers)
-    assert other is not None and other.segment == arena.name and other.datatype == "INT32"
-    assert mapped.ref_of(values) is None
-    views.close()
+def test_an_input_read_into_the_arena_stays_where_it_lies(arena: RequestArena) -> None:
+    body = body_allocator(arena)(2 * BLOCK)
+    body[:] = bytes(range(256)) * (2 * BLOCK // 256)
+    first, second = body[:BLOCK], body[BLOCK:]
+    placement = Placement(arena, RUN)
+    left = placement.place("UINT8", (BLOCK,), first)
+    right = placement.place("FP32", (BLOCK // 4,), second)
+    assert left.where == arena.where(first) and right.where == arena.where(second)
+    assert left.where is not None and right.where is not None and right.where.offset == left.where.offset + BLOCK
+    np.testing.assert_array_equal(right.array, np.frombuffer(bytes(second), dtype="<f4"))
+    # Nothing was copied: the rest of the arena is free...
+    assert arena.allocate(SIZE - 2 * BLOCK) is not None
+    # ...and the tensor is a view of the body, not a copy of it.
+    first[:4] = b"\xff\xfe\xfd\xfc"
+    assert bytes(left.array[:4]) == b"\xff\xfe\xfd\xfc"
+    # The tensors hold the body's block once the request's own views are gone.
+    del body, first, second
+    gc.collect()
+    assert arena.allocate(2 * BLOCK + 1) is None
+    del left, right
+    gc.collect()
+    assert arena.allocate(SIZE) is not None
 
 
 @pytest.mark.parametrize(
-    ("datatype", "shape"),
+    ("datatype", "array"),
     [
-        ("BYTES", (1,)),  # variable size: the bytes, for the codec
-        ("FP32", (LARGE // 4 + 1,)),  # a byte count that does not match the shape: validation says so
-        ("FP32", (LARGE // 8,)),
-        ("NOPE", (LARGE,)),  # an unknown datatype
+        ("FP32", np.arange(24, dtype=np.float32).reshape(4, 6)),
+        ("FP32", np.arange(24, dtype=">f4").reshape(4, 6)),  # big-endian: placed little-endian
+        ("INT64", np.arange(24, dtype=np.int64).reshape(4, 6).T),  # not contiguous: placed row-major
+        ("BYTES", np.array([[b"a", b""], [b"\x00bc", b"longer element"]], dtype=np.object_)),  # framed
     ],
 )
-def test_restore_gives_bytes_where_an_array_would_be_wrong(
-    arena: RequestArena, datatype: str, shape: tuple[int, ...]
+def test_an_array_input_is_placed_as_its_wire_bytes(arena: RequestArena, datatype: str, array: np.ndarray) -> None:
+    tensor = Placement(arena, RUN).place(datatype, array.shape, array)
+    wire = bytes(bytes_codec.wire_bytes(datatype, array))
+    where = tensor.where
+    assert where is not None and (where.kind, where.segment, where.nbytes) == (Kind.ARENA, arena.name, len(wire))
+    assert _segment_bytes(arena.name, where.offset, where.nbytes) == wire
+    assert tensor.shape == array.shape and tensor.datatype == datatype
+    np.testing.assert_array_equal(tensor.array, array)
+
+
+def test_framed_bytes_elements_are_placed_as_they_came(arena: RequestArena) -> None:
+    elements = np.array([b"first", b"", b"third"], dtype=np.object_)
+    framed = bytes_codec.serialize(elements)
+    tensor = Placement(arena, RUN).place("BYTES", (3,), memoryview(framed))
+    assert tensor.where is not None and tensor.where.kind == Kind.ARENA
+    assert bytes(tensor.framed()) == framed
+    np.testing.assert_array_equal(tensor.array, elements)
+
+
+def test_a_placed_input_crosses_as_where_it_lies_and_is_read_there(arena: RequestArena) -> None:
+    values = np.arange(BLOCK // 4, dtype=np.float32).reshape(8, -1)
+    tensor = Placement(arena, RUN).place("FP32", values.shape, values)
+    message = pickle.dumps(tensor, protocol=5)
+    assert len(message) < 1024  # the bytes do not travel
+    crossed = pickle.loads(message)
+    assert crossed.where == tensor.where and crossed.lease is None
+    np.testing.assert_array_equal(crossed.array, values)
+
+
+def test_an_array_read_from_a_placed_input_holds_its_block_and_outlives_the_segment_name(
+    arena: RequestArena,
 ) -> None:
-    data = np.random.default_rng(5).integers(0, 256, LARGE, dtype=np.uint8).tobytes()
-    request = InferRequest("echo", "", (InferInput("X", datatype, shape, memoryview(data)),))
-    keep: list[object] = []
-    restored = ArenaViews(MappedOutputs()).restore(*_crossed(request, arena, keep))
-    tensor = restored.inputs[0]
-    assert isinstance(tensor.data, memoryview) and bytes(tensor.data) == data
-    assert (tensor.name, tensor.datatype, tensor.shape) == ("X", datatype, shape)
+    values = np.arange(BLOCK // 4, dtype=np.float32)
+    tensor = Placement(arena, RUN).place("FP32", values.shape, values)
+    array = tensor.array
+    del tensor
+    gc.collect()
+    assert arena.allocate(SIZE - BLOCK + 1) is None  # the array still reads the block
+    arena.close()  # unlinked: the mapping stays valid while its views live
+    np.testing.assert_array_equal(array, values)
+    del array
+    gc.collect()
+    assert arena.allocate(SIZE) is not None
 
 
-def test_restore_gives_the_raw_body_and_leaves_requests_without_refs_alone(arena: RequestArena) -> None:
-    views = ArenaViews(MappedOutputs())
-    raw = _floats(LARGE).tobytes()
-    keep: list[object] = []
-    restored = views.restore(*_crossed(InferRequest("echo", "", (), raw_body=memoryview(raw)), arena, keep))
-    assert isinstance(restored.raw_body, memoryview) and bytes(restored.raw_body) == raw
-    plain = InferRequest("echo", "", (InferInput("X", "FP32", (2,), _floats(2)),))
-    assert views.restore(plain, ()) is plain
+# -- when the arena is full, or there is none ----------------------------------------------
 
 
-def test_restored_arrays_outlive_the_views_object_and_the_segment_name(arena: RequestArena) -> None:
-    views = ArenaViews(MappedOutputs())
-    values = _floats(LARGE)
-    keep: list[object] = []
-    restored = views.restore(*_crossed(_fp32_request(values), arena, keep))
-    views.close()
-    arena.close()  # unlinked: the engine's mapping stays valid while its views live
-    np.testing.assert_array_equal(restored.inputs[0].data, values)
+def test_with_a_full_arena_an_input_gets_a_segment_of_its_own_until_the_tensor_goes(arena: RequestArena) -> None:
+    filler = arena.allocate(SIZE)
+    assert filler is not None
+    data = _random_bytes(1000)
+    placement = Placement(arena, RUN)
+    tensor = placement.place("UINT8", (1000,), memoryview(data))
+    where = tensor.where
+    assert where is not None and where.kind == Kind.ONE_OFF and (where.offset, where.nbytes) == (0, 1000)
+    assert where.segment != arena.name and where.segment.startswith(RUN.prefix)
+    path = SHM_DIRECTORY / where.segment
+    assert _segment_bytes(where.segment, 0, 1000) == data
+    assert pickle.loads(pickle.dumps(tensor)).where == where
+    view = tensor.array[10:20]  # a reader's view holds the segment too
+    assert bytes(view) == data[10:20]
+    del tensor
+    gc.collect()
+    assert path.exists()
+    del view
+    gc.collect()
+    assert not path.exists()
+    # Once the arena has room again, inputs go there.
+    del filler
+    gc.collect()
+    placed = placement.place("UINT8", (1000,), memoryview(data))
+    assert placed.where is not None and placed.where.segment == arena.name
 
 
-def test_one_mapping_per_arena_segment(arena: RequestArena) -> None:
-    views = ArenaViews(MappedOutputs())
-    keep: list[object] = []
-    first = views.restore(*_crossed(_fp32_request(_floats(LARGE)), arena, keep))
-    second = views.restore(*_crossed(_fp32_request(_floats(LARGE, 3.0)), arena, keep))
-    left, right = first.inputs[0].data, second.inputs[0].data
-    assert isinstance(left, np.ndarray) and isinstance(right, np.ndarray)
-    assert left.base is right.base  # the same mapping of the segment
-    np.testing.assert_array_equal(left, _floats(LARGE))
-    np.testing.assert_array_equal(right, _floats(LARGE, 3.0))
-    views.close()
+def test_without_an_arena_every_input_gets_a_segment_of_its_own() -> None:
+    placement = Placement(None, RUN)
+    values = np.arange(10, dtype=np.int32)
+    tensors = [
+        placement.place("INT32", (10,), values),
+        placement.place("INT32", (10,), memoryview(values.tobytes())),
+    ]
+    paths = []
+    for tensor in tensors:
+        where = tensor.where
+        assert where is not None and where.kind == Kind.ONE_OFF and where.nbytes == values.nbytes
+        assert where.segment.startswith(RUN.prefix)
+        np.testing.assert_array_equal(tensor.array, values)
+        paths.append(SHM_DIRECTORY / where.segment)
+    assert paths[0] != paths[1] and all(path.exists() for path in paths)
+    del tensor, tensors
+    gc.collect()
+    assert not any(path.exists() for path in paths)
+
+
+def test_request_arena_makes_the_arena() -> None:
+    made = request_arena(RUN.segment_name("requests0"), SIZE)
+    assert isinstance(made, RequestArena)
+    try:
+        assert (SHM_DIRECTORY / made.name).stat().st_size == SIZE
+        assert made.allocate(SIZE) is not None
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "logged"),
+    [
+        (errno.ENOSPC, UnavailableError, f"not enough shared memory for a request arena of {SIZE} bytes"),
+        (errno.ENOMEM, UnavailableError, f"not enough shared memory for a request arena of {SIZE} bytes"),
+        (errno.EIO, OSError, "reserving failed"),
+    ],
+)
+def test_no_request_arena_where_shared_memory_cannot_hold_it(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    code: int,
+    error: type[Exception],
+    logged: str,
+) -> None:
+    def refuse(descriptor: int, offset: int, length: int) -> None:
+        raise OSError(code, "reserving failed")
+
+    monkeypatch.setattr(os, "posix_fallocate", refuse)
+    name = RUN.segment_name("requests0")
+    with pytest.raises(error):
+        RequestArena(name, SIZE)
+    assert not (SHM_DIRECTORY / name).exists()
+    with caplog.at_level(logging.WARNING, logger="geserve.frontdoor.arena"):
+        assert request_arena(name, SIZE) is None
+    assert not (SHM_DIRECTORY / name).exists()
+    [record] = [record for record in caplog.records if record.name == "geserve.frontdoor.arena"]
+    assert record.levelno == logging.WARNING and logged in record.getMessage()
+    assert "no request arena" in record.getMessage()
+
+
+def test_no_request_arena_under_a_name_taken_and_the_segment_there_is_left_alone(
+    arena: RequestArena, caplog: pytest.LogCaptureFixture
+) -> None:
+    block = arena.allocate(4)
+    assert block is not None
+    block[:] = 7
+    with caplog.at_level(logging.WARNING, logger="geserve.frontdoor.arena"):
+        assert request_arena(arena.name, SIZE) is None
+    assert "no request arena" in caplog.text
+    assert (SHM_DIRECTORY / arena.name).stat().st_size == SIZE
+    assert _segment_bytes(arena.name, 0, 4) == b"\x07" * 4

@@ -10,12 +10,13 @@ import pytest
 
 from geserve.batching.lifecycle import InstanceLifecycle
 from geserve.batching.request import RequestTimestamps, ScheduledRequest
+from geserve.residency import SharedTensor
 from geserve.workers.batch import Batch
 from tests.unit.test_batcher import BATCHING, MS, Harness, policy_from, settle
 
 
 def request(value: float) -> ScheduledRequest:
-    return ScheduledRequest({"IN0": np.full((1, 2), value, np.float32)}, ("OUT0",))
+    return ScheduledRequest({"IN0": SharedTensor.local(np.full((1, 2), value, np.float32))}, ("OUT0",))
 
 
 async def test_execute_answers_the_timestamps_of_the_requests_batch() -> None:
@@ -32,7 +33,7 @@ async def test_execute_answers_the_timestamps_of_the_requests_batch() -> None:
     h.clock.advance(5 * MS)
     h.instances[0].finish()  # the scripted model ran from 1 ms after the batch started to 1 ms before now
     answered = await first
-    assert answered.outputs["OUT0"].tolist() == [[1.0, 1.0]]
+    assert answered.outputs["OUT0"].array.tolist() == [[1.0, 1.0]]
     assert answered.timestamps == RequestTimestamps(
         queued_at, dispatched_at, dispatched_at + MS, dispatched_at + 4 * MS, dispatched_at + 5 * MS
     )
@@ -81,7 +82,7 @@ async def test_stopping_gives_up_on_running_batches_after_the_timeout(caplog: py
 
 
 def test_a_batch_is_a_value() -> None:
-    batch = Batch({"IN0": [np.zeros(2)]}, ("OUT0",), ())
-    assert batch.streams == {} and not batch.keep_outputs
+    batch = Batch({"IN0": [SharedTensor.local(np.zeros(2))]}, ("OUT0",), ())
+    assert batch.streams == {} and batch.cancellable == {} and batch.chain == ()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        batch.keep_outputs = True  # type: ignore[misc]
+        batch.chain = (("m", 1, "i0"),)  # type: ignore[misc]

@@ -16,10 +16,11 @@ from geserve.core import response_cache
 from geserve.core.response_cache import ResponseCache, entry_bytes, frozen_copy, request_key
 from geserve.core.stats import ModelStats
 from geserve.errors import InvalidArgumentError, ModelLoadError
+from geserve.residency import SharedTensor
 
 
 def request(outputs: tuple[str, ...] = ("OUT",), **inputs: np.ndarray) -> ScheduledRequest:
-    return ScheduledRequest(inputs, outputs)
+    return ScheduledRequest({name: SharedTensor.local(array) for name, array in inputs.items()}, outputs)
 
 
 FOUR = np.arange(4, dtype=np.float32)
@@ -119,9 +120,9 @@ def test_cached_outputs_are_copies_that_no_one_can_change() -> None:
     produced[:] = -1  # the worker's arena is reused by the next batch
     found = cache.lookup(b"k")
     assert found is not None
-    np.testing.assert_array_equal(found["OUT"], [0, 1, 2, 3])
+    np.testing.assert_array_equal(found["OUT"].array, [0, 1, 2, 3])
     with pytest.raises(ValueError, match="read-only"):
-        found["OUT"][0] = 7
+        found["OUT"].array[0] = 7
     found.pop("OUT")  # the dict a hit gets is its own
     assert cache.lookup(b"k") is not None
 
@@ -138,7 +139,7 @@ class CountingScheduler:
         self.executions += 1
         if self.fail:
             raise RuntimeError("model failed")
-        return ScheduledResponse({"OUT": np.asarray(scheduled.inputs["A"]) * 2})
+        return ScheduledResponse({"OUT": SharedTensor.local(scheduled.inputs["A"].array * 2)})
 
 
 class Version:
@@ -164,7 +165,7 @@ def test_a_hit_skips_the_model_and_counts_as_triton_does() -> None:
     version = Version(ResponseCache(1 << 20), scheduler)
     first = run(version, request(A=FOUR))
     second = run(version, request(A=FOUR.copy()))
-    np.testing.assert_array_equal(second.outputs["OUT"], first.outputs["OUT"])
+    np.testing.assert_array_equal(second.outputs["OUT"].array, first.outputs["OUT"].array)
     assert scheduler.executions == 1
     stats = version.stats
     assert (stats.cache_hit.count, stats.cache_miss.count) == (1, 1)
@@ -236,7 +237,7 @@ def test_a_broken_cache_does_not_fail_the_request(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(response_cache, "request_key", broken)
     scheduler = CountingScheduler()
     answered = run(Version(ResponseCache(1 << 20), scheduler), request(A=FOUR))
-    np.testing.assert_array_equal(answered.outputs["OUT"], FOUR * 2)
+    np.testing.assert_array_equal(answered.outputs["OUT"].array, FOUR * 2)
     assert scheduler.executions == 1
 
 

@@ -14,6 +14,7 @@ from geserve.core.stats import ModelStats
 from geserve.errors import InvalidArgumentError, UnavailableError
 from geserve.repository.config import parse_config_text
 from geserve.repository.sequence import settings_of
+from geserve.residency import SharedTensor
 from geserve.workers.pool import InstancePool
 from tests.unit.test_batcher import MS, ManualClock, ScriptedInstance, outputs_of, settle
 
@@ -52,7 +53,7 @@ class Harness:
         array = np.full((1, 2) if self.batched else (2,), value, dtype=np.float32)
         parameters: dict[str, Any] = {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
         return asyncio.ensure_future(
-            outputs_of(self.scheduler, ScheduledRequest({"IN0": array}, ("OUT0",), parameters))
+            outputs_of(self.scheduler, ScheduledRequest({"IN0": SharedTensor.local(array)}, ("OUT0",), parameters))
         )
 
     def column(self, batch: int, name: str, instance: int = 0) -> list[Any]:
@@ -191,7 +192,7 @@ async def test_batch_size_above_one_is_refused() -> None:
     parameters: dict[str, Any] = {"sequence_id": 3, "sequence_start": True}
     array = np.zeros((2, 2), dtype=np.float32)
     with pytest.raises(InvalidArgumentError, match="must specify batch-size 1 due to requirements of sequence batcher"):
-        await h.scheduler.execute(ScheduledRequest({"IN0": array}, ("OUT0",), parameters))
+        await h.scheduler.execute(ScheduledRequest({"IN0": SharedTensor.local(array)}, ("OUT0",), parameters))
 
 
 @pytest.mark.parametrize(
@@ -241,7 +242,9 @@ async def test_a_version_whose_instances_are_all_passive_says_so() -> None:
         await outputs_of(
             passive_only,
             ScheduledRequest(
-                {"IN0": np.ones((1, 2), np.float32)}, ("OUT0",), {"sequence_id": 1, "sequence_start": True}
+                {"IN0": SharedTensor.local(np.ones((1, 2), np.float32))},
+                ("OUT0",),
+                {"sequence_id": 1, "sequence_start": True},
             ),
         )
     assert h.instances[0].batches == []

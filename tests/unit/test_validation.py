@@ -12,7 +12,8 @@ from geserve.core import validation
 from geserve.core.models import ModelVersion
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.repository.config import parse_config_text
-from geserve.types import InferInput, InferRequest, RequestedOutput
+from geserve.residency import Kind, Residency, SharedTensor
+from geserve.types import InferInput, InferRequest, Parameters, RequestedOutput
 from tests.unit.builders import model_version
 
 CONFIG = """
@@ -51,12 +52,13 @@ def request(inputs: list[InferInput], **kwargs: Any) -> InferRequest:
 
 
 def test_good_request_becomes_arrays(model: ModelVersion) -> None:
-    arrays = validation.validate_inputs(request(good_inputs(3)), model)
-    assert arrays["A"].shape == (3, 2, 3) and arrays["A"].dtype == np.int32
-    assert arrays["A"][2, 1, 2] == 17
-    assert arrays["R"].shape == (3, 2, 2)  # reshaped for the backend
-    assert arrays["S"][1, 1] == b"yz"
-    assert "O" not in arrays  # optional inputs may be left out
+    tensors = validation.validate_inputs(request(good_inputs(3)), model)
+    assert tensors["A"].shape == (3, 2, 3) and tensors["A"].dtype == np.int32
+    assert tensors["A"].array.shape == (3, 2, 3) and tensors["A"].array.dtype == np.int32
+    assert tensors["A"].array[2, 1, 2] == 17
+    assert tensors["R"].shape == (3, 2, 2) and tensors["R"].array.shape == (3, 2, 2)  # reshaped for the backend
+    assert tensors["S"].datatype == "BYTES" and tensors["S"].array[1, 1] == b"yz"
+    assert "O" not in tensors  # optional inputs may be left out
 
 
 def replace_input(index: int, tensor: InferInput) -> list[InferInput]:
@@ -166,16 +168,34 @@ def test_shared_memory_inputs_need_a_reader_and_classification_a_count(model: Mo
         validation.requested_output_names(both, model)
 
 
-def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(model: ModelVersion) -> None:
-    reads: list[str] = []
+class Regions:
+    """Client shared memory as validation reads it: one region, "r", holding 0..5 as INT32; what was read or located
+    is recorded."""
 
-    def reader(parameters: Any, what: str, check: Callable[[int], None]) -> memoryview:
-        check(parameters["shared_memory_byte_size"])  # as the region does, once its bounds are checked
-        reads.append(what)
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+        self.located: list[str] = []
+
+    def read(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> memoryview:
+        size = parameters["shared_memory_byte_size"]
+        assert check is not None and isinstance(size, int)
+        check(size)  # as the region does, once its bounds are checked
+        self.reads.append(what)
         return raw(np.arange(6, dtype=np.int32))
 
+    def locate(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> SharedTensor:
+        size = parameters["shared_memory_byte_size"]
+        assert check is not None and isinstance(size, int)
+        check(size)
+        self.located.append(what)
+        return SharedTensor("UINT8", (size,), Residency(Kind.CLIENT, "r", 64, size))
+
+
+def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(model: ModelVersion) -> None:
+    regions = Regions()
+
     def in_region(name: str, datatype: str, shape: tuple[int, ...], byte_size: int) -> list[InferInput]:
-        parameters = {"shared_memory_region": "r", "shared_memory_byte_size": byte_size}
+        parameters: Parameters = {"shared_memory_region": "r", "shared_memory_byte_size": byte_size}
         return replace_input(0, InferInput(name, datatype, shape, memoryview(b""), parameters))
 
     refused = [
@@ -186,10 +206,23 @@ def test_shared_memory_is_read_only_for_a_checked_input_of_the_tensors_size(mode
     ]
     for inputs, message in refused:
         with pytest.raises(InvalidArgumentError, match=message):
-            validation.validate_inputs(request(inputs), model, reader)
-    assert reads == []
-    arrays = validation.validate_inputs(request(in_region("A", "INT32", (1, 2, 3), 24)), model, reader)
-    assert reads == ["input 'A'"] and arrays["A"][0, 1, 2] == 5
+            validation.validate_inputs(request(inputs), model, regions)
+        # Placed in shared memory (the front door), a region's input is located, not read: checked all the same.
+        with pytest.raises(InvalidArgumentError, match=message):
+            validation.validate_inputs(request(inputs), model, regions, place=placed)
+    assert regions.reads == [] and regions.located == []
+    tensors = validation.validate_inputs(request(in_region("A", "INT32", (1, 2, 3), 24)), model, regions)
+    assert regions.reads == ["input 'A'"] and tensors["A"].array[0, 1, 2] == 5
+    located = validation.validate_inputs(request(in_region("A", "INT32", (1, 2, 3), 24)), model, regions, place=placed)
+    assert regions.reads == ["input 'A'"] and regions.located == ["input 'A'"]
+    tensor = located["A"]
+    assert (tensor.datatype, tensor.shape) == ("INT32", (1, 2, 3))
+    assert tensor.where == Residency(Kind.CLIENT, "r", 64, 24)  # left where it lies, for the worker to read
+
+
+def placed(datatype: str, shape: tuple[int, ...], data: memoryview | np.ndarray) -> SharedTensor:
+    """A stand-in for the front door's placement: where the bytes would go does not matter here."""
+    return SharedTensor.zeros(datatype, shape)
 
 
 def test_bytes_element_limit_is_checked_from_the_shape_before_any_decode(model: ModelVersion) -> None:

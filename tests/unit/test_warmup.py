@@ -16,6 +16,7 @@ from geserve.core import warmup
 from geserve.core.models import ModelVersion
 from geserve.errors import InternalError, ModelLoadError
 from geserve.repository.config import parse_config_text
+from geserve.residency import SharedTensor
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult
 from tests.unit.builders import model_version
@@ -61,9 +62,10 @@ def _load_error(tmp_path: Path, **fields: Any) -> str:
 def test_zero_and_random_data_make_batch_size_requests_of_one_row(tmp_path: Path) -> None:
     (sample,) = _samples(tmp_path, batch_size=2, count=3)
     assert (sample.name, sample.count, sample.batch_size, sample.output_names) == ("s", 3, 2, ("Y",))
-    np.testing.assert_array_equal(sample.inputs["F"], np.zeros((1, 2, 3), np.float32))
-    assert sample.inputs["S"].tolist() == [[b"", b""]]  # Triton's zero data for strings: empty elements
+    np.testing.assert_array_equal(sample.inputs["F"].array, np.zeros((1, 2, 3), np.float32))
+    assert sample.inputs["S"].array.tolist() == [[b"", b""]]  # Triton's zero data for strings: empty elements
     assert sample.inputs["B"].shape == (1, 3) and sample.inputs["B"].dtype == np.bool_
+    assert sample.inputs["B"].array.shape == (1, 3) and sample.inputs["B"].array.dtype == np.bool_
     batch = sample.batch()
     assert [len(blocks) for blocks in batch.inputs.values()] == [2, 2, 2]
     assert [info.rows for info in batch.requests] == [1, 1]
@@ -82,8 +84,8 @@ def test_input_data_file_is_read_from_the_warmup_folder(tmp_path: Path) -> None:
     (folder / "f.bin").write_bytes(values.tobytes() + b"extra bytes are not read")
     (folder / "s.bin").write_bytes(b"".join(struct.pack("<I", len(v)) + v for v in (b"ab", b"c")))
     (sample,) = _samples(tmp_path, f='input_data_file: "f.bin"', s='input_data_file: "s.bin"')
-    np.testing.assert_array_equal(sample.inputs["F"], values.reshape(1, 2, 3))
-    assert sample.inputs["S"].tolist() == [[b"ab", b"c"]]
+    np.testing.assert_array_equal(sample.inputs["F"].array, values.reshape(1, 2, 3))
+    assert sample.inputs["S"].array.tolist() == [[b"ab", b"c"]]
 
 
 @pytest.mark.parametrize(
@@ -198,7 +200,7 @@ class _Instances:
 
 
 def _sample(name: str, count: int, batch_size: int = 2) -> WarmupSample:
-    return WarmupSample(name, count, batch_size, {"I": np.zeros((1, 2), np.float32)}, ("O",))
+    return WarmupSample(name, count, batch_size, {"I": SharedTensor.local(np.zeros((1, 2), np.float32))}, ("O",))
 
 
 def test_every_instance_runs_every_sample_count_times() -> None:
@@ -229,6 +231,7 @@ model_warmup [ { name: "first" batch_size: 1
     (sample,) = warmup.build_samples(model_version(parse_config_text(text, "c")), tmp_path)
     assert sample.inputs["I"].shape == (1, 1)
     assert sample.inputs["START"].shape == (1, 1) and sample.inputs["START"].dtype == np.int32
+    assert sample.inputs["START"].array.tolist() == [[0]]
 
 
 class _Streaming(_Instances):
@@ -237,13 +240,14 @@ class _Streaming(_Instances):
     async def _run(self, index: int, batch: Batch) -> BatchResult:
         self.runs.append(index)
         for request, stream in batch.streams.items():
-            stream.put({"O": np.zeros(1)}, None, False)
+            stream.put({"O": SharedTensor.local(np.zeros(1))}, None, False)
             stream.put(None, InternalError(f"stream {request} broke") if request == 1 else None, True)
         return BatchResult(tuple({} for _ in batch.requests), 0, 0)
 
 
 def test_a_decoupled_sample_reads_every_stream_to_its_end() -> None:
-    decoupled = WarmupSample("d", 1, 2, {"I": np.zeros((1, 2), np.float32)}, ("O",), decoupled=True)
+    inputs = {"I": SharedTensor.local(np.zeros((1, 2), np.float32))}
+    decoupled = WarmupSample("d", 1, 2, inputs, ("O",), decoupled=True)
     with pytest.raises(ModelLoadError) as raised:
         asyncio.run(warm_up("m", _Streaming(1), [decoupled]))
     assert raised.value.message == "failed to run warmup sample 'd': stream 1 broke; "

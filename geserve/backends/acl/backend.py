@@ -218,6 +218,11 @@ class AclBackend:
 
     def stage(self, inputs: Mapping[str, np.ndarray]) -> _Staged:
         """Copy the batch to a free input side. The model may be running the batch on the other side."""
+        return self.stage_blocks({name: (array,) for name, array in inputs.items()})
+
+    def stage_blocks(self, inputs: Mapping[str, Sequence[np.ndarray]]) -> _Staged:
+        """`stage` for a batch given as each input's row blocks (the requests' rows where they lie): each block is
+        copied to its rows on the device, so the batch is never joined in host memory first."""
         acl = self._require()
         om = self._require_model()
         rows, gear = self._rows_and_gear(inputs, om)
@@ -229,7 +234,7 @@ class AclBackend:
             raise InternalError(f"model '{acl.model_name}': two batches are already staged or running")
         try:
             for name, buffer in side.by_name.items():
-                self._copy_input(acl, name, np.asarray(inputs[name]), buffer, gear)
+                self._copy_input(acl, name, [np.asarray(block) for block in inputs[name]], buffer, gear)
         except BaseException:
             self._free_sides.append(side)
             raise
@@ -308,44 +313,53 @@ class AclBackend:
         assert isinstance(staged, _Staged) and not staged.launched
         self._free_sides.append(staged.side)
 
-    def _rows_and_gear(self, inputs: Mapping[str, np.ndarray], om: OmDescription) -> tuple[int | None, int | None]:
+    def _rows_and_gear(
+        self, inputs: Mapping[str, Sequence[np.ndarray]], om: OmDescription
+    ) -> tuple[int | None, int | None]:
         """Rows in this batch and the gear they run at; (None, None) for a model without a batch dim."""
         if not (om.gears or (self._batched and om.rows)):
             return None, None
-        first = np.asarray(inputs[om.inputs[0].name])
-        rows = int(first.shape[0]) if first.ndim else 1
+        blocks = [np.asarray(block) for block in inputs[om.inputs[0].name]]
+        rows = sum(int(block.shape[0]) if block.ndim else 1 for block in blocks)
         if rows > om.rows:
             raise InternalError(
                 f"model '{self._require().model_name}': a batch of {rows} exceeds the largest gear {om.rows}"
             )
         return rows, om.gear_for(rows)
 
-    def _copy_input(self, acl: Acl, name: str, array: np.ndarray, buffer: _DeviceBuffer, gear: int | None) -> None:
+    def _copy_input(
+        self, acl: Acl, name: str, blocks: list[np.ndarray], buffer: _DeviceBuffer, gear: int | None
+    ) -> None:
         tensor = buffer.tensor
         assert tensor is not None and tensor.datatype is not None
-        if array.dtype != tensor.datatype.numpy:
-            raise InternalError(
-                f"model '{acl.model_name}': input '{name}' is {array.dtype}, expected {tensor.datatype.numpy}"
-            )
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)  # arena views are contiguous; this is for other callers
+        for block in blocks:
+            if block.dtype != tensor.datatype.numpy:
+                raise InternalError(
+                    f"model '{acl.model_name}': input '{name}' is {block.dtype}, expected {tensor.datatype.numpy}"
+                )
+        # Arena views are contiguous; this is for other callers.
+        blocks = [block if block.flags.c_contiguous else np.ascontiguousarray(block) for block in blocks]
+        nbytes = sum(block.nbytes for block in blocks)
         needed = gear * tensor.row_bytes if gear is not None else buffer.size
-        if array.nbytes > needed or (gear is None and array.nbytes != needed):
+        if nbytes > needed or (gear is None and nbytes != needed):
             raise InternalError(
-                f"model '{acl.model_name}': input '{name}' holds {array.nbytes} bytes; the model takes {needed}"
+                f"model '{acl.model_name}': input '{name}' holds {nbytes} bytes; the model takes {needed}"
             )
         rt = acl.module.rt
-        if array.nbytes:
-            # Straight from the caller's memory (the shared-memory arena) to the device.
-            acl.check(
-                "acl.rt.memcpy", rt.memcpy(buffer.address, buffer.size, array.ctypes.data, array.nbytes, self._copy_in)
-            )
-        if needed > array.nbytes:
+        offset = 0
+        for block in blocks:
+            if block.nbytes:
+                # Straight from where the request's rows lie (the shared-memory arena) to their place on the device.
+                acl.check(
+                    "acl.rt.memcpy",
+                    rt.memcpy(
+                        buffer.address + offset, buffer.size - offset, block.ctypes.data, block.nbytes, self._copy_in
+                    ),
+                )
+            offset += block.nbytes
+        if needed > nbytes:
             # Rows that only fill the gear: zeros, so padding never computes on stale data.
-            acl.check(
-                "acl.rt.memset",
-                rt.memset(buffer.address + array.nbytes, buffer.size - array.nbytes, 0, needed - array.nbytes),
-            )
+            acl.check("acl.rt.memset", rt.memset(buffer.address + nbytes, buffer.size - nbytes, 0, needed - nbytes))
         if buffer.presented != needed:
             acl.check(
                 "acl.update_data_buffer", acl.module.update_data_buffer(buffer.data_buffer, buffer.address, needed)
