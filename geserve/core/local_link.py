@@ -49,6 +49,9 @@ class LocalEngineLink:
     def stream(self, submission: Submission) -> AsyncGenerator[Answer]:
         return self._service.stream_submission(submission)
 
+    async def refresh(self) -> bool:
+        return False  # the engine's own models and regions: never behind
+
     def refused(self, model_name: str, version: int) -> None:
         self._service.refused(model_name, version)
 

@@ -73,6 +73,9 @@ class _Regions:
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()  # reads and writes of large tensors run on worker threads
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._regions
+
     # -- tensors in regions --------------------------------------------------------------------
 
     def _span(self, parameters: Parameters, what: str) -> tuple[_Region, int, int]:

@@ -29,6 +29,11 @@ class EngineLink(Protocol):
         """Every response, the last one final; an error before the model answers is raised."""
         ...
 
+    async def refresh(self) -> bool:
+        """Bring the models and regions up to the engine's now (False: they are the engine's own, never behind).
+        Asked where a request names something they lack: another process may have just loaded or registered it."""
+        ...
+
     def refused(self, model_name: str, version: int) -> None:
         """A request refused by its checks here: a failure of the version's requests, which the engine counts."""
         ...

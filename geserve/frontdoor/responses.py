@@ -17,6 +17,10 @@ from geserve.types import InferRequest, InferResponse, OutputTensor, Parameters
 class ClientRegions(Protocol):
     """Client shared-memory regions as a request uses them: the engine's registry, or a protocol process's mirror."""
 
+    def __contains__(self, name: object) -> bool:
+        """Whether a region of that name is registered."""
+        ...
+
     def locate(self, parameters: Parameters, what: str, check: Callable[[int], None] | None = None) -> SharedTensor:
         """Where an input lies in its region, for a worker to read it there."""
         ...

@@ -11,10 +11,11 @@ from geserve._generated import model_config_pb2 as mc
 from geserve.core import limits, validation
 from geserve.core.api import InferenceAPI
 from geserve.core.raw import raw_input
+from geserve.core.shared_memory import REGION
 from geserve.errors import DecoupledModelError, GeserveError
 from geserve.frontdoor.link import EngineLink
 from geserve.frontdoor.placement import Placement
-from geserve.frontdoor.responses import ResponseBuilder
+from geserve.frontdoor.responses import ClientRegions, ResponseBuilder
 from geserve.offload import DECODE_BYTES, off_loop
 from geserve.snapshots import ServedVersion, find_version
 from geserve.submissions import Answer, Submission
@@ -75,7 +76,7 @@ class FrontDoor:
         limits.check_request(request.id, request.parameters)
         try:
             validation.check_parameters(request.parameters)
-            version = find_version(self._link.models, request.model_name, request.model_version)
+            version = await self._version(request)
             if request.raw_body is not None:
                 tensor = raw_input(request.raw_body, version.name, tuple(version.inputs.values()))
                 request = replace(request, inputs=(tensor,), raw_body=None)
@@ -104,6 +105,21 @@ class FrontDoor:
             request.id,
         )
         return version, submission
+
+    async def _version(self, request: InferRequest) -> ServedVersion:
+        """The version a request addresses. A model or a client region it names that the snapshots lack is asked of
+        the engine once before the request is refused: another protocol process may have just loaded or registered
+        it, and the client, told it is done, expects it to serve (the pushed snapshot may still be on its way)."""
+        try:
+            version = find_version(self._link.models, request.model_name, request.model_version)
+        except GeserveError:
+            if not await self._link.refresh():
+                raise
+            version = find_version(self._link.models, request.model_name, request.model_version)
+        else:
+            if _unknown_regions(request, self._link.regions) and await self._link.refresh():
+                version = find_version(self._link.models, request.model_name, request.model_version)
+        return version
 
     def _checked_inputs(self, request: InferRequest, version: ServedVersion) -> dict[str, Any]:
         return validation.validate_inputs(
@@ -221,3 +237,10 @@ class FrontDoor:
 
 def _implements(front_door: FrontDoor) -> InferenceAPI:
     return front_door  # mypy checks that the front door implements the whole interface
+
+
+def _unknown_regions(request: InferRequest, regions: ClientRegions) -> bool:
+    """Whether the request names a client region `regions` does not hold."""
+    named = [tensor.parameters.get(REGION) for tensor in request.inputs if tensor.parameters]
+    named += [output.parameters.get(REGION) for output in request.outputs if output.parameters]
+    return any(name is not None and name not in regions for name in named)

@@ -25,10 +25,13 @@ MODELS_EVENT = "models"  # the served models' snapshot (snapshots.ModelView by n
 REGIONS_EVENT = "regions"  # the client regions registered (snapshots.RegionView)
 # A request, scheduled from its submission: answered with the outputs' descriptors and a lease.
 SUBMIT_METHOD = "infer_submission"
+# The models and regions as the engine has them now: asked for by a protocol process that found a name missing
+# from its snapshots, which another process may have just loaded or registered (the event is on its way).
+SNAPSHOTS_METHOD = "snapshots"
 STREAM_METHODS = frozenset({"stream_submission"})
 # Every coroutine method of the engine's API, a submission, and a refused request (for the statistics): the only
 # names a call may carry.
 CALL_METHODS = frozenset(
     {name for name, member in vars(EngineAPI).items() if callable(member) and not name.startswith("_")}
-    | {SUBMIT_METHOD, "refused"}
+    | {SUBMIT_METHOD, SNAPSHOTS_METHOD, "refused"}
 )

@@ -16,6 +16,7 @@ from geserve.multiprocess.calls import (
     LOG_SETTINGS_EVENT,
     MODELS_EVENT,
     REGIONS_EVENT,
+    SNAPSHOTS_METHOD,
     STREAM_METHODS,
     SUBMIT_METHOD,
     Kind,
@@ -93,6 +94,8 @@ class EngineEndpoint:
         if method == "refused":
             service.refused(*args)
             return None
+        if method == SNAPSHOTS_METHOD:
+            return self._snapshot(MODELS_EVENT), self._snapshot(REGIONS_EVENT)
         value = await getattr(service, method)(*args)
         if method == "update_log_settings":
             self.broadcast(LOG_SETTINGS_EVENT, value)

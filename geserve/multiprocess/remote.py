@@ -16,6 +16,7 @@ from geserve.errors import InternalError, UnavailableError
 from geserve.multiprocess.calls import (
     MODELS_EVENT,
     REGIONS_EVENT,
+    SNAPSHOTS_METHOD,
     Kind,
 )
 from geserve.multiprocess.framing import FrameProtocol
@@ -208,6 +209,12 @@ class RemoteEngineLink:
             self._streams.pop(call_id, None)
             if not finished and not self.lost.is_set():
                 self._channel.send((Kind.CANCEL, call_id))
+
+    async def refresh(self) -> bool:
+        models, regions = await self._call(SNAPSHOTS_METHOD)
+        self._models = models
+        self._regions.apply(regions)
+        return True
 
     def refused(self, model_name: str, version: int) -> None:
         # Sent without waiting for the answer (dropped when it comes): only the engine's statistics change.

@@ -9,7 +9,7 @@ import gc
 import secrets
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -543,6 +543,36 @@ async def test_a_region_registered_through_the_engine_is_read_and_written_by_the
         unregistered = await _outcome(remote.door.infer(request))
         assert unregistered[0] == "error" and unregistered == await _outcome(channel.local.infer(request))
         assert len(channel.engine.submissions) == 1
+    finally:
+        (SHM_DIRECTORY / key).unlink(missing_ok=True)
+
+
+async def test_a_model_or_region_the_snapshots_lack_yet_is_asked_of_the_engine_before_a_request_is_refused(
+    shm_channel: Channel,
+) -> None:
+    """Loaded or registered through another protocol process, whose client goes on at once: the pushed snapshot
+    may still be on its way, so a name missing here is asked of the engine before the request is refused."""
+    channel = shm_channel
+    remote = await channel.connect()
+    key = f"remote-api-test-{secrets.token_hex(8)}"
+    values = _values(64, 11)
+    (SHM_DIRECTORY / key).write_bytes(values.tobytes())
+    try:
+        await remote.door.register_shared_memory("region", "/" + key, 0, values.nbytes)
+        await _until(lambda: "region" in remote.link.regions)
+        # As the snapshots are before the engine's push arrives.
+        remote.link._models = {name: model for name, model in remote.link.models.items() if name != "echo"}
+        remote.link._regions.apply(())
+        parameters: dict[str, str | int] = {"shared_memory_region": "region", "shared_memory_byte_size": values.nbytes}
+        request = InferRequest(
+            "echo", "", (InferInput("INPUT0", "FP32", values.shape, memoryview(b""), parameters),), id="fresh"
+        )
+        response = await remote.door.infer(request)
+        np.testing.assert_array_equal(response.outputs[0].data, values)
+        assert "echo" in remote.link.models and "region" in remote.link.regions
+        # What the engine lacks too is refused as in process, after one look.
+        unknown = _outcome(remote.door.infer(replace(request, model_name="nope")))
+        assert await unknown == await _outcome(channel.local.infer(replace(request, model_name="nope")))
     finally:
         (SHM_DIRECTORY / key).unlink(missing_ok=True)
 
