@@ -104,6 +104,7 @@ def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> 
         drain_delay_secs=args.drain_delay_secs,
         max_bytes_elements=args.max_bytes_tensor_elements,
         frontend_processes=args.frontend_processes or auto_frontend_processes(),
+        protocol_healthcheck_secs=args.protocol_healthcheck_secs,
         warnings=(*cache_warnings, *warnings),
         allow_client_shm=args.allow_client_shm,
         max_client_shm_regions=args.max_client_shm_regions,

@@ -196,6 +196,24 @@ def _add_lifecycle_flags(group: argparse._ArgumentGroup) -> None:
         "gRPC byte work and one engine owning the models, batching and workers; auto: from the usable cores "
         "(default: 1)",
     )
+    group.add_argument(
+        "--protocol-healthcheck-secs",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --frontend-processes N >= 2: a protocol process whose event loop does not answer the "
+        "supervisor's ping (sent every second) for this long is killed and replaced; 0: never (default: 10)",
+    )
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a finite number of seconds, 0 or more")
+    return number
 
 
 def _repeatable(group: argparse._ArgumentGroup, flag: str, metavar: str, help_text: str) -> None:

@@ -83,6 +83,9 @@ class ServerSettings:
     request_arena_bytes: int = DEFAULT_REQUEST_ARENA_BYTES  # where a process's requests' inputs are placed
     # 1: one process does everything; N >= 2: a supervisor, N protocol processes and one engine.
     frontend_processes: int = 1
+    # A protocol process whose event loop has not answered the supervisor's ping for this long is killed and
+    # replaced (0: never); uvicorn's --timeout-worker-healthcheck for its workers.
+    protocol_healthcheck_secs: float = 10.0
     warnings: tuple[str, ...] = ()  # about flags accepted but not honoured, logged at start
     allow_client_shm: bool = False
     # Each registered region holds a file descriptor: without a cap, clients exhaust them and every new

@@ -16,8 +16,10 @@ DRAIN = b"drain"  # report not ready (engine); serve the drain window, then stop
 REFUSE = b"refuse"  # the drain window is over: admit no new request, finish those admitted (engine)
 STOP = b"stop"  # every protocol process has exited: stop the workers and exit (engine)
 KILL = b"kill"  # a second signal: exit now
+PING = b"ping"  # answer PONG from the event loop (protocol): a loop that does not answer is stuck
 # Process -> supervisor.
 READY = b"ready"
+PONG = b"pong"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from geserve.http.direct import heap_body
 from geserve.listeners import Listener, grpc_server, http_listener, stop_front_ends
 from geserve.multiprocess.calls import LOG_SETTINGS_EVENT
 from geserve.multiprocess.connection_count import SharedConnectionCount, SharedListening
-from geserve.multiprocess.control import DRAIN, KILL, READY, ControlLine, Launch
+from geserve.multiprocess.control import DRAIN, KILL, PING, PONG, READY, ControlLine, Launch
 from geserve.multiprocess.remote import RemoteEngineLink
 from geserve.settings import LoggingSettings
 
@@ -89,7 +89,12 @@ async def _serve(launch: Launch, control: ControlLine, link: RemoteEngineLink, a
                 return 1
         control.tell(READY)
         lost = asyncio.ensure_future(link.lost.wait())
-        await asyncio.wait([word, lost], return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            await asyncio.wait([word, lost], return_when=asyncio.FIRST_COMPLETED)
+            if lost.done() or word.result() != PING:
+                break
+            control.tell(PONG)  # from the loop itself: a loop stuck in a request cannot answer
+            word = asyncio.ensure_future(control.next_word())
         if lost.done():
             logger.error("the engine closed its channel: exiting")
             grace_s = 0.0

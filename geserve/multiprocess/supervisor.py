@@ -22,7 +22,7 @@ from pathlib import Path
 
 from geserve.multiprocess.child import run_child
 from geserve.multiprocess.connection_count import create_counts, forget_listener
-from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, Launch, send_word
+from geserve.multiprocess.control import DRAIN, KILL, PING, PONG, READY, REFUSE, STOP, Launch, send_word
 from geserve.settings import Settings
 from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
 from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 _PR_SET_CHILD_SUBREAPER = 36
 _TICK_S = 0.05
 _RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+_PING_S = 1.0  # between pings of a protocol process
 _STABLE_S = 30.0  # a protocol process that ran this long restarts without delay
 _DESCENDANTS_GRACE_S = 5.0  # for workers to notice their engine is gone before they are killed
 
@@ -49,6 +50,8 @@ class _Child:
     arena: str = ""  # a protocol process's request arena, removed once it is gone
     ready: bool = False
     exited: int | None = None
+    unanswered_since: float | None = None  # when the ping not yet answered was sent
+    next_ping: float = 0.0
     _buffer: bytes = b""
 
     @property
@@ -161,6 +164,7 @@ class Supervisor:
         if status is not None:
             return status
         self._restart_due()
+        self._ping_protocols()
         if time.monotonic() >= self._state.drain_ends:
             # As in one process: what is admitted finishes, what arrives now is refused (streams included).
             self._state.drain_ends = float("inf")
@@ -186,9 +190,37 @@ class Supervisor:
                     logger.info("the engine (pid %d) is serving", child.pid)
                 elif not self._announced and all(other.ready for other in self._protocols.values()):
                     self._announce()
+            elif word == PONG:
+                child.unanswered_since = None
             elif word == b"":
                 self._selector.unregister(child.control)
                 break
+
+    def _ping_protocols(self) -> None:
+        """Ping each serving protocol process once a second; one whose event loop has not answered within
+        --protocol-healthcheck-secs is stuck (a request that blocks its loop, a deadlock) and is killed, to be
+        replaced like any protocol process that dies."""
+        timeout_s = self.settings.server.protocol_healthcheck_secs
+        if not timeout_s or self._state.stopping:
+            return
+        now = time.monotonic()
+        for child in self._protocols.values():
+            if not child.ready or child.exited is not None:
+                continue
+            if child.unanswered_since is not None and now - child.unanswered_since > timeout_s:
+                logger.error(
+                    "%s (pid %d) has not answered for %g s: its event loop is stuck; killing it",
+                    child.name,
+                    child.pid,
+                    timeout_s,
+                )
+                child.unanswered_since = None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+            elif child.unanswered_since is None and now >= child.next_ping:
+                child.unanswered_since = now
+                child.next_ping = now + _PING_S
+                send_word(child.control, PING)
 
     def _announce(self) -> None:
         """One line per service once every protocol process listens, as a single process says it."""

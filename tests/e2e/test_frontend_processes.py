@@ -345,6 +345,45 @@ def test_a_killed_protocol_process_is_replaced_and_the_server_keeps_answering(la
     assert not segments_of_server(pid)
 
 
+def test_a_protocol_process_whose_loop_stops_answering_is_killed_and_replaced(launch: Launch, repository: Path) -> None:
+    """The supervisor pings each protocol process's event loop; one that stops answering (here: stopped with
+    SIGSTOP, as a loop stuck in a request would be) is killed and replaced, and the server keeps answering."""
+    server = start_echo(launch, repository, TWO, "--protocol-healthcheck-secs=2")
+    first = protocol_pids(server)
+    victim = first[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: victim not in protocol_pids(server) and len(protocol_pids(server)) == 2, 30), (
+            server.log()
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+    assert re.search(
+        rf"protocol process \d \(pid {victim}\) has not answered for 2 s: its event loop is stuck", server.log()
+    )
+    assert [int(pid) for _, pid, _ in RESTARTED.findall(server.log())] == [victim], server.log()
+    # The other process, alive all along, was never taken for stuck: answering is all a ping asks.
+    time.sleep(3)
+    assert first[1] in protocol_pids(server) and server.log().count("has not answered") == 1, server.log()
+    with EchoLoad(server, threads=4) as after:
+        wait_until(lambda: after.outcomes["ok"] > 100)
+    assert set(after.outcomes) == {"ok"}, after.outcomes
+    assert server.stop() == 0, server.log()
+
+
+def test_without_a_healthcheck_a_stopped_protocol_process_is_left_alone(launch: Launch, repository: Path) -> None:
+    server = start_echo(launch, repository, TWO, "--protocol-healthcheck-secs=0")
+    victim = protocol_pids(server)[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        time.sleep(3)
+        assert victim in protocol_pids(server) and "has not answered" not in server.log()
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    assert server.stop() == 0, server.log()
+
+
 def test_a_killed_engine_stops_the_server_with_nothing_left(launch: Launch, simple_repository: Path) -> None:
     server = launch(f"--model-repository={simple_repository}", TWO).wait_live()
     pid = server.process.pid

@@ -194,3 +194,17 @@ def test_grpc_caps_reach_the_channel_options() -> None:
     options = dict(grpc.channel_options())
     assert (options["grpc.max_receive_message_length"], options["grpc.max_concurrent_streams"]) == (1048576, 8)
     assert (grpc.max_inflight_rpcs, grpc.max_connections) == (16, 32)
+
+
+def test_the_protocol_healthcheck_is_seconds_zero_or_more(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_settings(["--model-repository=/a"]).server.protocol_healthcheck_secs == 10
+    settings = parse_settings(["--model-repository=/a", "--protocol-healthcheck-secs=2.5"])
+    assert settings.server.protocol_healthcheck_secs == 2.5
+    assert (
+        parse_settings(["--model-repository=/a", "--protocol-healthcheck-secs=0"]).server.protocol_healthcheck_secs == 0
+    )
+    for value in ("-1", "soon", "inf", "nan"):
+        with pytest.raises(SystemExit) as error:
+            parse_settings(["--model-repository=/a", f"--protocol-healthcheck-secs={value}"])
+        assert error.value.code == 2
+        assert "--protocol-healthcheck-secs" in capsys.readouterr().err
