@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import bisect
 import collections
 import contextlib
 import ctypes
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from geserve.errors import UnavailableError
+from geserve.free_ranges import give_back, take
 from geserve.residency import SHM_DIRECTORY, Kind, Residency
 from geserve.settings import DEFAULT_REQUEST_ARENA_BYTES
 
@@ -51,15 +51,9 @@ class RequestArena:
         length = max(-(-nbytes // _ALIGNMENT) * _ALIGNMENT, _ALIGNMENT)
         with self._lock:
             self._take_back()
-            for index, (offset, free) in enumerate(self._free):
-                if free >= length:
-                    if free == length:
-                        del self._free[index]
-                    else:
-                        self._free[index] = (offset + length, free - length)
-                    break
-            else:
-                return None
+            offset = take(self._free, length)
+        if offset is None:
+            return None
         # The block views an object of its own that exports the region, which every view of the block (numpy or
         # buffer) keeps alive: the region comes back once the last of them is gone. (A slice of the whole array,
         # or of a memoryview, would not do: numpy gives views of those the mapping as their base.)
@@ -72,15 +66,7 @@ class RequestArena:
         """Merge the blocks whose last view died into the free list. Blocks come back through a deque, never
         under the lock: the garbage collector may free one while this very thread holds it."""
         while self._returned:
-            offset, length = self._returned.popleft()
-            index = bisect.bisect(self._free, (offset, length))
-            if index < len(self._free) and self._free[index][0] == offset + length:
-                length += self._free.pop(index)[1]
-            if index > 0 and sum(self._free[index - 1]) == offset:
-                offset, previous = self._free.pop(index - 1)
-                length += previous
-                index -= 1
-            self._free.insert(index, (offset, length))
+            give_back(self._free, *self._returned.popleft())
 
     def where(self, data: memoryview | np.ndarray) -> Residency | None:
         """Where `data` lies in this arena; None when it is memory of its own."""

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
-import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
@@ -20,6 +18,7 @@ from geserve.multiprocess.calls import (
     Kind,
 )
 from geserve.multiprocess.framing import FrameProtocol
+from geserve.per_turn import PerTurn
 from geserve.residency import Lease
 from geserve.snapshots import ModelView
 from geserve.submissions import Answer, Submission
@@ -48,18 +47,14 @@ class RemoteEngineLink:
         self._models: dict[str, ModelView] = {}
         self._regions = RegionMirror()
         # Answers whose outputs are no longer read here, released together once per turn of the loop.
-        self._released: collections.deque[int] = collections.deque()
-        self._release_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
+        self._releases = PerTurn(self._send_releases)
         self.lost = asyncio.Event()  # set when the engine's end closes
         self._told = asyncio.Event()  # the engine's first snapshots are in
 
     async def connect(self, path: str) -> None:
         """Connect, and wait for the engine's first snapshots: no request is checked before they are in."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        await self._loop.create_unix_connection(lambda: self._channel, path)
+        self._releases.start()
+        await asyncio.get_running_loop().create_unix_connection(lambda: self._channel, path)
         told = asyncio.ensure_future(self._told.wait())
         lost = asyncio.ensure_future(self.lost.wait())
         await asyncio.wait([told, lost], return_when=asyncio.FIRST_COMPLETED)
@@ -124,25 +119,11 @@ class RemoteEngineLink:
     def _release(self, lease_id: object) -> None:
         """Called wherever the last array of an answer died (any thread): released with the others of this turn."""
         assert isinstance(lease_id, int)
-        self._released.append(lease_id)
-        if self._release_scheduled or self._loop is None:
-            return
-        self._release_scheduled = True
-        try:
-            if threading.get_ident() == self._loop_thread:
-                self._loop.call_soon(self._send_releases)
-            else:
-                self._loop.call_soon_threadsafe(self._send_releases)
-        except RuntimeError:  # the loop is closed: the engine forgets this process's answers with its connection
-            pass
+        self._releases.add(lease_id)
 
-    def _send_releases(self) -> None:
-        self._release_scheduled = False
-        released: list[int] = []
-        while self._released:
-            released.append(self._released.popleft())
-        if released and not self.lost.is_set():
-            self._channel.send((Kind.RELEASE, tuple(released)))
+    def _send_releases(self, released: tuple[int, ...]) -> None:
+        if not self.lost.is_set():
+            self._channel.send((Kind.RELEASE, released))
 
     def _unsendable(self, message: tuple[Any, ...], error: Exception) -> None:
         """A call whose arguments cannot be pickled fails with why; nothing of it reached the engine."""

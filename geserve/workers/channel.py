@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import itertools
 import logging
@@ -13,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
 
 from geserve.errors import GeserveError
+from geserve.per_turn import PerTurn
 from geserve.types import InstanceStatus, with_parameters
 from geserve.workers.batch import Cancellable
 from geserve.workers.client import local_tensors
@@ -78,8 +78,8 @@ class WorkerChannel:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         # Batches whose outputs their readers are done with, sent together once per turn of the loop.
-        self._released: collections.deque[int] = collections.deque()
-        self._release_scheduled = False
+        self._releases = PerTurn(self._send_releases)
+        self._releases.start()
         # Read on the loop as the worker writes; messages of any size arrive and leave whole.
         self._pipe = PipeEnd(connection, self._on_message, self._on_pipe_lost)
 
@@ -141,25 +141,10 @@ class WorkerChannel:
         """The readers of batch `batch_id`'s outputs are done with them: the worker may reuse their place. Called
         wherever the last reader let go (any thread); sent with the others released in the same turn of the loop."""
         assert isinstance(batch_id, int)
-        self._released.append(batch_id)
-        if self._release_scheduled:
-            return
-        self._release_scheduled = True
-        try:
-            if threading.get_ident() == self._loop_thread:
-                self._loop.call_soon(self._send_releases)
-            else:
-                self._loop.call_soon_threadsafe(self._send_releases)
-        except RuntimeError:  # the loop is closed: the worker is gone with it
-            pass
+        self._releases.add(batch_id)
 
-    def _send_releases(self) -> None:
-        self._release_scheduled = False
-        released: list[int] = []
-        while self._released:
-            released.append(self._released.popleft())
-        if released:
-            self._send_quietly(Release(tuple(released)))
+    def _send_releases(self, released: tuple[int, ...]) -> None:
+        self._send_quietly(Release(released))
 
     def cancel(self, stream_id: int) -> None:
         """The client of a streamed request (or of a running unary one, by its cancel id) went away: tell the

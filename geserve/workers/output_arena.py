@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 import threading
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from geserve.codecs import dtypes
+from geserve.free_ranges import give_back, take
 from geserve.residency import SHM_DIRECTORY, Kind, Residency, SharedTensor
 from geserve.workers.shm import align, create_segment, unlink_quietly
 
@@ -47,15 +47,10 @@ class OutputArena:
         """The offset of `nbytes` held for batch `batch_id`, or None when no free region is large enough."""
         length = max(align(nbytes), 64)
         with self._lock:
-            for index, (offset, free) in enumerate(self._free):
-                if free >= length:
-                    if free == length:
-                        del self._free[index]
-                    else:
-                        self._free[index] = (offset + length, free - length)
-                    self._held.setdefault(batch_id, _Held()).regions.append((offset, length))
-                    return offset
-        return None
+            offset = take(self._free, length)
+            if offset is not None:
+                self._held.setdefault(batch_id, _Held()).regions.append((offset, length))
+        return offset
 
     def one_off(self, batch_id: int, name: str, nbytes: int) -> None:
         """Make segment `name` of `nbytes` for outputs of batch `batch_id` that do not fit: removed at its release."""
@@ -73,7 +68,7 @@ class OutputArena:
                     continue
                 segments += held.segments
                 for offset, length in held.regions:
-                    self._give_back(offset, length)
+                    give_back(self._free, offset, length)
         for name in segments:
             unlink_quietly(name)
 
@@ -86,16 +81,6 @@ class OutputArena:
     def release_all(self) -> None:
         """The worker stops: every one-off segment goes (the arena itself is its owner's)."""
         self.release(tuple(self._held))
-
-    def _give_back(self, offset: int, length: int) -> None:
-        index = bisect.bisect(self._free, (offset, length))
-        if index < len(self._free) and self._free[index][0] == offset + length:
-            length += self._free.pop(index)[1]
-        if index > 0 and sum(self._free[index - 1]) == offset:
-            offset, previous = self._free.pop(index - 1)
-            length += previous
-            index -= 1
-        self._free.insert(index, (offset, length))
 
 
 class InPlaceOutputs:

@@ -95,6 +95,8 @@ FORBIDDEN = {
     "geserve.triton_flags": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.errors": ("geserve.",),
     "geserve.offload": ("geserve.",),
+    "geserve.per_turn": ("geserve.",),
+    "geserve.free_ranges": ("geserve.",),
     "geserve.event_loop": ("geserve.",),
     "geserve.helper_process": ("geserve.",),
     "geserve.types": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.repository", "geserve.settings"),
