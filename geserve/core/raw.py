@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from geserve.errors import InvalidArgumentError
 from geserve.residency import SharedTensor
-from geserve.types import InferInput, TensorSpec
+from geserve.types import InferInput, InferRequest, TensorSpec
 
 
 def raw_input(body: memoryview | SharedTensor, model_name: str, inputs: Sequence[TensorSpec]) -> InferInput:
@@ -46,3 +47,10 @@ def raw_input(body: memoryview | SharedTensor, model_name: str, inputs: Sequence
     if isinstance(body, SharedTensor):  # the bytes stay where they lie, seen as the input's type and shape
         return InferInput(spec.name, spec.dtype.wire, shape, SharedTensor(spec.dtype.wire, shape, body.where))
     return InferInput(spec.name, spec.dtype.wire, shape, body)
+
+
+def decoded_raw(request: InferRequest, model_name: str, inputs: Sequence[TensorSpec]) -> InferRequest:
+    """The request with a raw binary body (the `raw` extension) as its one input; the request itself otherwise."""
+    if request.raw_body is None:
+        return request
+    return replace(request, inputs=(raw_input(request.raw_body, model_name, inputs),), raw_body=None)

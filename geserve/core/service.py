@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import geserve
@@ -21,7 +20,7 @@ from geserve.core.latency import DEFAULT_BUCKETS_MS, LatencyTracker
 from geserve.core.log_control import LogControl
 from geserve.core.models import Model, ModelVersion, find_version
 from geserve.core.pool_factory import PoolFactory
-from geserve.core.raw import raw_input
+from geserve.core.raw import decoded_raw
 from geserve.core.repository import ModelRepository
 from geserve.core.shared_memory import CudaSharedMemory, RegionLimits, SharedMemoryManager
 from geserve.core.stats import statistics_json
@@ -484,9 +483,7 @@ class InferenceService:
             validation.check_parameters(request.parameters)
             model = self.model_version(request.model_name, request.model_version)
             calls.check_cycle(model.name, model.version, model.instance_count, chain)
-            if request.raw_body is not None:
-                tensor = raw_input(request.raw_body, model.name, tuple(model.inputs.values()))
-                request = replace(request, inputs=(tensor,), raw_body=None)
+            request = decoded_raw(request, model.name, tuple(model.inputs.values()))
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         try:

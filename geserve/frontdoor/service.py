@@ -10,7 +10,7 @@ from typing import Any
 from geserve._generated import model_config_pb2 as mc
 from geserve.core import limits, validation
 from geserve.core.api import InferenceAPI
-from geserve.core.raw import raw_input
+from geserve.core.raw import decoded_raw
 from geserve.core.shared_memory import REGION
 from geserve.errors import DecoupledModelError, GeserveError
 from geserve.frontdoor.link import EngineLink
@@ -77,9 +77,7 @@ class FrontDoor:
         try:
             validation.check_parameters(request.parameters)
             version = await self._version(request)
-            if request.raw_body is not None:
-                tensor = raw_input(request.raw_body, version.name, tuple(version.inputs.values()))
-                request = replace(request, inputs=(tensor,), raw_body=None)
+            request = decoded_raw(request, version.name, tuple(version.inputs.values()))
         except GeserveError as error:
             raise error.with_request_id(request.id) from None
         try:

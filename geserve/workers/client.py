@@ -7,7 +7,7 @@ import enum
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -19,7 +19,7 @@ from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.residency import SharedTensor, gather, unreadable_rows, zeroed
 from geserve.types import InstanceStatus, response_parameters, with_parameters
 from geserve.workers.batch import Batch
-from geserve.workers.messages import BatchResult, InstanceSpec
+from geserve.workers.messages import BatchResult, InstanceSpec, RunResult
 from geserve.workers.runner import InstanceRunner
 
 logger = logging.getLogger(__name__)
@@ -128,13 +128,6 @@ class ThreadWorker:
             raise UnavailableError(f"instance '{self.spec.instance_name}' is {self._state.value}")
         loop = asyncio.get_running_loop()
         refused: dict[int, GeserveError] = {}
-        try:
-            arrays = {name: gather(parts, parts[0].datatype) for name, parts in batch.inputs.items()}
-        except GeserveError:  # a client's region shrunk or replaced: its requests fail alone, the rest run
-            refused = unreadable_rows(list(batch.inputs.values()), len(batch.requests))
-            if not refused or len(refused) == len(batch.requests):
-                raise
-            arrays = {name: gather(zeroed(parts, refused), parts[0].datatype) for name, parts in batch.inputs.items()}
         infos = list(batch.requests)
         streams = batch.streams
         for index, stream in streams.items():
@@ -152,7 +145,11 @@ class ThreadWorker:
             if stream is not None:
                 loop.call_soon_threadsafe(stream.put, local_tensors(outputs) if outputs else None, error, final)
 
-        run = functools.partial(self._runner.execute, arrays, batch.output_names, tuple(infos), None, emit)
+        def run() -> RunResult:
+            # On the instance's thread, not the event loop: joining the requests' rows copies the batch.
+            arrays = _gathered(batch.inputs, len(infos), refused)
+            return self._runner.execute(arrays, batch.output_names, tuple(infos), None, emit)
+
         try:
             result = await loop.run_in_executor(self._thread, run)
         finally:
@@ -178,3 +175,17 @@ class ThreadWorker:
 
     def kill(self) -> None:
         self._state = InstanceState.STOPPED
+
+
+def _gathered(
+    inputs: Mapping[str, Sequence[SharedTensor]], requests: int, refused: dict[int, GeserveError]
+) -> dict[str, np.ndarray]:
+    """Each input's parts joined into one array. A request whose client region shrank or was replaced since it was
+    checked runs as zeros and is recorded in `refused`, to be answered with its error; the rest run."""
+    try:
+        return {name: gather(parts, parts[0].datatype) for name, parts in inputs.items()}
+    except GeserveError:
+        refused.update(unreadable_rows(list(inputs.values()), requests))
+        if not refused or len(refused) == requests:
+            raise
+        return {name: gather(zeroed(parts, refused), parts[0].datatype) for name, parts in inputs.items()}

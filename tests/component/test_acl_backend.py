@@ -483,6 +483,20 @@ def test_the_next_batch_is_staged_on_the_other_side_while_one_runs(tmp_path: Pat
 
 
 @pytest.mark.usefixtures("acl")
+def test_each_requests_rows_are_copied_to_their_place_on_the_device_and_the_gear_padded(tmp_path: Path) -> None:
+    """stage_blocks: the requests' row blocks, where they lie, each copied to its offset in the device buffer; the
+    batch is never joined in host memory, and the rows the gear adds are zeros."""
+    backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
+    blocks = [_rows(1), _rows(2) + 10, _rows(2) + 20]
+    staged = backend.stage_blocks({"x": blocks})
+    backend.launch(staged)
+    joined = np.concatenate(blocks)
+    np.testing.assert_array_equal(backend.finish(staged, ["y"])["y"], affine_reference(joined)["y"])
+    assert _runtime().calls["rt.memcpy"] >= len(blocks)
+    backend.unload()
+
+
+@pytest.mark.usefixtures("acl")
 def test_a_discarded_batch_gives_its_side_back(tmp_path: Path) -> None:
     backend, _ = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS))
     running = backend.stage({"x": _rows(2)})
