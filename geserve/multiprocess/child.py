@@ -10,6 +10,7 @@ import signal
 import socket
 
 from geserve.event_loop import loop_factory
+from geserve.lifecycle import Role
 from geserve.multiprocess.control import ControlLine, Launch
 from geserve.multiprocess.engine import serve_engine
 from geserve.multiprocess.protocol import serve_protocol
@@ -26,12 +27,12 @@ def run_child(launch: Launch, control_socket: socket.socket) -> int:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _name_process("geserve-engine" if launch.role == "engine" else f"geserve-proto{launch.index}")
+    _name_process("geserve-engine" if launch.role is Role.ENGINE else f"geserve-proto{launch.index}")
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(_serve(launch, control_socket))
     except BaseException:
-        logger.exception("the %s process failed", launch.role)
+        logger.exception("the %s process failed", launch.role.value)
         return 1
     finally:
         logging.shutdown()
@@ -39,7 +40,7 @@ def run_child(launch: Launch, control_socket: socket.socket) -> int:
 
 async def _serve(launch: Launch, control_socket: socket.socket) -> int:
     control = await ControlLine.open(control_socket)
-    if launch.role == "engine":
+    if launch.role is Role.ENGINE:
         return await serve_engine(launch, control)
     return await serve_protocol(launch, control)
 

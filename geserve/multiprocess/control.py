@@ -8,6 +8,7 @@ import mmap
 import socket
 from dataclasses import dataclass
 
+from geserve.lifecycle import Role
 from geserve.settings import Settings
 from geserve.workers.runs import RunId
 
@@ -26,7 +27,7 @@ PONG = b"pong"
 class Launch:
     """What a process of the layout is started with; sockets are descriptors it inherited."""
 
-    role: str  # "engine" or "protocol"
+    role: Role
     settings: Settings
     run: RunId
     channel_path: str  # the engine's unix socket

@@ -1,4 +1,4 @@
-"""The engine process: the one InferenceService and /metrics, serving the protocol processes over its channel."""
+"""The engine process: the engine host, serving the protocol processes over its channel, stepped by the supervisor."""
 
 from __future__ import annotations
 
@@ -7,78 +7,59 @@ import logging
 import os
 import socket
 
-from geserve.batching.lifecycle import STOP_FLOOR_S
-from geserve.core.service import InferenceService
-from geserve.listeners import Listener, metrics_listener
-from geserve.metrics.registry import create_registry
+from geserve.hosts import EngineHost
+from geserve.lifecycle import Deadlines, ShutdownPlan
 from geserve.multiprocess.control import DRAIN, KILL, READY, REFUSE, STOP, ControlLine, Launch
 from geserve.multiprocess.endpoint import EngineEndpoint
-from geserve.server import create_service, start_service
-from geserve.workers.pool import InstancePools
 
 logger = logging.getLogger(__name__)
 
 
 async def serve_engine(launch: Launch, control: ControlLine) -> int:
     settings = launch.settings
-    pools = InstancePools(settings.workers, run=launch.run)
-    service = create_service(settings, launch.run, pools)
-    endpoint = EngineEndpoint(service)
-    metrics: Listener | None = None
-    if settings.metrics.enabled:
-        registry, collector = create_registry(service, settings.metrics)
-        metrics = metrics_listener(registry, collector.refresh, settings)
-        metrics.socket = socket.socket(fileno=launch.metrics_fd)
-    loop = asyncio.get_running_loop()
-    stop_by: float | None = None  # when the shutdown must be over, once the supervisor starts it
+    metrics_socket = socket.socket(fileno=launch.metrics_fd) if launch.metrics_fd >= 0 else None
+    engine = EngineHost(settings, launch.run, metrics_socket)
+    endpoint = EngineEndpoint(engine.service)
+    plan = ShutdownPlan.of(settings.server)
+    deadlines: Deadlines | None = None  # once the supervisor starts the shutdown
     supervised = True  # False once the supervisor is gone: nobody waits for a drain any more
-    if not await start_service(service, settings):
-        if metrics is not None:
-            metrics.close()
-        await service.shutdown()
+    if not await engine.start():
         return 1
     try:
-        if metrics is not None and not await metrics.start():
-            return 1
         await endpoint.start(launch.channel_path)
         control.tell(READY)
         while True:
             word = await control.next_word()
             if word == DRAIN:
-                # The drain window, then --exit-timeout-secs for everything still in flight, the workers' stop
-                # included: the protocol processes spend their part of it first.
-                server = settings.server
-                stop_by = loop.time() + server.drain_delay_secs + server.exit_timeout_secs
+                # The protocol processes compute the same deadlines from the same word: they spend their part of
+                # --exit-timeout-secs first, then the supervisor says STOP.
+                deadlines = plan.begin()
                 # Readiness is the engine's: every protocol process answers not ready from now on.
-                service.start_draining()
-                pools.stop_compiles()  # an ATC run may take an hour: the loads waiting on one fail now
+                engine.drain()
                 logger.info("draining: not ready, still serving")
             elif word == REFUSE:
-                service.stop_accepting()
+                engine.refuse()
             elif word == KILL:
-                service.kill()
+                engine.kill()
                 os._exit(1)
             elif word in (STOP, b""):
                 supervised = word == STOP
                 break
         logger.info("shutting down")
     finally:
-        service.stop_accepting()
+        engine.refuse()
         await endpoint.stop()
-        if metrics is not None:
-            await metrics.stop()
-        if not supervised:
-            stop_by = loop.time()
-        timeout_s = None if stop_by is None else max(stop_by - loop.time(), STOP_FLOOR_S)
-        await _shut_down(service, control if supervised else None, timeout_s)
+        # Without the supervisor nobody waits any more: the workers get only their floor.
+        timeout_s = (deadlines or plan.begin(drain=False)).left() if supervised else 0.0
+        await _shut_down(engine, control if supervised else None, timeout_s)
     return 0
 
 
-async def _shut_down(service: InferenceService, control: ControlLine | None, timeout_s: float | None) -> None:
-    """The service's shutdown, unless meanwhile the supervisor goes (killed: nothing would stop this process while a
+async def _shut_down(engine: EngineHost, control: ControlLine | None, timeout_s: float) -> None:
+    """The engine host's stop, unless meanwhile the supervisor goes (killed: nothing would stop this process while a
     stuck model holds the shutdown) or says KILL (a second signal): then the workers are killed, and the process
     exits at once."""
-    shutdown = asyncio.ensure_future(service.shutdown(timeout_s))
+    shutdown = asyncio.ensure_future(engine.stop(timeout_s))
     if control is None:
         await shutdown
         return
@@ -89,7 +70,7 @@ async def _shut_down(service: InferenceService, control: ControlLine | None, tim
         shutdown.result()
         return
     logger.warning("%s during the shutdown: killing the workers", gone.result())
-    service.kill()
+    engine.kill()
     os._exit(1)
 
 

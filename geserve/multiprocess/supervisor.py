@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from geserve.lifecycle import Deadlines, Ports, Role, ShutdownPlan, bind_ports, prepare_run
 from geserve.multiprocess.child import run_child
 from geserve.multiprocess.connection_count import create_counts, forget_listener
 from geserve.multiprocess.control import DRAIN, KILL, PING, PONG, READY, REFUSE, STOP, Launch, send_word
 from geserve.settings import Settings
-from geserve.sockets import GRPC_SERVICE, HTTP_SERVICE, METRICS_SERVICE, bind_socket, raise_descriptor_limit
-from geserve.workers.runs import RunId, remove_run_segments, sweep_orphaned_segments
+from geserve.workers.runs import RunId, remove_run_segments
 from geserve.workers.shm import REQUEST_ARENA_ROLE, SHM_DIRECTORY
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ _DESCENDANTS_GRACE_S = 5.0  # for workers to notice their engine is gone before 
 class _Child:
     """One process the supervisor started, with its end of the control line."""
 
-    role: str
+    role: Role
     index: int
     pid: int
     control: socket.socket
@@ -56,7 +56,7 @@ class _Child:
 
     @property
     def name(self) -> str:
-        return "the engine" if self.role == "engine" else f"protocol process {self.index}"
+        return "the engine" if self.role is Role.ENGINE else f"protocol process {self.index}"
 
     def words(self) -> list[bytes]:
         """The words the child sent since the last call (non-blocking)."""
@@ -84,8 +84,9 @@ class _State:
     signals: list[int] = field(default_factory=list)
     stopping: bool = False
     engine_stopped: bool = False
-    deadline: float = float("inf")  # for the protocol processes to finish after a signal
-    drain_ends: float = float("inf")  # then the engine admits no new request (the protocol processes stop accepting)
+    deadlines: Deadlines | None = None  # of the shutdown a signal started
+    refused: bool = False  # the engine was told REFUSE at the drain's end
+    killed_stragglers: bool = False  # protocol processes still running at the deadline were killed
     restarts: dict[int, int] = field(default_factory=dict)  # index -> consecutive quick deaths
     pending: list[_Restart] = field(default_factory=list)
 
@@ -96,8 +97,7 @@ class Supervisor:
         self.run = RunId.current()
         self.processes = settings.server.frontend_processes
         self._sockets: list[socket.socket] = []
-        self._http: socket.socket | None = None
-        self._metrics: socket.socket | None = None
+        self._ports = Ports()
         self._channel_dir = Path(tempfile.mkdtemp(prefix="geserve-engine-"))
         self._channel_path = str(self._channel_dir / "engine.sock")
         self._selector = selectors.DefaultSelector()
@@ -117,14 +117,11 @@ class Supervisor:
 
     def _serve(self) -> int:
         _become_subreaper()
-        raise_descriptor_limit()
-        for warning in self.settings.server.warnings:
-            logger.warning("%s", warning)
-        orphans = sweep_orphaned_segments()
-        if orphans:
-            logger.warning("removed %d shared-memory segment(s) left by geserve servers that were killed", len(orphans))
-        if not self._bind():
+        prepare_run(self.settings)
+        ports = bind_ports(self.settings, check_grpc=True)
+        if ports is None:
             return 1
+        self._ports = ports
         if self.settings.http.enabled:
             self._connection_counts = create_counts(self.processes)
         wakeup_read, wakeup_write = socket.socketpair()
@@ -135,11 +132,11 @@ class Supervisor:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         self._selector.register(wakeup_read, selectors.EVENT_READ, None)
-        self._engine = self._start("engine", 0)
-        self._close_socket(self._metrics)  # the engine alone serves it, and never restarts
-        self._metrics = None
+        self._engine = self._start(Role.ENGINE, 0)
+        _close(self._ports.metrics)  # the engine alone serves it, and never restarts
+        self._ports.metrics = None
         for index in range(self.processes):
-            self._protocols[index] = self._start("protocol", index)
+            self._protocols[index] = self._start(Role.PROTOCOL, index)
         while True:
             status = self._step(wakeup_read)
             if status is not None:
@@ -165,18 +162,19 @@ class Supervisor:
             return status
         self._restart_due()
         self._ping_protocols()
-        if time.monotonic() >= self._state.drain_ends:
+        deadlines, now = self._state.deadlines, time.monotonic()
+        if deadlines is not None and not self._state.refused and now >= deadlines.refuse_at:
             # As in one process: what is admitted finishes, what arrives now is refused (streams included).
-            self._state.drain_ends = float("inf")
+            self._state.refused = True
             if self._engine is not None:
                 send_word(self._engine.control, REFUSE)
-        if self._state.stopping and time.monotonic() > self._state.deadline:
+        if deadlines is not None and not self._state.killed_stragglers and now > deadlines.kill_by:
+            self._state.killed_stragglers = True
             for child in self._protocols.values():
                 if child.exited is None:
                     logger.warning("%s did not finish in time: killing it", child.name)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child.pid, signal.SIGKILL)
-            self._state.deadline = float("inf")
         return None
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -186,7 +184,7 @@ class Supervisor:
         for word in child.words():
             if word == READY and not child.ready:
                 child.ready = True
-                if child.role == "engine":
+                if child.role is Role.ENGINE:
                     logger.info("the engine (pid %d) is serving", child.pid)
                 elif not self._announced and all(other.ready for other in self._protocols.values()):
                     self._announce()
@@ -233,7 +231,8 @@ class Supervisor:
             )
         if settings.http.enabled:
             # The port the supervisor bound (a --http-port of 0 picks one).
-            port = self._http.getsockname()[1] if self._http is not None else settings.http.port
+            http = self._ports.http
+            port = http.getsockname()[1] if http is not None else settings.http.port
             logger.info("Started HTTPService at %s:%d (%d protocol processes)", settings.http.address, port, count)
 
     def _begin_shutdown(self) -> None:
@@ -242,13 +241,11 @@ class Supervisor:
         self._state.pending.clear()
         # No protocol process starts again: the listening socket must close when the last of them closes
         # theirs, so that connections are refused, not queued where no one will accept them.
-        self._close_socket(self._http)
-        self._http = None
-        timeouts = self.settings.server
-        now = time.monotonic()
-        self._state.drain_ends = now + timeouts.drain_delay_secs
-        self._state.deadline = now + timeouts.drain_delay_secs + timeouts.exit_timeout_secs + 5.0
-        logger.info("shutting down: draining for %ds", timeouts.drain_delay_secs)
+        _close(self._ports.http)
+        self._ports.http = None
+        plan = ShutdownPlan.of(self.settings.server)
+        self._state.deadlines = plan.begin()
+        logger.info("shutting down: draining for %gs", plan.drain_s)
         if self._engine is not None:
             send_word(self._engine.control, DRAIN)
         for child in self._protocols.values():
@@ -264,11 +261,12 @@ class Supervisor:
 
     # -- children --------------------------------------------------------------------------
 
-    def _start(self, role: str, index: int) -> _Child:
+    def _start(self, role: Role, index: int) -> _Child:
         ours, theirs = socket.socketpair()
-        metrics_fd = self._metrics.fileno() if role == "engine" and self._metrics is not None else -1
-        http_fd = self._http.fileno() if role == "protocol" and self._http is not None else -1
-        arena = self.run.segment_name(f"{REQUEST_ARENA_ROLE}{index}") if role == "protocol" else ""
+        metrics, http = self._ports.metrics, self._ports.http
+        metrics_fd = metrics.fileno() if role is Role.ENGINE and metrics is not None else -1
+        http_fd = http.fileno() if role is Role.PROTOCOL and http is not None else -1
+        arena = self.run.segment_name(f"{REQUEST_ARENA_ROLE}{index}") if role is Role.PROTOCOL else ""
         launch = Launch(
             role,
             self.settings,
@@ -286,8 +284,8 @@ class Supervisor:
         if pid == 0:
             keep = {theirs.fileno(), http_fd, metrics_fd}
             self._selector.close()
-            for sock in [ours, *self._sockets]:
-                if sock.fileno() not in keep:
+            for sock in [ours, *self._sockets, self._ports.http, self._ports.metrics]:
+                if sock is not None and sock.fileno() not in keep:
                     sock.close()
             for child in [self._engine, *self._protocols.values()]:
                 if child is not None:
@@ -297,7 +295,7 @@ class Supervisor:
         ours.setblocking(False)
         child = _Child(role, index, pid, ours, time.monotonic(), arena)
         self._selector.register(ours, selectors.EVENT_READ, child)
-        if role == "engine":
+        if role is Role.ENGINE:
             logger.info("started the engine (pid %d)", pid)
         else:
             logger.info("started protocol process %d (pid %d)", index, pid)
@@ -320,7 +318,7 @@ class Supervisor:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(child.control)
             child.control.close()
-            if child.role == "engine":
+            if child.role is Role.ENGINE:
                 if self._state.engine_stopped:
                     return code
                 logger.error("the engine (pid %d) exited with status %d; stopping the server", pid, code)
@@ -363,7 +361,7 @@ class Supervisor:
         due = [restart for restart in self._state.pending if restart.at <= now]
         for restart in due:
             self._state.pending.remove(restart)
-            self._protocols[restart.index] = self._start("protocol", restart.index)
+            self._protocols[restart.index] = self._start(Role.PROTOCOL, restart.index)
 
     def _child(self, pid: int) -> _Child | None:
         if self._engine is not None and self._engine.pid == pid:
@@ -382,40 +380,7 @@ class Supervisor:
         if self._engine is not None and self._engine.exited is None:
             send_word(self._engine.control, KILL)
 
-    # -- ports and cleanup -----------------------------------------------------------------
-
-    def _bind(self) -> bool:
-        """Every port bound before anything starts: a taken one is a clear error at once."""
-        http, metrics, grpc = self.settings.http, self.settings.metrics, self.settings.grpc
-        wanted = []
-        if http.enabled:
-            wanted.append((HTTP_SERVICE, http.address, http.port, http.reuse_port))
-        if metrics.enabled:
-            wanted.append((METRICS_SERVICE, metrics.address, metrics.port, False))
-        if grpc.enabled:
-            # Bound and closed at once: a port another server holds is an error now (the protocol processes
-            # then bind it with SO_REUSEPORT, which only processes of this server set, unless told to share).
-            wanted.append((GRPC_SERVICE, grpc.address, grpc.port, grpc.reuse_port))
-        for name, address, port, reuse_port in wanted:
-            try:
-                sock = bind_socket(address, port, reuse_port)
-            except OSError as error:
-                logger.error("the %s cannot listen on %s:%d: %s", name, address, port, error.strerror)
-                return False
-            if name == GRPC_SERVICE:
-                sock.close()
-                continue
-            self._sockets.append(sock)
-            if name == HTTP_SERVICE:
-                self._http = sock
-            elif name == METRICS_SERVICE:
-                self._metrics = sock
-        return True
-
-    def _close_socket(self, sock: socket.socket | None) -> None:
-        if sock is not None:
-            sock.close()
-            self._sockets.remove(sock)
+    # -- cleanup -----------------------------------------------------------------------------
 
     def _cleanup(self) -> None:
         """Wait for every process of the run (workers reparented here too), then remove what they left."""
@@ -438,7 +403,13 @@ class Supervisor:
             logger.warning("removed %d shared-memory segment(s) the engine's processes left", len(removed))
         for sock in self._sockets:
             sock.close()
+        self._ports.close()
         shutil.rmtree(self._channel_dir, ignore_errors=True)
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is not None:
+        sock.close()
 
 
 def _become_subreaper() -> None:

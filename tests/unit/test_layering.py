@@ -19,6 +19,7 @@ FRONT_ENDS = (
     "geserve.grpc",
     "geserve.metrics",
     "geserve.server",
+    "geserve.hosts",
     "geserve.cli",
     "geserve.__main__",
     "geserve.listeners",
@@ -45,6 +46,7 @@ PROTOCOL_SIDE_CORE_ALLOWED = ("geserve.core.api", "geserve.core.log_control", "g
 SUPERVISOR_FORBIDDEN = (
     "geserve.core",
     "geserve.server",
+    "geserve.hosts",
     "geserve.http",
     "geserve.grpc",
     "geserve.metrics",
@@ -119,6 +121,8 @@ FORBIDDEN = {
     },
     **{module: ("geserve.batching", "geserve.backends") for module in PROTOCOL_SIDE},
     "geserve.multiprocess.supervisor": SUPERVISOR_FORBIDDEN,
+    # The steps, deadlines and ports every layout shares, the supervisor's included: nothing it must not load.
+    "geserve.lifecycle": (*SUPERVISOR_FORBIDDEN, "geserve.frontdoor", "geserve.multiprocess"),
 }
 
 
@@ -206,7 +210,10 @@ def test_dependency_direction(module: str, path: Path) -> None:
         ("geserve.multiprocess.calls", "import geserve.core"),
         ("geserve.multiprocess.framing", "from geserve.batching import scheduler"),
         ("geserve.multiprocess.connection_count", "import geserve.backends.base"),
-        ("geserve.multiprocess.supervisor", "from geserve.server import create_service"),
+        ("geserve.multiprocess.supervisor", "from geserve.server import Server"),
+        ("geserve.multiprocess.supervisor", "from geserve.hosts import EngineHost"),
+        ("geserve.lifecycle", "from geserve.hosts import ProtocolHost"),
+        ("geserve.lifecycle", "from geserve.core.service import InferenceService"),
         ("geserve.multiprocess.supervisor", "import geserve.core.service"),
         ("geserve.multiprocess.supervisor", "from geserve.http.app import create_app"),
         ("geserve.multiprocess.supervisor", "from geserve.grpc import server"),
@@ -230,7 +237,8 @@ def test_the_rules_catch_what_the_picture_forbids(module: str, source: str) -> N
         ("geserve.multiprocess.remote", "from geserve.core.api import InferenceAPI"),
         ("geserve.multiprocess.protocol", "from geserve.core.log_control import LogControl"),
         ("geserve.multiprocess.protocol", "from geserve.listeners import http_listener"),
-        ("geserve.multiprocess.engine", "from geserve.server import create_service"),
+        ("geserve.multiprocess.engine", "from geserve.hosts import EngineHost"),
+        ("geserve.multiprocess.supervisor", "from geserve.lifecycle import ShutdownPlan"),
         ("geserve.multiprocess.supervisor", "from geserve.multiprocess.child import run_child"),
         ("geserve.multiprocess.supervisor", "from geserve.workers.runs import RunId"),
         ("geserve.listeners", "import uvicorn"),
