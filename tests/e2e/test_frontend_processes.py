@@ -349,6 +349,8 @@ def test_a_protocol_process_whose_loop_stops_answering_is_killed_and_replaced(la
     """The supervisor pings each protocol process's event loop; one that stops answering (here: stopped with
     SIGSTOP, as a loop stuck in a request would be) is killed and replaced, and the server keeps answering."""
     server = start_echo(launch, repository, TWO, "--protocol-healthcheck-secs=2")
+    # Only a process that said it is ready is pinged: the supervisor announces the services once both have.
+    assert wait_until(lambda: "(2 protocol processes)" in server.log(), 30), server.log()
     first = protocol_pids(server)
     victim = first[0]
     os.kill(victim, signal.SIGSTOP)
