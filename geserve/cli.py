@@ -173,6 +173,7 @@ def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> 
         npu_mode=args.npu,
         model_cache_dir=args.model_cache_dir,
         compile_concurrency=args.model_compile_concurrency,
+        atc_python=args.atc_python,
     )
     return Settings(server, http, grpc, metrics, repository, workers)
 

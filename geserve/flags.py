@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from geserve import __version__, trace_flags, triton_flags
@@ -45,6 +46,14 @@ def _device_ids(text: str) -> tuple[int, ...]:
         return parse_device_ids(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _interpreter(text: str) -> str:
+    """A Python interpreter that exists and can be run."""
+    path = Path(text).absolute()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise argparse.ArgumentTypeError(f"'{text}' is not an interpreter this server can run")
+    return str(path)
 
 
 def _positive(text: str) -> int:
@@ -257,8 +266,9 @@ def _add_npu_flags(group: argparse._ArgumentGroup) -> None:
         choices=("auto", "required", "off"),
         default="auto",
         help="`ge` models: auto runs them on the NPU, compiling a version's model.onnx with ATC when it has no .om, "
-        "and serves model.onnx with ONNX Runtime where there is no NPU or pyACL; required fails such loads "
-        "instead; off serves every `ge` model that has a model.onnx with ONNX Runtime (default: auto)",
+        "and serves model.onnx with ONNX Runtime only on a host without the Ascend driver (NPUs it cannot use, "
+        "pyACL or atc missing fail the load, naming the fix); required fails every load that cannot run on an NPU; "
+        "off serves every `ge` model that has a model.onnx with ONNX Runtime (default: auto)",
     )
     group.add_argument(
         "--model-cache-dir",
@@ -268,6 +278,15 @@ def _add_npu_flags(group: argparse._ArgumentGroup) -> None:
         help="where .om files compiled from model.onnx are kept, keyed by the ONNX file, ATC options, chip and CANN "
         "version, so a restart does not recompile; may be shared by several servers (default: "
         "$XDG_CACHE_HOME/geserve/om, else ~/.cache/geserve/om)",
+    )
+    group.add_argument(
+        "--atc-python",
+        type=_interpreter,
+        default=None,
+        metavar="PATH",
+        help="the Python interpreter ATC's operator compiler runs in, as the python3 first on ATC's PATH (default: "
+        "the python3 on the host's PATH, geserve's own virtual environment left out: CANN needs numpy < 2, "
+        "decorator, attrs, psutil, scipy and sympy there)",
     )
     group.add_argument(
         "--model-compile-concurrency",

@@ -205,6 +205,7 @@ class WorkerSettings:
     model_cache_dir: Path | None = None  # where `.om` files compiled from model.onnx live (None: the user cache)
     # ATC runs at once (--model-compile-concurrency), on threads of their own: never the shared default pool.
     compile_concurrency: int = 1
+    atc_python: str | None = None  # --atc-python: the interpreter ATC's operator compiler runs in
 
 
 @dataclass(frozen=True, slots=True)

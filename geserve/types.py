@@ -325,6 +325,10 @@ class HistogramSnapshot:
     sum_ms: float
 
 
+# The served config's parameter saying why a `ge` model version runs with ONNX Runtime instead of on an NPU.
+NPU_FALLBACK_PARAMETER = "npu_fallback"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionSnapshot:
     """A loaded version's counters at one moment: what the metrics publish for it."""
@@ -346,6 +350,7 @@ class VersionSnapshot:
     histogram: HistogramSnapshot | None = None  # when latency histograms are on
     # Its response cache hits and misses; None when the version does not use the response cache.
     cache: tuple[DurationSnapshot, DurationSnapshot] | None = None
+    npu_fallback: str = ""  # why a `ge` version runs with ONNX Runtime instead of on an NPU; "" when it does not
 
 
 @dataclass(frozen=True, slots=True)

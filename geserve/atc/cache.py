@@ -13,7 +13,7 @@ from pathlib import Path
 from geserve.atc.command import AtcCommand
 
 MODEL_FILE = "model.om"
-_KEY_VERSION = 2  # bump when what an entry holds, or what the key is made of, changes
+_KEY_VERSION = 3  # bump when what an entry holds, or what the key is made of, changes
 _STAGING_PREFIX = ".compiling-"
 
 
@@ -32,9 +32,11 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def key(onnx: Path, command: AtcCommand, soc: str, cann: str) -> str:
-    """What decides the `.om` ATC writes: a changed ONNX file, option, option file, chip or CANN recompiles."""
+def key(onnx: Path, command: AtcCommand, soc: str, cann: str, opp: str = "") -> str:
+    """What decides the `.om` ATC writes: a changed ONNX file, option, option file, chip, CANN or operator package
+    (`opp`: the kernels ATC builds the graph's operators from, upgraded on their own) recompiles."""
     material = {
+        "opp": opp,
         "version": _KEY_VERSION,
         "onnx": file_digest(onnx),
         "arguments": list(command.key_arguments),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import shlex
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
 from geserve.atc import cache, command, graph_inputs, options
+from geserve.atc.python_env import atc_environment, check_atc_python
 from geserve.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ class Toolchain:
     cann: str
     cache_dir: Path
     timeout_s: float = COMPILE_TIMEOUT_S
+    python: str | None = None  # --atc-python: the interpreter ATC's operator compiler runs in (else the host's)
+    opp: str = ""  # the operator package's version
 
 
 def compile_version(
@@ -61,11 +65,14 @@ def compile_version(
 ) -> Compiled:
     """The cached `.om` for this ONNX file, config and host, compiling it first when it is not there; setting
     `cancel` (a load given up) kills the ATC run."""
+    # ATC runs in a staging folder of the cache: a path relative to where geserve started means nothing there.
+    onnx, model_dir = onnx.absolute(), model_dir.absolute()
+    tools = dataclasses.replace(tools, cache_dir=tools.cache_dir.absolute())
     described = graph_inputs.complete_inputs(config, onnx)
     parsed = options.config_options(config, model_dir)
     atc_command = command.build(described, tools.soc, parsed)
     timeout_s = time_limit(config, tools.timeout_s)
-    digest = cache.key(onnx, atc_command, tools.soc, tools.cann)
+    digest = cache.key(onnx, atc_command, tools.soc, tools.cann, tools.opp)
     folder = cache.entry(tools.cache_dir, config.name, digest)
     # ATC keeps compiled operators in --op_compiler_cache_dir, by default $HOME/atc_data (ATC docs,
     # --op_compiler_cache_dir), which a container's HOME may not allow: under our cache unless the config says.
@@ -87,7 +94,7 @@ def compile_version(
     try:
         argv = (*atc_command.argv(tools.atc, onnx, staged / "model"), *extra)
         logger.info("model '%s': compiling '%s' with ATC: %s", config.name, onnx, shlex.join(argv))
-        _run(config.name, argv, staged, timeout_s, cancel)
+        _run(config.name, argv, staged, timeout_s, cancel, env=atc_environment(tools.python))
         with _cache_errors(config.name, tools.cache_dir):
             if cache.lookup(staged) is None:
                 raise ModelLoadError(f"model '{config.name}': ATC exited 0 but wrote no '{staged / cache.MODEL_FILE}'")
@@ -131,7 +138,15 @@ def _cache_errors(model: str, cache_dir: Path) -> Iterator[None]:
         ) from None
 
 
-def _run(model: str, argv: tuple[str, ...], cwd: Path, timeout_s: float, cancel: threading.Event | None) -> None:
+def _run(
+    model: str,
+    argv: tuple[str, ...],
+    cwd: Path,
+    timeout_s: float,
+    cancel: threading.Event | None,
+    *,
+    env: dict[str, str],
+) -> None:
     # ATC writes fusion_result.json and kernel_meta/ into its working directory: the staging folder. Its output
     # goes to a file there, not a pipe, so that waiting on it never blocks on a full pipe.
     output = cwd / "atc_output.txt"
@@ -140,7 +155,7 @@ def _run(model: str, argv: tuple[str, ...], cwd: Path, timeout_s: float, cancel:
     try:
         with output.open("wb") as stream:
             process = subprocess.Popen(
-                argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 (see _die_with_parent)
             )  # fmt: skip
     except OSError as error:
@@ -175,7 +190,10 @@ def _run(model: str, argv: tuple[str, ...], cwd: Path, timeout_s: float, cancel:
         # ATC reports errors (E10001, ...) on stdout as often as on stderr: show the end of both.
         lines = output.read_text(errors="replace").strip().splitlines()[-_TAIL_LINES:]
         tail = "\n".join(lines) or "no output"
-        raise ModelLoadError(f"model '{model}': ATC failed (exit {returncode}): {shlex.join(argv)}\n{tail}")
+        # The most common cause on a fresh host: the python3 ATC found cannot run CANN's operator compiler.
+        python = check_atc_python(env)
+        hint = "".join(f"\n{problem}" for problem in python.problems)
+        raise ModelLoadError(f"model '{model}': ATC failed (exit {returncode}): {shlex.join(argv)}\n{tail}{hint}")
 
 
 def _cancelled(model: str) -> str:

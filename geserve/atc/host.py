@@ -23,6 +23,26 @@ _SOC_PROBE = "import acl; print(acl.get_soc_name() or '')"
 _HOME_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 
 
+# What a host with Ascend NPUs has even where CANN is not set up: the driver's device files (/dev/davinciN per chip,
+# /dev/davinci_manager) and the driver's install folder (the driver package's default, which the device plugin and
+# the Ascend Docker runtime mount into a container).
+DRIVER_HOME = Path("/usr/local/Ascend/driver")
+
+
+def ascend_driver(dev: Path = Path("/dev"), driver_home: Path = DRIVER_HOME) -> str | None:
+    """What shows this host has the Ascend driver (its device files or its install folder), or None: a host without
+    it has no NPU, whatever else is installed."""
+    try:
+        chips = sorted(entry.name for entry in dev.iterdir() if entry.name.startswith("davinci"))
+    except OSError:
+        chips = []
+    if chips:
+        return ", ".join(f"{dev}/{chip}" for chip in chips)
+    if driver_home.is_dir():
+        return str(driver_home)
+    return None
+
+
 def find_atc() -> str | None:
     return shutil.which("atc")
 
@@ -72,6 +92,24 @@ def cann_version(environ: dict[str, str] | None = None, atc: str | None = None) 
         "are not recompiled after a CANN upgrade"
     )
     return "unknown"
+
+
+def opp_version(environ: dict[str, str] | None = None, atc: str | None = None) -> str:
+    """The operator package's version (`Version=` in `<opp>/version.info`, the OPP package's record of itself; the
+    kernels package installs into the same folder): `ASCEND_OPP_PATH`, which set_env.sh exports, else the `opp`
+    folder beside the toolkit's `compiler`. "" when neither tells."""
+    env = os.environ if environ is None else environ
+    folders = [Path(env["ASCEND_OPP_PATH"])] if env.get("ASCEND_OPP_PATH") else []
+    homes = [Path(home) for home in (env.get(variable) for variable in _HOME_VARIABLES) if home]
+    if atc:
+        binary = Path(atc).resolve()
+        homes += [binary.parent.parent, binary.parent.parent.parent]
+    folders += [home / "opp" for home in homes]
+    for folder in folders:
+        version = _read_key(folder / "version.info", "Version")
+        if version:
+            return version
+    return ""
 
 
 def _installed_version(home: Path) -> str:

@@ -118,6 +118,9 @@ def parse(parameters: Mapping[str, str], model: str, model_dir: Path) -> list[At
 def _option(flag: str, value: str, key: str, model: str, model_dir: Path) -> AtcOption:
     if not value or value != value.strip():
         raise ModelLoadError(f"model '{model}': parameter '{key}' needs a value without surrounding spaces")
+    if flag == "op_compiler_cache_dir":
+        # ATC runs in a staging folder: a relative folder is taken inside the model folder, where the config is.
+        return AtcOption(flag, str((model_dir / value).absolute()), key_value=value)
     if flag not in FILE_VALUED:
         return AtcOption(flag, value)
     path = (model_dir / value).resolve()

@@ -16,7 +16,7 @@ from geserve.codecs import dtypes
 from geserve.core.stats import ModelStats
 from geserve.errors import GeserveError
 from geserve.residency import SharedTensor
-from geserve.types import InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
+from geserve.types import NPU_FALLBACK_PARAMETER, InstanceStatus, ModelMetadata, TensorMetadata, TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,12 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         return self._instances.ready()
+
+    @property
+    def npu_fallback(self) -> str:
+        """Why this `ge` version runs with ONNX Runtime instead of on an NPU; "" when it does not."""
+        parameters = self.config.parameters
+        return parameters[NPU_FALLBACK_PARAMETER].string_value if NPU_FALLBACK_PARAMETER in parameters else ""
 
     async def read_statuses(self) -> list[InstanceStatus]:
         """What its instances report between batches (device usage, readiness, custom metrics)."""

@@ -270,7 +270,10 @@ class ModelRepository:
                 for number in sorted(model.versions):
                     version = model.versions[number]
                     state = "READY" if version.ready else "UNAVAILABLE"
-                    entries.append({"name": name, "version": str(number), "state": state})
+                    entry = {"name": name, "version": str(number), "state": state}
+                    if version.npu_fallback:  # a `ge` version on ONNX Runtime says so where operators look
+                        entry["reason"] = version.npu_fallback
+                    entries.append(entry)
             elif model.unloaded:
                 if not model.unloaded_versions:
                     entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})

@@ -256,6 +256,7 @@ class InferenceService:
                 version.version,
                 tuple(version.config.metric_tags.items()),
                 cached=version.response_cache is not None,
+                npu_fallback=version.npu_fallback,
             )
             for version in self.loaded_versions()
         ]

@@ -82,7 +82,12 @@ class ModelStats:
         self.failures[reason] += 1
 
     def snapshot(
-        self, name: str, version: int, metric_tags: tuple[tuple[str, str], ...], cached: bool = False
+        self,
+        name: str,
+        version: int,
+        metric_tags: tuple[tuple[str, str], ...],
+        cached: bool = False,
+        npu_fallback: str = "",
     ) -> VersionSnapshot:
         """The counters now, as plain values (what the metrics publish); `cached`: with the response cache's."""
         latency = self.latency
@@ -103,6 +108,7 @@ class ModelStats:
             latency.summary_snapshots() if latency is not None else (),
             latency.histogram_snapshot() if latency is not None else None,
             (_snapshot(self.cache_hit), _snapshot(self.cache_miss)) if cached else None,
+            npu_fallback,
         )
 
     def record_execution(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:

@@ -139,6 +139,15 @@ class TritonCollector(Collector):
         for version, labels in versions:
             load.add_sample("nv_model_load_duration_secs", labels, version.load_duration_s)
         yield load
+        fallback = Metric(
+            "geserve_npu_fallback",
+            "1 when a model version of backend 'ge' runs with ONNX Runtime instead of on an NPU (the repository index "
+            "says why)",
+            "gauge",
+        )
+        for version, labels in versions:
+            fallback.add_sample("geserve_npu_fallback", labels, 1 if version.npu_fallback else 0)
+        yield fallback
         yield from self._latency_metrics(versions)
         yield from self._cache_metrics(versions)
         yield from self._cpu_metrics()

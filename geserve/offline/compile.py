@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from geserve.atc import cache, compiler, host
+from geserve.atc.python_env import atc_environment, check_atc_python
 from geserve.backends import registry
 from geserve.core.loader import prepare_model
 from geserve.errors import GeserveError, ModelLoadError
@@ -35,13 +36,20 @@ def main(argv: Sequence[str], prog: str = "geserve") -> int:
         help="the chip to compile for, as ATC's --soc_version (default: this host's, asked of pyACL); a build "
         "machine without an NPU must give it, and it must be the serving host's chip for the cache to match",
     )
+    parser.add_argument(
+        "--atc-python",
+        default=None,
+        metavar="PATH",
+        help="the Python interpreter ATC's operator compiler runs in (default: the python3 on PATH, geserve's own "
+        "virtual environment left out), as the server's --atc-python",
+    )
     args = parser.parse_args(argv)
     try:
         scan = scan_repositories(args.model_repository)
     except FileNotFoundError as error:
         sys.stdout.write(f"{error}\n")
         return 1
-    compiling = _Compiling(args.model_cache_dir or cache.default_dir(), args.soc_version)
+    compiling = _Compiling(args.model_cache_dir or cache.default_dir(), args.soc_version, args.atc_python)
     failed = 0
     for name, reason in sorted(scan.conflicts.items()):
         sys.stdout.write(f"{name}: failed: {reason}\n")
@@ -56,9 +64,10 @@ def main(argv: Sequence[str], prog: str = "geserve") -> int:
 class _Compiling:
     """One run's toolchain, found once: a missing atc or chip name fails every model that needs them."""
 
-    def __init__(self, cache_dir: Path, soc: str) -> None:
+    def __init__(self, cache_dir: Path, soc: str, python: str | None = None) -> None:
         self._cache_dir = cache_dir
         self._soc = soc
+        self._python = python
         self._tools: compiler.Toolchain | None = None
 
     def model(self, source: ModelSource) -> list[tuple[str, bool]]:
@@ -96,5 +105,9 @@ class _Compiling:
                 soc = self._soc or host.soc_name()
             except ModelLoadError as error:
                 raise ModelLoadError(f"{error.message}; on a machine without an NPU give --soc-version") from None
-            self._tools = compiler.Toolchain(atc, soc, host.cann_version(atc=atc), self._cache_dir)
+            # What would make every compile fail, said once before the first one.
+            for problem in check_atc_python(atc_environment(self._python)).problems:
+                sys.stdout.write(f"warning: {problem}\n")
+            cann, opp = host.cann_version(atc=atc), host.opp_version(atc=atc)
+            self._tools = compiler.Toolchain(atc, soc, cann, self._cache_dir, python=self._python, opp=opp)
         return self._tools

@@ -67,3 +67,12 @@ def test_the_kserve_ascend_example_asks_for_npus_of_the_default_image_chip() -> 
     named = re.findall(r"huawei[.-](?:com/)?(Ascend\w+)", text)
     assert named, "the Ascend InferenceService asks for no NPU"
     assert all(target.startswith(chip(name)) for name in named), (named, target)
+
+
+def test_the_ascend_deployments_require_the_npu_rather_than_fall_back_to_the_cpu() -> None:
+    """A pod given no NPU, or an image whose CANN environment is broken, must fail its loads (and stay unready)
+    rather than serve `ge` models with ONNX Runtime behind a ready probe."""
+    deployment = by_kind(render_installed("values-ascend.yaml"), "Deployment")[0]
+    assert "--npu=required" in containers_of(deployment)[0]["args"]
+    isvc = yaml.safe_load((DEPLOY / "kserve" / "inferenceservice-ascend-om.yaml").read_text())
+    assert "--npu=required" in isvc["spec"]["predictor"]["model"]["args"]

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -252,6 +253,15 @@ def test_without_npus_onnx_runtime_serves_and_says_so(launch: Launch, tmp_path: 
         )
         assert f"model '{model}' version 1: backend 'ge' served with ONNX Runtime from model.onnx" in log
         _assert_serves(server, model)
+    # Every fallback is visible where operators look: the repository index and a gauge per version.
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    for model in ("affine", "both"):
+        assert index[model]["state"] == "READY"
+        assert index[model]["reason"].startswith("served with ONNX Runtime: this host has no NPU"), index
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'geserve_npu_fallback{model="affine",version="1"} 1' in metrics, metrics
+    assert 'geserve_npu_fallback{model="both",version="1"} 1' in metrics, metrics
     assert not client.is_model_ready("om_only")  # nothing to fall back to: today's load error
     refusal = [line for line in log.splitlines() if "failed to load 'om_only'" in line]
     assert refusal and "no NPUs" in refusal[0] and "model.onnx" in refusal[0] and "set_env.sh" in refusal[0], log

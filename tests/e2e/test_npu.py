@@ -14,6 +14,8 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,11 +108,16 @@ def _batches(config: dict[str, Any]) -> list[int]:
 
 
 def test_every_gear_over_http_and_grpc_matches_the_onnx_twin(npu_server: GeserveProcess) -> None:
-    http = httpclient.InferenceServerClient(npu_server.url, network_timeout=600)
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{npu_server.grpc_port}")
-    config = http.get_model_config("npu_model")
-    metadata = http.get_model_metadata("npu_model")
     twin = open_twin(os.environ["GESERVE_NPU_ONNX"]) if os.environ.get("GESERVE_NPU_ONNX") else None
+    _check_every_gear(npu_server, "npu_model", twin)
+
+
+def _check_every_gear(server: GeserveProcess, model: str, twin: Any) -> None:
+    """Every gear (and size between) over HTTP and gRPC: outputs of the served shapes, equal to the twin's."""
+    http = httpclient.InferenceServerClient(server.url, network_timeout=600)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    config = http.get_model_config(model)
+    metadata = http.get_model_metadata(model)
     rng = np.random.default_rng(0)
     for batch in _batches(config):
         arrays = {}
@@ -133,8 +140,8 @@ def test_every_gear_over_http_and_grpc_matches_the_onnx_twin(npu_server: Geserve
         for http_input, grpc_input in zip(http_inputs, grpc_inputs, strict=True):
             http_input.set_data_from_numpy(arrays[http_input.name()], binary_data=True)
             grpc_input.set_data_from_numpy(arrays[grpc_input.name()])
-        results.append(http.infer("npu_model", http_inputs))
-        results.append(grpc.infer("npu_model", grpc_inputs))
+        results.append(http.infer(model, http_inputs))
+        results.append(grpc.infer(model, grpc_inputs))
         reference = by_config_names(config, run_twin(twin, arrays, batch)) if twin is not None else {}
         for result in results:
             for tensor in metadata["outputs"]:
@@ -144,6 +151,42 @@ def test_every_gear_over_http_and_grpc_matches_the_onnx_twin(npu_server: Geserve
                     assert np.all(np.isfinite(output))
                 if tensor["name"] in reference:
                     assert_matches_twin(tensor["name"], output, reference[tensor["name"]])
+
+
+def test_geserve_compile_from_a_relative_repository_then_serves_what_onnx_runtime_answers(
+    tmp_path: Path,
+) -> None:
+    """The compile path on this host: `geserve compile` of GESERVE_NPU_ONNX with the repository and cache named
+    relative to its working directory (as `make run` names them), then a server that loads the cached `.om` and
+    answers as ONNX Runtime does."""
+    onnx_file = os.environ.get("GESERVE_NPU_ONNX", "")
+    if not onnx_file:
+        pytest.skip("GESERVE_NPU_ONNX names no ONNX file to compile")
+    twin = open_twin(onnx_file)
+    batched = all(not isinstance(tensor.shape[0], int) for tensor in twin.get_inputs())
+    (tmp_path / "models" / "compiled" / "1").mkdir(parents=True)
+    shutil.copy(onnx_file, tmp_path / "models" / "compiled" / "1" / "model.onnx")
+    config = f'name: "compiled" backend: "ge" max_batch_size: {8 if batched else 0}'
+    (tmp_path / "models" / "compiled" / "config.pbtxt").write_text(config)
+    done = subprocess.run(
+        [sys.executable, "-m", "geserve", "compile", "--model-repository", "models", "--model-cache-dir", "cache"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=LOAD_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "compiled version 1: compiled: " in done.stdout, done.stdout
+    devices = os.environ.get("GESERVE_NPU_DEVICES", "0")
+    server = GeserveProcess(
+        tmp_path / "geserve.log",
+        f"--model-repository={tmp_path / 'models'}",
+        f"--model-cache-dir={tmp_path / 'cache'}",
+        f"--device-ids={devices}",
+        "--npu=required",
+    ).wait_live(timeout_s=LOAD_TIMEOUT_S)
+    try:
+        assert "using the cached compile" in server.log(), server.log()
+        _check_every_gear(server, "compiled", twin)
+    finally:
+        assert server.stop() == 0, server.log()
 
 
 def test_npu_metrics_are_exported(npu_server: GeserveProcess) -> None:
