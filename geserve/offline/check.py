@@ -58,12 +58,14 @@ def main(argv: Sequence[str], prog: str = "geserve") -> int:
     checked = {name: check_model(source) for name, source in scan.models.items()}
     composition.check_ensembles(scan.models, checked)
     notes: list[Problem] = []
+    warnings: list[Problem] = []
     for result in checked.values():
         problems += result.problems
         notes += result.notes
-    for problem in [*problems, *notes]:
+        warnings += result.warnings
+    for problem in [*problems, *warnings, *notes]:
         sys.stdout.write(f"{problem}\n")
-    noted = f", {len(notes)} not checked" if notes else ""
+    noted = (f", {len(warnings)} warning(s)" if warnings else "") + (f", {len(notes)} not checked" if notes else "")
     if problems:
         sys.stdout.write(f"{len(problems)} problem(s) in {len(scan.models)} model(s){noted}\n")
         return 1
@@ -93,7 +95,9 @@ def check_model(source: ModelSource) -> Checked:
         onnx = source.path / str(version) / ONNX_FILE
         served = config
         if backend.name == "ge" and not path.is_file() and onnx.is_file():
-            problems = _compilable(config, source, onnx, config_path)  # compiled with ATC at load
+            problems, warnings, notes = _compilable(config, source, onnx, config_path)  # compiled with ATC at load
+            checked.warnings += warnings
+            checked.notes += notes
             checked.completed_at_load = "completed at load from the .om that ATC compiles"
         elif backend.default_filename and not path.is_file():
             problems = [Problem(path, "default_model_filename", f"version {version}'s model file does not exist")]
@@ -110,15 +114,20 @@ def check_model(source: ModelSource) -> Checked:
     return checked
 
 
-def _compilable(config: mc.ModelConfig, source: ModelSource, onnx: Path, config_path: Path) -> list[Problem]:
-    """A `ge` version with only model.onnx: the config must give everything its ATC command needs."""
+def _compilable(
+    config: mc.ModelConfig, source: ModelSource, onnx: Path, config_path: Path
+) -> tuple[list[Problem], list[Problem], list[Problem]]:
+    """A `ge` version with only model.onnx: the config must give everything its ATC command needs, in shapes the
+    graph takes. (problems, warnings, notes)"""
     try:
-        command.build(graph_inputs.complete_inputs(config, onnx), "check", options.config_options(config, source.path))
+        described = graph_inputs.describe(config, onnx)
+        command.build(described.config, "check", options.config_options(config, source.path))
     except GeserveError as error:
-        return [
-            Problem(config_path, _field(error.message, "parameters"), f"compiling '{onnx}' with ATC: {error.message}")
-        ]
-    return []
+        message = f"compiling '{onnx}' with ATC: {error.message}"
+        return [Problem(config_path, _field(error.message, "parameters"), message)], [], []
+    warnings = [Problem(config_path, "input", f"warning: {warning}") for warning in described.warnings]
+    notes = [Problem(onnx, "input", f"not checked: {described.unchecked}")] if described.unchecked else []
+    return [], warnings, notes
 
 
 def _agreement(

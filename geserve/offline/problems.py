@@ -25,6 +25,8 @@ class Checked:
 
     problems: list[Problem] = field(default_factory=list)
     notes: list[Problem] = field(default_factory=list)  # what check cannot decide offline: printed, not failed
+    # What loads, but otherwise than the config reads (a batch dim taken from the graph): printed, not failed.
+    warnings: list[Problem] = field(default_factory=list)
     configs: dict[int, mc.ModelConfig] = field(default_factory=dict)
     # Why load may add to its config what check cannot know (model code, a compile check does not run); "" if not.
     completed_at_load: str = ""

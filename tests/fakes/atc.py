@@ -8,7 +8,8 @@ takes 2-100 unique gears and needs `-1` as the first dim of every input, and now
 refused as ATC refuses ops it has no kernel for. The `.om` is written by om_writer with the ONNX file as its
 twin (`<output>.om` and `<output>.om.twin.onnx`, ATC appending `.om`), named and shaped as ATC names them:
 inputs unchanged, outputs `<node>:<index>:<onnx name>` at the largest gear, the runtime-filled gear input last.
-Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, writes its pid to a
+Each run appends its argv (JSON) to $FAKE_ATC_LOG when set, so tests can count compiles, writes the python3 it
+finds (as ATC's operator compiler would run it) to $FAKE_ATC_PYTHON_LOG when set, writes its pid to a
 file in $FAKE_ATC_PID_DIR when set, waits until the file $FAKE_ATC_GATE exists when set (a test releases it),
 and first sleeps $FAKE_ATC_DELAY_S seconds when set.
 """
@@ -186,6 +187,7 @@ def compile_model(flags: dict[str, str]) -> Path:
     unknown = sorted(set(shapes) - {tensor.name for tensor in graph_inputs})
     if unknown:
         raise AtcError(f"E10001: --input_shape names {unknown}, which are not inputs of the model")
+    check_ranks(graph_inputs, shapes)
     gears = parse_gears(flags["dynamic_batch_size"]) if "dynamic_batch_size" in flags else []
     if gears:
         clash = [name for name in EXCLUSIVE_WITH_BATCH if name in flags]
@@ -226,6 +228,23 @@ def check_values(flags: dict[str, str]) -> None:
             raise AtcError(f"E10001: --{name}={flags[name]}: the file does not exist")
 
 
+def check_ranks(graph_inputs: list[Any], shapes: dict[str, list[int]]) -> None:
+    """ATC's ONNX parser takes an --input_shape entry in place of the graph input's dims only at the graph input's
+    rank; a graph input without a shape (or a scalar) takes any rank. Ascend/parser parser/onnx/onnx_data_parser.cc,
+    OnnxDataParser::ParseInputFromUser (lines 97-126 at commit fc02ad7: PARAM_INVALID when `designated_dims.size()`
+    differs from a non-empty `model_input_dims_v_`). It does not compare the dims themselves: those replace the
+    graph's, and a fixed dim given another value fails only where the graph's shape inference disagrees (`_describe`)."""
+    for tensor in graph_inputs:
+        graph_rank = len(tensor.type.tensor_type.shape.dim)
+        given = shapes.get(tensor.name)
+        if given is not None and graph_rank and len(given) != graph_rank:
+            raise AtcError(
+                f"E10001: Value [{','.join(str(d) for d in given)}] for parameter [--input_shape] is invalid. Reason: "
+                f"the rank of input '{tensor.name}' given by --input_shape ({len(given)}) does not match the "
+                f"model's ({graph_rank})"
+            )
+
+
 def _static_dims(tensor: Any) -> list[int]:
     dims = [d.dim_value for d in tensor.type.tensor_type.shape.dim]
     if any(d <= 0 for d in dims):
@@ -244,7 +263,12 @@ def _describe(
             shape = [largest if d == -1 else d for d in dims[tensor.name]]
             tensor.CopyFrom(helper.make_tensor_value_info(tensor.name, tensor.type.tensor_type.elem_type, shape))
     del concrete.graph.output[:]
-    inferred = shape_inference.infer_shapes(concrete, strict_mode=True)
+    try:
+        inferred = shape_inference.infer_shapes(concrete, strict_mode=True)
+    except shape_inference.InferenceError as error:  # GE's InferShape pass fails the compile the same way
+        raise AtcError(
+            f"E19999: Inner Error! infer shape failed with the shapes --input_shape gives: {error}"
+        ) from None
     known = {value.name: value for value in (*inferred.graph.value_info, *inferred.graph.output)}
     producers = {}
     for index, node in enumerate(model.graph.node):
@@ -289,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     pids = os.environ.get("FAKE_ATC_PID_DIR")
     if pids:
         Path(pids, f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    report = os.environ.get("FAKE_ATC_PYTHON_LOG")
+    if report:  # the interpreter ATC's operator compiler would run in: `python3` on PATH (see report_python)
+        Path(report).write_text(json.dumps(report_python()))
     gate = os.environ.get("FAKE_ATC_GATE")
     while gate and not os.path.exists(gate):  # a compile that lasts until the test lets it finish
         time.sleep(0.05)
@@ -300,6 +327,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sys.stdout.write(f"ATC start working now, please wait for a moment.\nATC run success: {om}\n")
     return 0
+
+
+def report_python() -> dict[str, Any]:
+    """What ATC's operator compiler would run in: the `python3` on PATH (ATC runs `python3-config --prefix`, then
+    TBE in that interpreter), its prefix and which of CANN's packages it imports, and this process's VIRTUAL_ENV."""
+    import shutil
+    import subprocess
+
+    python3 = shutil.which("python3")
+    found: dict[str, Any] = {"python3": python3, "virtual_env": os.environ.get("VIRTUAL_ENV")}
+    if python3 is not None:
+        probe = (
+            "import importlib.util, json, sys; print(json.dumps({'prefix': sys.prefix, 'missing': [m for m in "
+            "('numpy', 'decorator', 'attrs', 'psutil', 'scipy', 'sympy') if importlib.util.find_spec(m) is None]}))"
+        )
+        done = subprocess.run([python3, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+        found.update(json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-300:]})
+    return found
 
 
 def install(bin_dir: Path) -> Path:

@@ -8,11 +8,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf import text_format
 
+from geserve._generated import model_config_pb2 as mc
+from geserve.atc import compiler
 from geserve.atc.python_env import atc_environment, check_atc_python
 from geserve.cli import parse_settings
+from tests.fakes import atc as fake_atc
+from tests.fakes.om_models import affine_onnx
 
 IN_A_VENV = sys.prefix != sys.base_prefix
+AFFINE = """
+name: "affine" backend: "ge" max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "s" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
 
 
 def test_the_virtual_environment_is_left_out_of_atcs_environment(tmp_path: Path) -> None:
@@ -106,3 +116,30 @@ def test_atc_python_names_an_interpreter_that_exists(tmp_path: Path, capsys: pyt
     assert f"'{tmp_path / 'python3.9'}' is not an interpreter this server can run" in capsys.readouterr().err
     settings = parse_settings(["--model-repository", str(tmp_path), f"--atc-python={sys.executable}"])
     assert settings.workers.atc_python == str(Path(sys.executable).absolute())
+
+
+@pytest.mark.skipif(not IN_A_VENV, reason="the suite runs in a virtual environment where `make test` sets it up")
+def test_atc_started_from_inside_our_venv_finds_the_hosts_python3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """geserve run from its activated venv: the stand-in atc, which looks for `python3` as ATC does, finds the host's
+    interpreter, never the venv's, and no VIRTUAL_ENV."""
+    host_bin = tmp_path / "host-bin"
+    host_bin.mkdir()
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (host_bin / "python3").symlink_to(base)
+    atc = fake_atc.install(tmp_path / "atc-bin")
+    venv_bin = Path(sys.prefix) / "bin"
+    monkeypatch.setenv("PATH", os.pathsep.join([str(venv_bin), str(atc.parent), str(host_bin)]))
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
+    monkeypatch.setenv("FAKE_ATC_PYTHON_LOG", str(tmp_path / "python.json"))
+    folder = tmp_path / "models" / "affine"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(affine_onnx())
+    config = text_format.Parse(AFFINE, mc.ModelConfig())
+    compiler.compile_version(
+        config, folder / "1" / "model.onnx", folder, compiler.Toolchain(str(atc), "Ascend310P3", "8.0", tmp_path / "c")
+    )
+    seen = json.loads((tmp_path / "python.json").read_text())
+    assert seen["python3"] == str(host_bin / "python3"), seen
+    assert seen["virtual_env"] is None and Path(seen["prefix"]).resolve() != Path(sys.prefix).resolve(), seen
