@@ -127,6 +127,7 @@ def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> 
         send_timeout_s=args.http_send_timeout_secs,
         max_unsent_bytes=args.http_max_unsent_bytes,
         restrictions=http_restrictions,
+        openapi=args.http_openapi,
     )
     grpc = GrpcSettings(
         enabled=args.allow_grpc,

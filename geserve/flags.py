@@ -360,6 +360,13 @@ def _add_client_memory_flags(group: argparse._ArgumentGroup) -> None:
 def _add_http_flags(group: argparse._ArgumentGroup) -> None:
     """The HTTP/REST front-end: whether it serves, where, which API groups it restricts, and its largest body."""
     _boolean(group, "--allow-http", True, "serve HTTP/REST")
+    _boolean(
+        group,
+        "--http-openapi",
+        True,
+        "serve the REST API's OpenAPI document at /openapi.json and its browsable form at /docs (metadata group of "
+        "--http-restricted-api)",
+    )
     _repeatable(
         group,
         "--http-restricted-api",

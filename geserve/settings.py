@@ -114,6 +114,7 @@ class HttpSettings:
     send_timeout_s: float = 60.0  # longest a response may wait, unread by its client, before the connection closes
     max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES  # response bytes one connection may have waiting to be sent
     restrictions: Mapping[str, Restriction] = field(default_factory=dict)
+    openapi: bool = True  # --http-openapi: serve /openapi.json and /docs
 
 
 @dataclass(frozen=True, slots=True)

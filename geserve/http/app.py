@@ -1,14 +1,15 @@
-"""The ASGI application: infer straight to its endpoint, every other route through Starlette, Triton's error bodies."""
+"""The ASGI application: infer and generate straight to their endpoints, every other route through FastAPI."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.applications import Starlette
+from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from geserve.core.api import InferenceAPI
 from geserve.errors import GeserveError
@@ -16,6 +17,7 @@ from geserve.http.errors import error_body, error_response, failure
 from geserve.http.extensions import build_extension_routes
 from geserve.http.generate import GENERATE_PATH, GenerateEndpoint
 from geserve.http.infer import INFER_PATH, InferEndpoint, send_response
+from geserve.http.openapi import ROUTES, install_openapi, operation
 from geserve.http.routes import build_routes
 from geserve.restrictions import allowed
 from geserve.settings import DEFAULT_MAX_INPUT_SIZE, HttpSettings, Restriction
@@ -44,11 +46,11 @@ def api_group(path: str) -> str:
 
 class HttpApp:
     """The ASGI app uvicorn serves: infer and generate requests go straight to their endpoints, the rest to
-    Starlette. Restricted API groups are checked first, before any body is read."""
+    FastAPI. Restricted API groups are checked first, before any body is read."""
 
     def __init__(
         self,
-        api: Starlette,
+        api: FastAPI,
         infer: InferEndpoint,
         generate: GenerateEndpoint,
         restrictions: Mapping[str, Restriction] | None = None,
@@ -91,7 +93,7 @@ class HttpApp:
 def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
     limit = settings.max_input_size
     return HttpApp(
-        create_api(service, limit),
+        create_api(service, limit, openapi=settings.openapi),
         InferEndpoint(service, limit),
         GenerateEndpoint(service, limit),
         settings.restrictions,
@@ -102,10 +104,29 @@ async def _on_error(request: Request, error: Exception) -> Response:
     return error_response(*failure(error, f"{request.method} {request.url.path}"))
 
 
-def create_api(service: InferenceAPI, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Starlette:
-    """Every route but infer: health, metadata, config, statistics and the control extensions."""
-    routes = [*build_extension_routes(service, max_input_size), *build_routes(service)]
+def create_api(service: InferenceAPI, max_input_size: int = DEFAULT_MAX_INPUT_SIZE, *, openapi: bool = True) -> FastAPI:
+    """Every route but infer and generate, which HttpApp answers first: health, metadata, config, statistics and the
+    control extensions; with `openapi`, the contract of all of them at /openapi.json, read at /docs."""
     # One handler, registered per class: what reaches Starlette's Exception handler is answered and then
     # re-raised into the server's log, which only unexpected errors should be.
     handlers = {GeserveError: _on_error, HTTPException: _on_error, Exception: _on_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    app = FastAPI(
+        openapi_url="/openapi.json" if openapi else None,
+        docs_url="/docs" if openapi else None,
+        redoc_url=None,
+        exception_handlers=handlers,  # type: ignore[arg-type]
+    )
+    routes: list[Route] = [*build_extension_routes(service, max_input_size), *build_routes(service)]
+    for route in routes:
+        for method in sorted(route.methods or ()):
+            app.add_api_route(route.path, route.endpoint, methods=[method], **operation(method, route.path))
+    # Documented here, answered by HttpApp before FastAPI sees them; a path that reaches these is no model's.
+    for method, path in ROUTES:
+        if path.endswith(("/infer", "/generate", "/generate_stream")):
+            app.add_api_route(path, _not_found, methods=[method], **operation(method, path))
+    install_openapi(app)
+    return app
+
+
+async def _not_found(request: Request) -> Response:
+    raise HTTPException(404, "Not Found")
