@@ -10,12 +10,17 @@ Facts the checks rely on, and where they come from:
   or a failed `import acl` (CANN install guide, "Preparing Installation and Running Users":
   https://www.hiascend.com/document/detail/en/canncommercial/800/softwareinst/instg/instg_0004.html; the fix it
   gives for other users is `usermod -a -G HwHiAiUser <user>`).
-- /usr/local/Ascend/ascend-toolkit/set_env.sh exports ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH (.../latest),
-  puts $ASCEND_TOOLKIT_HOME/lib64 on LD_LIBRARY_PATH and $ASCEND_TOOLKIT_HOME/python/site-packages (where
-  pyACL's `acl` lives) on PYTHONPATH.
+- CANN's set_env.sh exports ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH, puts the toolkit's lib64 on LD_LIBRARY_PATH
+  and its python/site-packages (where pyACL's `acl` lives) on PYTHONPATH. CANN 8.5 and newer install it as
+  /usr/local/Ascend/cann/set_env.sh (CANN 8.5 docs, "安装后自动配置环境变量":
+  https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/850/maintenref/envvar/envref_07_0003.html;
+  hicann/runtime README.md), older ones as /usr/local/Ascend/ascend-toolkit/set_env.sh (.../latest is the home).
 - /dev/davinciN are the physical chips given to this host or container; ASCEND_RT_VISIBLE_DEVICES and geserve's
-  --device-ids take logical ids 0..n-1, and the runtime cuts ASCEND_RT_VISIBLE_DEVICES at its first invalid id
-  (shared/reference/pyacl.md, fact 3).
+  --device-ids take logical ids 0..n-1 (shared/reference/pyacl.md, fact 3). The runtime reads the variable as
+  hicann/runtime src/runtime/core/src/runtime.cc does (SplitString, Runtime::GetVisibleDevices): digits separated by
+  single commas from the first character, nothing stripped, ending at any other character (a space too); it stops
+  at the first id past the devices, and refuses the whole list, seeing no device at all, when an id is lower than
+  the one before it or is listed twice.
 """
 
 import argparse
@@ -31,10 +36,14 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 REQUIRED_PYTHON = (3, 11)
 REQUIRED = "3.11"
 ASCEND_ROOT = "/usr/local/Ascend"
-DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
-SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+# Where CANN installs its toolkit and set_env.sh: CANN 8.5 and newer first, then the older layout.
+DEFAULT_TOOLKITS = ("/usr/local/Ascend/cann", "/usr/local/Ascend/ascend-toolkit/latest")
+SET_ENVS = ("/usr/local/Ascend/cann/set_env.sh", "/usr/local/Ascend/ascend-toolkit/set_env.sh")
 CANN_GROUP = "HwHiAiUser"
-SOURCE_FIX = "run `source " + SET_ENV + "` in the shell that runs make"
+SOURCE_FIX = (
+    "run `source " + SET_ENVS[0] + "` (CANN 8.5 and newer) or `source " + SET_ENVS[1] + "` (older CANN) in the "
+    "shell that runs make"
+)
 GROUP_FIX = (
     "add this user to the " + CANN_GROUP + " group (`sudo usermod -a -G " + CANN_GROUP + " $USER`, then log in "
     "again or run `newgrp " + CANN_GROUP + "`), or reinstall the toolkit with --install-for-all"
@@ -114,16 +123,22 @@ def check_venv(pyvenv_cfg: Optional[str], venv: str) -> Optional[Check]:
     )
 
 
-def check_set_env(environ: Dict[str, str]) -> List[Check]:
+def installed_set_env(isfile: Callable[[str], bool] = os.path.isfile) -> Optional[str]:
+    """The set_env.sh this host has, the newest CANN's first; None when it has neither."""
+    return next((path for path in SET_ENVS if isfile(path)), None)
+
+
+def check_set_env(environ: Dict[str, str], installed: Optional[str] = None) -> List[Check]:
     """set_env.sh's variables: the toolkit home, its lib64 on LD_LIBRARY_PATH, its python/site-packages (pyACL) on
-    PYTHONPATH."""
+    PYTHONPATH. `installed`: the set_env.sh this host has (installed_set_env)."""
     home = environ.get("ASCEND_TOOLKIT_HOME") or environ.get("ASCEND_HOME_PATH")
     if not home:
+        found = " (this host has " + installed + ")" if installed else ""
         return [
             Check(
                 "set_env.sh",
                 "",
-                "ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: CANN's set_env.sh was not sourced",
+                "ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: CANN's set_env.sh was not sourced" + found,
                 SOURCE_FIX,
             )
         ]
@@ -214,6 +229,44 @@ def check_pyacl(result: Optional[ImportResult], fakes: str, cann_closed: bool = 
     return Check("pyACL", "", "`import acl` failed: " + last, "check the CANN install against this Python version")
 
 
+class VisibleIds(NamedTuple):
+    """ASCEND_RT_VISIBLE_DEVICES as the runtime reads it: the ids it keeps, the rest of the value (which it ignores)
+    and where the runtime stopped; or, when it refuses the whole list, why (`refused`), and no ids."""
+
+    kept: List[int]
+    rest: str
+    stop: str = ""
+    refused: str = ""
+
+
+_VISIBLE_READ = re.compile(r"[0-9]+(?:,[0-9]+)*,?")
+
+
+def read_visible(value: str, count: int) -> VisibleIds:
+    """runtime.cc's SplitString and Runtime::GetVisibleDevices on a host of `count` devices: ASCII digits
+    separated by single commas from the first character, nothing stripped; ids past the devices (or past INT_MAX,
+    which std::stoi cannot read) end the list, as does holding `count` ids; an id lower than the one before it or
+    listed twice refuses it whole."""
+    read = _VISIBLE_READ.match(value)
+    ids = list(re.finditer(r"[0-9]+", read.group())) if read else []
+    kept = []  # type: List[int]
+    for position, match in enumerate(ids):
+        number = int(match.group())
+        if number >= count or number > 2**31 - 1:
+            return VisibleIds(kept, value[match.start() :], f"stops at its first id outside 0..{count - 1}")
+        if kept and number < kept[-1]:
+            refused = f"an id is lower than the one before it ({match.group()} after {kept[-1]})"
+            return VisibleIds([], "", "", refused)
+        if number in kept:
+            return VisibleIds([], "", "", f"an id is listed twice ({match.group()})")
+        kept.append(number)
+        if len(kept) >= count and position + 1 < len(ids):
+            stop = f"stops once it holds as many ids as there are devices ({count})"
+            return VisibleIds(kept, value[ids[position + 1].start() :], stop)
+    rest = value[read.end() :] if read else value
+    return VisibleIds(kept, rest, "stops at the first character other than a digit or a single comma" if rest else "")
+
+
 def parse_ids(text: str) -> Optional[List[int]]:
     """`0,1,3`; None when an entry is not a number."""
     entries = [entry.strip() for entry in text.split(",") if entry.strip()]
@@ -253,25 +306,31 @@ def check_devices(chips: Dict[int, bool], manager: bool, visible: Optional[str],
         checks.append(Check("devices", names))
     count = len(chips)
     if visible is not None:
-        entries = []
-        for item in visible.split(","):
-            if not item.strip().isdigit() or int(item) >= len(chips):
-                break
-            entries.append(int(item))
-        listed = [item for item in visible.split(",") if item.strip()]
-        if len(entries) < len(listed):
+        read = read_visible(visible, count)
+        if read.refused:
             checks.append(
                 Check(
                     "ASCEND_RT_VISIBLE_DEVICES",
                     visible,
-                    f"ASCEND_RT_VISIBLE_DEVICES={visible}: the runtime stops at its first id outside 0..{count - 1}, "
-                    f"leaving {len(entries)} device(s) (it takes logical ids, not /dev/davinciN numbers)",
-                    f"list ids from 0..{count - 1}, or unset it",
+                    f"ASCEND_RT_VISIBLE_DEVICES='{visible}' hides every device: the runtime refuses the whole list "
+                    f"when {read.refused}",
+                    f"list each id once, in ascending order, from 0..{count - 1} (e.g. 0,1), or unset it",
+                )
+            )
+        elif re.search("[0-9]", read.rest):  # an id the runtime does not read (a trailing space loses none)
+            checks.append(
+                Check(
+                    "ASCEND_RT_VISIBLE_DEVICES",
+                    visible,
+                    f"ASCEND_RT_VISIBLE_DEVICES='{visible}': the runtime {read.stop} ('{read.rest}'), "
+                    f"leaving {len(read.kept)} device(s) (it takes logical ids, not /dev/davinciN numbers, and strips "
+                    "no spaces)",
+                    f"list ids from 0..{count - 1} separated by commas alone (e.g. 0,1), or unset it",
                 )
             )
         else:
             checks.append(Check("ASCEND_RT_VISIBLE_DEVICES", visible))
-        count = len(entries)
+        count = len(read.kept)
     if wanted is not None:
         ids = parse_ids(wanted)
         if ids is None or not ids:
@@ -333,9 +392,11 @@ def path_state(path: str) -> PathState:
     )
 
 
-def cann_paths(environ: Dict[str, str]) -> List[str]:
-    """/usr/local/Ascend (or wherever the toolkit home is), down to the toolkit's python/site-packages."""
-    home = (environ.get("ASCEND_TOOLKIT_HOME") or environ.get("ASCEND_HOME_PATH") or DEFAULT_TOOLKIT).rstrip("/")
+def cann_paths(environ: Dict[str, str], isdir: Callable[[str], bool] = os.path.isdir) -> List[str]:
+    """/usr/local/Ascend (or wherever the toolkit home is), down to the toolkit's python/site-packages. Without
+    set_env.sh's variables, the home of the newest CANN layout this host has, else the older one's."""
+    default = next((path for path in DEFAULT_TOOLKITS if isdir(path)), DEFAULT_TOOLKITS[-1])
+    home = (environ.get("ASCEND_TOOLKIT_HOME") or environ.get("ASCEND_HOME_PATH") or default).rstrip("/")
     target = home + "/python/site-packages"
     root = ASCEND_ROOT if (home + "/").startswith(ASCEND_ROOT + "/") else os.path.dirname(home)
     paths = [root]
@@ -413,7 +474,7 @@ def run_checks(
     venv_check = check_venv(pyvenv, venv)
     if venv_check is not None:
         checks.append(venv_check)
-    checks.extend(check_set_env(environ))
+    checks.extend(check_set_env(environ, installed_set_env()))
     user = _user_name(os.getuid())
     groups = [_group_name(gid) for gid in os.getgroups()]
     listed_in = [entry.gr_name for entry in grp.getgrall() if user in entry.gr_mem]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.atc import cache, command, graph_inputs, options
+from geserve.atc import cache, chips, command, graph_inputs, options
 from geserve.atc.python_env import atc_environment, check_atc_python
 from geserve.errors import ModelLoadError
 
@@ -105,6 +105,34 @@ def compile_version(
         raise
     logger.info("model '%s': compiled '%s' into '%s'", config.name, onnx, om)
     return Compiled(om, True, argv)
+
+
+def find_compiled(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: Toolchain) -> Compiled | None:
+    """A cached `.om` of this ONNX file and config for the host's chip or, failing that, for a chip of its family
+    (which the runtime loads just as well); None when the cache holds neither. For a host that cannot compile (no
+    `atc` in the image): an entry `geserve compile` made for a sibling chip serves rather than nothing."""
+    onnx, model_dir = onnx.absolute(), model_dir.absolute()
+    described = graph_inputs.complete_inputs(config, onnx)
+    parsed = options.config_options(config, model_dir)
+    for soc in (tools.soc, *chips.siblings(tools.soc)):
+        atc_command = command.build(described, soc, parsed)
+        folder = cache.entry(
+            tools.cache_dir.absolute(), config.name, cache.key(onnx, atc_command, soc, tools.cann, tools.opp)
+        )
+        with _cache_errors(config.name, tools.cache_dir):
+            found = cache.lookup(folder)
+        if found is None:
+            continue
+        if soc != tools.soc:
+            logger.warning(
+                "model '%s': no compile of '%s' for %s in the cache and no atc to make one: serving the one made for "
+                "%s, a chip of the same architecture (%s)",
+                config.name, onnx, tools.soc, soc, found,
+            )  # fmt: skip
+        else:
+            logger.info("model '%s': using the cached compile of '%s' (%s)", config.name, onnx, found)
+        return Compiled(found, False, tuple(atc_command.argv(tools.atc or "atc", onnx, folder / "model")))
+    return None
 
 
 def time_limit(config: mc.ModelConfig, default_s: float) -> float:

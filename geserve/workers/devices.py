@@ -92,6 +92,7 @@ def discover_devices(
     importable; else, or when asking it fails (with a warning saying why), the ids ASCEND_RT_VISIBLE_DEVICES
     keeps when it is set, else the /dev/davinciN chips (whatever their physical numbers)."""
     environ = os.environ if environ is None else environ
+    # Not held against the /dev/davinciN files: a driver may show the runtime other devices than those files.
     entries = visible_entries(environ)
     _warn_dropped(environ)
     if host.has_pyacl():
@@ -117,7 +118,15 @@ def _warn_dropped(environ: Mapping[str, str]) -> None:
     if value is None:
         return
     parsed = visible_devices.parse(value)
-    if parsed.dropped:
+    if parsed.refused:
+        logger.warning(
+            "%s=%r hides every NPU: the Ascend runtime refuses the whole list when %s, and then sees no device; "
+            "list each id once, in ascending order (e.g. '0,1')",
+            VISIBLE_DEVICES,
+            value,
+            parsed.refused,
+        )
+    elif parsed.dropped:
         logger.warning(
             "%s=%r: the Ascend runtime reads only the ids before %r (ids are ascending decimal numbers separated "
             "by commas, with no spaces or other characters), so the NPUs visible are %s",

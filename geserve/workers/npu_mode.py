@@ -104,6 +104,9 @@ class NpuResolver:
             return Resolved(config, backend)
         atc = host.find_atc()
         if atc is None:
+            cached = self._cached(config, onnx, source)
+            if cached is not None:
+                return Resolved(config, backend, cached)
             reason = (
                 "the version folder holds model.onnx and no .om, and CANN's atc is not on PATH to compile it "
                 f"(source CANN's set_env.sh: {SET_ENV_HINT}; or ship the .om)"
@@ -121,6 +124,16 @@ class NpuResolver:
         )
         compiled = compiler.compile_version(config, onnx, source.path, tools, cancel)
         return Resolved(config, backend, compiled.om)
+
+    def _cached(self, config: mc.ModelConfig, onnx: Path, source: ModelSource) -> Path | None:
+        """What `geserve compile` cached for this chip or a sibling: an image without atc still serves it."""
+        try:
+            chip = self._chip
+        except ModelLoadError:
+            return None  # pyACL cannot name the chip: nothing to look up by
+        lookup = compiler.Toolchain("", chip, host.cann_version(), self.cache_dir, opp=host.opp_version())
+        found = compiler.find_compiled(config, onnx, source.path, lookup)
+        return found.om if found is not None else None
 
     @property
     def cache_dir(self) -> Path:

@@ -151,7 +151,10 @@ def test_without_pyacl_the_load_error_says_where_it_comes_from(tmp_path: Path, m
     with pytest.raises(ModelLoadError) as error:
         backend.load(mc.ModelConfig(name="affine"), write_affine_om(tmp_path / "model.om", gears=GEARS), 0)
     assert "comes with the Ascend CANN toolkit" in error.value.message
-    assert "set_env.sh" in error.value.message
+    assert (
+        "('source /usr/local/Ascend/cann/set_env.sh' for CANN 8.5 and newer, "
+        "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' before)"
+    ) in error.value.message
 
 
 @pytest.mark.usefixtures("acl")
@@ -461,6 +464,50 @@ def test_handles_are_plain_ints_and_bytes_to_ptr_takes_only_bytes(acl: Any) -> N
     assert isinstance(address, int) and ctypes.string_at(address, 4) == data
     with pytest.raises(ValueError, match="only bytes"):
         acl.util.bytes_to_ptr(bytearray(data))
+
+
+def test_arguments_are_refused_where_the_bindings_parse_formats_refuse_them(acl: Any, tmp_path: Path) -> None:
+    """Handles, pointers, sizes and indexes are parsed as "k"/"K": an int only, never a numpy integer or a float;
+    ids and codes as "i"/"I": anything with __index__ (numpy integers too), never a float. What the parser refuses,
+    the binding's CHECK_NULL turns into a TypeError of its own."""
+    acl.init()
+    assert acl.rt.set_device(np.int64(0)) == 0  # "i"
+    with pytest.raises(TypeError, match=r"^acl\.rt\.set_device args parse failed$"):
+        acl.rt.set_device(0.0)
+    with pytest.raises(TypeError, match=r"^acl\.rt\.set_device args parse failed$"):
+        acl.rt.set_device(1 << 31)  # past a C int
+    with pytest.raises(TypeError, match=r"^acl\.rt\.malloc args parse failed$"):
+        acl.rt.malloc(np.int64(64), 2)  # "ki"
+    address, ret = acl.rt.malloc(64, np.int32(2))
+    assert ret == 0
+    with pytest.raises(TypeError, match=r"^acl\.create_data_buffer args parse failed$"):
+        acl.create_data_buffer(address, 64.0)
+    with pytest.raises(TypeError, match=r"^acl\.rt\.memcpy args parse failed$"):
+        acl.rt.memcpy(address, 64, np.uint64(0), 0, 1)
+    with pytest.raises(TypeError, match=r"^acl\.rt\.memcpy args parse failed$"):
+        acl.rt.memcpy(address, 64)  # too few
+    stream, _ = acl.rt.create_stream()
+    with pytest.raises(TypeError, match=r"^acl\.rt\.synchronize_stream_with_timeout args parse failed$"):
+        acl.rt.synchronize_stream_with_timeout(stream, 1.5)
+    assert acl.rt.synchronize_stream_with_timeout(stream, np.int64(100)) == 0
+    path = write_affine_om(tmp_path / "model.om", gears=GEARS)
+    with pytest.raises(TypeError, match=r"^acl\.mdl\.load_from_file args parse failed!$"):
+        acl.mdl.load_from_file(path)  # "s": a str, not a Path
+    model_id, _ = acl.mdl.load_from_file(str(path))
+    dataset = acl.mdl.create_dataset()
+    with pytest.raises(TypeError, match=r"^acl\.mdl\.set_dynamic_batch_size args parse failed!$"):
+        acl.mdl.set_dynamic_batch_size(model_id, dataset, 1, np.int64(4))  # the batch is "K"
+    with pytest.raises(TypeError, match=r"^acl\.mdl\.execute_async args parse failed!$"):
+        acl.mdl.execute_async(model_id, dataset, dataset, float(stream))
+    assert acl.mdl.unload(np.uint32(model_id)) == 0  # "I"
+    for release in (
+        lambda: acl.mdl.destroy_dataset(dataset),
+        lambda: acl.rt.free(address),
+        lambda: acl.rt.destroy_stream(stream),
+        lambda: acl.rt.reset_device(0),
+        acl.finalize,
+    ):
+        assert release() == 0
 
 
 @pytest.mark.usefixtures("acl")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,7 +40,8 @@ def _rows(count: int) -> np.ndarray:
 
 @pytest.mark.usefixtures("acl")
 @pytest.mark.parametrize(
-    ("code", "name"), [("", "107019 (ACL_ERROR_RT_WAIT_TIMEOUT)"), ("107020", "107020 (ACL_ERROR_RT_TASK_TIMEOUT)")]
+    ("code", "name"),
+    [("", "507046 (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)"), ("107020", "107020 (ACL_ERROR_RT_TASK_TIMEOUT)")],
 )
 def test_a_hung_execution_fails_after_the_timeout_as_a_device_fault(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str, name: str
@@ -88,6 +90,23 @@ def test_a_bad_timeout_fails_the_load_naming_the_parameter(tmp_path: Path, value
         "model 'affine': parameter 'sync_timeout_ms' must be a whole number of milliseconds from 1 to 2147483647, "
         f"or -1 to wait without a limit; got '{value}'"
     )
+
+
+def test_the_simulated_wait_runs_out_with_the_runtimes_code_and_takes_the_timeouts_it_takes(
+    acl: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aclrtSynchronizeStreamWithTimeout returns ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046) when the wait runs out,
+    and refuses a timeout below -1 with ACL_ERROR_RT_PARAM_INVALID (hicann/runtime aclrt_impl/stream.cpp)."""
+    hang = tmp_path / "hang"
+    monkeypatch.setenv("ACL_SIM_HANG_FILE", str(hang))
+    backend = _loaded(write_affine_om(tmp_path / "model.om", gears=GEARS), "100")
+    hang.write_text("")
+    staged = backend.stage({"x": _rows(1)})
+    backend.launch(staged)
+    assert acl.rt.synchronize_stream_with_timeout(backend._stream, 50) == 507046
+    assert acl.rt.synchronize_stream_with_timeout(backend._stream, -2) == 107000
+    assert "[-1, INT_MAX]" in acl.get_recent_err_msg()
+    backend.unload()
 
 
 @pytest.mark.parametrize("code", [107019, 107020, 507046])

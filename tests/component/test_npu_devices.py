@@ -65,11 +65,29 @@ def test_spaces_and_unordered_ids_stop_the_list_as_in_the_runtime_and_are_warned
     assert "reads only the ids before ' 1'" in caplog.text and "NPUs visible are ['0']" in caplog.text
     assert worker_visible_devices(1, environ={"ASCEND_RT_VISIBLE_DEVICES": "4, 6"}) == "1"  # no '6' for NPU 1
     caplog.clear()
-    assert discover_devices(dev, environ={"ASCEND_RT_VISIBLE_DEVICES": "2,1"}) == (0,)
-    assert "reads only the ids before '1'" in caplog.text
-    caplog.clear()
     assert discover_devices(dev, environ={"ASCEND_RT_VISIBLE_DEVICES": "0,2"}) == (0, 1)
     assert "ASCEND_RT_VISIBLE_DEVICES" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("1,0", "an id is lower than the one before it ('0' after '1')"),
+        ("0,0", "an id is listed twice ('0')"),
+    ],
+)
+def test_a_descending_or_repeated_id_hides_every_npu_and_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, value: str, why: str
+) -> None:
+    """runtime.cc Runtime::GetVisibleDevices refuses such a list whole: the runtime then sees no device at all."""
+    dev = _fake_dev(tmp_path, "davinci0", "davinci1")
+    assert discover_devices(dev, environ={"ASCEND_RT_VISIBLE_DEVICES": value}) == ()
+    assert caplog.messages == [
+        f"ASCEND_RT_VISIBLE_DEVICES='{value}' hides every NPU: the Ascend runtime refuses the whole list when {why}, "
+        "and then sees no device; list each id once, in ascending order (e.g. '0,1')"
+    ]
+    monkeypatch.syspath_prepend(str(FAKES))  # and the runtime (the simulator) counts none
+    assert discover_devices(dev, environ={"ACL_SIM_DEVICE_COUNT": "2", "ASCEND_RT_VISIBLE_DEVICES": value}) == ()
 
 
 def test_with_pyacl_the_runtime_counts_the_devices_in_a_probe_process(

@@ -166,7 +166,7 @@ def test_dockerfile_command_parses_with_the_cli(image: str) -> None:
         assert _instruction(dockerfile, "ENTRYPOINT") == ["/usr/local/bin/geserve-ascend"]
         assert "driver" not in re.sub(r"#.*", "", text).replace("Ascend/driver", "")  # never copied in
         entrypoint = (DEPLOY / "docker" / "ascend-entrypoint.sh").read_text()
-        assert "ascend-toolkit/set_env.sh" in entrypoint and 'exec geserve "$@"' in entrypoint
+        assert "ascend-toolkit/set_env.sh" in entrypoint and 'exec "$geserve" "$@"' in entrypoint
         assert os.access(DEPLOY / "docker" / "ascend-entrypoint.sh", os.X_OK)
     else:
         assert _instruction(dockerfile, "ENTRYPOINT") == ["geserve"]

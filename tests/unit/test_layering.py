@@ -243,6 +243,7 @@ def test_the_rules_catch_what_the_picture_forbids(module: str, source: str) -> N
         ("geserve.multiprocess.supervisor", "from geserve.workers.runs import RunId"),
         ("geserve.listeners", "import uvicorn"),
         ("geserve.workers.devices", "from geserve.atc import host"),
+        ("geserve.backends.acl.soc", "from geserve.atc import chips"),
         ("geserve.multiprocess.child", "from geserve.event_loop import loop_factory"),
     ],
 )

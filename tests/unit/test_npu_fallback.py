@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 
 from geserve._generated import model_config_pb2 as mc
-from geserve.atc import host
+from geserve.atc import compiler, host
 from geserve.backends import registry
 from geserve.errors import ModelLoadError
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.workers.npu_mode import FALLBACK_PARAMETER, NpuResolver, Resolved
+from tests.fakes import atc as fake_atc
 from tests.fakes.om_models import affine_onnx
 
 CONFIG = """
@@ -80,3 +82,37 @@ def test_the_driver_is_seen_by_its_device_files_or_its_install_folder(tmp_path: 
     (dev / "davinci_manager").touch()
     (dev / "davinci3").touch()
     assert host.ascend_driver(dev, driver) == f"{dev}/davinci3, {dev}/davinci_manager"
+
+
+def test_an_image_without_atc_serves_a_compile_cached_for_a_sibling_chip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`geserve compile --soc-version Ascend310P1` at image build time; a 310P3 host without atc serves that `.om`
+    (the runtime loads it on any chip of the architecture) instead of failing; a 910B3 host does not."""
+    folder = tmp_path / "affine"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(affine_onnx())
+    config = text_format.Parse(CONFIG, mc.ModelConfig())
+    atc = fake_atc.install(tmp_path / "bin")
+    built = compiler.compile_version(
+        config,
+        folder / "1" / "model.onnx",
+        folder,
+        compiler.Toolchain(str(atc), "Ascend310P1", "8.0", tmp_path / "cache"),
+    )
+    monkeypatch.setattr(host, "has_pyacl", lambda: True)
+    monkeypatch.setattr(host, "find_atc", lambda: None)
+    monkeypatch.setattr(host, "cann_version", lambda **_: "8.0")
+    monkeypatch.setattr(host, "opp_version", lambda **_: "")
+    for chip, served in (("Ascend310P3", True), ("Ascend910B3", False)):
+        monkeypatch.setattr(host, "soc_name", lambda chip=chip: chip)
+        settings = WorkerSettings(device_ids=(0,), model_cache_dir=tmp_path / "cache")
+        resolver = NpuResolver(settings, probe_driver=lambda: "/dev/davinci0")
+        if served:
+            with caplog.at_level(logging.WARNING, logger="geserve.atc.compiler"):
+                resolved = resolver.resolve(ModelSource("affine", folder), config, registry.by_name("ge"), 1)
+            assert resolved.model_path == built.om and resolved.backend.name == "ge"
+            assert "serving the one made for Ascend310P1, a chip of the same architecture" in caplog.text
+        else:
+            with pytest.raises(ModelLoadError, match="CANN's atc is not on PATH"):
+                resolver.resolve(ModelSource("affine", folder), config, registry.by_name("ge"), 1)

@@ -74,6 +74,29 @@ def test_an_unsourced_set_env_is_one_problem_naming_the_file_to_source() -> None
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in checks[0].fix
 
 
+def test_set_env_is_looked_for_where_cann_85_and_older_cann_install_it_newest_first() -> None:
+    """CANN 8.5 and newer install /usr/local/Ascend/cann/set_env.sh, older ones
+    /usr/local/Ascend/ascend-toolkit/set_env.sh: the fix names both, the one this host has is named first."""
+    (check,) = preflight.check_set_env({"PATH": "/usr/bin"})
+    assert check.fix == (
+        "run `source /usr/local/Ascend/cann/set_env.sh` (CANN 8.5 and newer) or "
+        "`source /usr/local/Ascend/ascend-toolkit/set_env.sh` (older CANN) in the shell that runs make"
+    )
+    both = {"/usr/local/Ascend/cann/set_env.sh", "/usr/local/Ascend/ascend-toolkit/set_env.sh"}
+    assert preflight.installed_set_env(both.__contains__) == "/usr/local/Ascend/cann/set_env.sh"
+    older = preflight.installed_set_env("/usr/local/Ascend/ascend-toolkit/set_env.sh".__eq__)
+    assert older == "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+    assert preflight.installed_set_env(lambda path: False) is None
+    (found,) = preflight.check_set_env({"PATH": "/usr/bin"}, "/usr/local/Ascend/cann/set_env.sh")
+    assert found.problem == (
+        "ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: CANN's set_env.sh was not sourced "
+        "(this host has /usr/local/Ascend/cann/set_env.sh)"
+    )
+    assert (
+        preflight.cann_paths({}, "/usr/local/Ascend/cann".__eq__)[-1] == "/usr/local/Ascend/cann/python/site-packages"
+    )
+
+
 def test_a_sourced_set_env_passes_and_a_path_it_should_have_set_is_named() -> None:
     assert not _problems(preflight.check_set_env(SOURCED))
     # ASCEND_HOME_PATH alone (newer set_env.sh files), with a trailing slash on the entries.
@@ -209,6 +232,34 @@ def test_visible_devices_take_logical_ids_and_bound_geserve_npu_devices() -> Non
     assert "beyond the 1 visible device(s)" in beyond[2].problem and "0..0" in beyond[2].fix
     assert not _problems(preflight.check_devices(chips, True, None, "1,0"))
     assert "not a list of ids" in preflight.check_devices(chips, True, None, "npu0")[-1].problem
+
+
+@pytest.mark.parametrize(
+    ("visible", "why"),
+    [("1,0", "an id is lower than the one before it (0 after 1)"), ("0,0", "an id is listed twice (0)")],
+)
+def test_a_descending_or_repeated_id_hides_every_device(visible: str, why: str) -> None:
+    checks = preflight.check_devices({0: True, 1: True}, True, visible, "0")
+    assert [check.name for check in _problems(checks)] == ["ASCEND_RT_VISIBLE_DEVICES", "GESERVE_NPU_DEVICES"]
+    assert checks[1].problem == (
+        f"ASCEND_RT_VISIBLE_DEVICES='{visible}' hides every device: the runtime refuses the whole list when {why}"
+    )
+    assert checks[1].fix == "list each id once, in ascending order, from 0..1 (e.g. 0,1), or unset it"
+    assert "beyond the 0 visible device(s)" in checks[2].problem
+
+
+def test_visible_devices_are_read_without_stripping_spaces() -> None:
+    """'0, 1' is device 0 alone: the runtime stops at the space (runtime.cc SplitString)."""
+    checks = preflight.check_devices({0: True, 1: True}, True, "0, 1", "1")
+    assert [check.name for check in _problems(checks)] == ["ASCEND_RT_VISIBLE_DEVICES", "GESERVE_NPU_DEVICES"]
+    assert checks[1].problem == (
+        "ASCEND_RT_VISIBLE_DEVICES='0, 1': the runtime stops at the first character other than a digit or a single "
+        "comma (' 1'), leaving 1 device(s) (it takes logical ids, not /dev/davinciN numbers, and strips no spaces)"
+    )
+    assert not _problems(preflight.check_devices({0: True, 1: True}, True, "0,1 ", "1"))  # no id lost
+    assert not _problems(preflight.check_devices({0: True, 1: True}, True, "0,1", "1"))
+    held = preflight.check_devices({0: True, 1: True}, True, "0,1,1", "1")  # the runtime stops at two ids
+    assert "stops once it holds as many ids as there are devices (2) ('1')" in held[1].problem
 
 
 def test_device_files_are_the_numbered_chips(tmp_path: Path) -> None:

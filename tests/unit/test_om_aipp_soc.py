@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from geserve.atc.chips import family
 from geserve.backends.acl.description import OmTensor, check_servable, resolve_input_dims
 from geserve.backends.acl.om_file import describe_bytes
 from geserve.backends.acl.soc import check_soc, read_before_load
@@ -82,14 +83,57 @@ def test_inspect_says_a_dynamic_aipp_model_is_not_servable(tmp_path: Path, capsy
     assert "not servable by geserve:" in capsys.readouterr().out
 
 
-def test_a_file_compiled_for_another_soc_is_refused_naming_both(tmp_path: Path) -> None:
+def test_a_file_compiled_for_another_architecture_is_refused_naming_both_chips_and_the_fix(tmp_path: Path) -> None:
     path = write_om(tmp_path / "model.om", affine_description(static_batch=1))  # records Ascend310P3
     with pytest.raises(ModelLoadError) as error:
         check_soc("affine", str(path), "Ascend910B3", read_before_load(str(path)))
-    assert f"model 'affine': '{path}' was compiled for Ascend310P3, this host is Ascend910B3" in error.value.message
-    assert "--soc_version=Ascend910B3" in error.value.message
+    assert error.value.message == (
+        f"model 'affine': '{path}' was compiled for Ascend310P3, this host is Ascend910B3: Ascend310P3 is an "
+        "Ascend310P chip and Ascend910B3 an Ascend910B one, and the runtime loads an .om only on a chip of the "
+        "architecture it was compiled for; compile it again with ATC --soc_version=Ascend910B3"
+    )
     check_soc("affine", str(path), "Ascend310P3", read_before_load(str(path)))
     check_soc("affine", str(path), "", read_before_load(str(path)))  # the host's SoC unknown: the runtime has its say
+
+
+@pytest.mark.parametrize(("compiled_for", "host"), [("Ascend310P3", "Ascend310P1"), ("Ascend910B3", "Ascend910_9391")])
+def test_a_file_compiled_for_another_chip_of_the_family_loads_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, compiled_for: str, host: str
+) -> None:
+    description = affine_description(static_batch=1)
+    description["soc_version"] = compiled_for
+    path = write_om(tmp_path / "model.om", description)
+    check_soc("affine", str(path), host, read_before_load(str(path)))
+    (record,) = [record for record in caplog.records if record.name == "geserve.backends.acl.soc"]
+    assert record.levelname == "WARNING"
+    assert record.getMessage() == (
+        f"model 'affine': '{path}' was compiled for {compiled_for}, this host is {host}: both are "
+        f"{family(host)} chips (one architecture), so the runtime loads it; to have a file made for this chip, "
+        f"compile it again with ATC --soc_version={host}"
+    )
+    caplog.clear()
+    check_soc("affine", str(path), compiled_for, read_before_load(str(path)))  # the same chip: nothing to say
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("compiled_for", "host", "unknown"),
+    [("Ascend310", "Ascend310P3", "Ascend310"), ("Ascend310P3", "Ascend999", "Ascend999")],
+)
+def test_a_chip_geserve_does_not_know_takes_only_a_file_made_for_itself(
+    tmp_path: Path, compiled_for: str, host: str, unknown: str
+) -> None:
+    description = affine_description(static_batch=1)
+    description["soc_version"] = compiled_for
+    path = write_om(tmp_path / "model.om", description)
+    with pytest.raises(ModelLoadError) as error:
+        check_soc("affine", str(path), host, read_before_load(str(path)))
+    assert error.value.message == (
+        f"model 'affine': '{path}' was compiled for {compiled_for}, this host is {host}: the runtime loads an .om "
+        "only on a chip of the architecture it was compiled for, and geserve does not know the architecture of "
+        f"{unknown}, so it takes only the same chip; compile it again with ATC --soc_version={host}"
+    )
+    check_soc("affine", str(path), compiled_for, read_before_load(str(path)))
 
 
 def test_a_file_that_records_no_soc_or_cannot_be_read_here_is_left_to_the_runtime(tmp_path: Path) -> None:

@@ -51,10 +51,11 @@ _ERROR_NAMES = {
 }
 
 
-# What a synchronize that gives up returns: rt_error_codes.h's ACL_ERROR_RT_WAIT_TIMEOUT ("wait timeout") and
-# ACL_ERROR_RT_TASK_TIMEOUT ("task timeout"), and the runtime's ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (hicann/runtime
-# errcode_manage.cc maps its stream-sync timeout there). The synchronize_stream_with_timeout docs say only
-# "non-zero on failure", so which one comes back is not documented: all three mean the device did not finish.
+# What a synchronize that gives up returns: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, 507046 (hicann/runtime
+# src/acl/aclrt_impl/stream.cpp aclrtSynchronizeStreamWithTimeoutImpl passes the runtime's stream-sync timeout
+# through as that code). The synchronize_stream_with_timeout docs say only "non-zero on failure", so rt_error_codes.h's
+# ACL_ERROR_RT_WAIT_TIMEOUT ("wait timeout") and ACL_ERROR_RT_TASK_TIMEOUT ("task timeout"), which they do not rule
+# out, are taken the same way: all three mean the device did not finish.
 SYNC_TIMEOUTS = frozenset({107019, 107020, 507046})
 # Codes outside 5xxxxx that still mean the device can no longer be trusted: work still queued on a stream
 # that timed out would write into buffers the next batch uses.
@@ -68,8 +69,9 @@ def import_acl(model_name: str) -> Any:
     except ImportError as error:
         raise ModelLoadError(
             f"model '{model_name}': the 'ge' backend needs pyACL (the Python module 'acl'), which comes with "
-            "the Ascend CANN toolkit, not with pip: install CANN and source its set_env.sh (e.g. "
-            f"'source /usr/local/Ascend/ascend-toolkit/set_env.sh') before starting geserve ({error})"
+            "the Ascend CANN toolkit, not with pip: install CANN and source its set_env.sh "
+            "('source /usr/local/Ascend/cann/set_env.sh' for CANN 8.5 and newer, "
+            f"'source /usr/local/Ascend/ascend-toolkit/set_env.sh' before) before starting geserve ({error})"
         ) from None
 
 

@@ -22,7 +22,7 @@ __all__ = ["mdl", "rt", "util"]
 _DATA_TYPE_SIZES = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 27: 2}
 
 
-@api("init")
+@api("init", parse="|s")
 def init(config_path: str | None = None) -> int:
     delay_ms = int(os.environ.get("ACL_SIM_INIT_DELAY_MS", "0"))
     if delay_ms > 0:
@@ -61,12 +61,12 @@ def get_soc_name() -> str:
     return os.environ.get("ACL_SIM_SOC_NAME", "Ascend310P3")
 
 
-@api("data_type_size", value=0)
+@api("data_type_size", value=0, parse="i")
 def data_type_size(dtype: int) -> int:
     return _DATA_TYPE_SIZES.get(dtype, 0)
 
 
-@api("create_data_buffer", value=0)
+@api("create_data_buffer", value=0, parse="kk")
 def create_data_buffer(address: int, size: int) -> int:
     RUNTIME.require_init()
     handle = next(RUNTIME.handles)
@@ -80,24 +80,24 @@ def _buffer(handle: int) -> tuple[int, int]:
     return RUNTIME.data_buffers[handle]
 
 
-@api("get_data_buffer_addr", value=0)
+@api("get_data_buffer_addr", value=0, parse="k")
 def get_data_buffer_addr(handle: int) -> int:
     return _buffer(handle)[0]
 
 
-@api("get_data_buffer_size_v2", value=0)
+@api("get_data_buffer_size_v2", value=0, parse="k")
 def get_data_buffer_size_v2(handle: int) -> int:
     return _buffer(handle)[1]
 
 
-@api("update_data_buffer")
+@api("update_data_buffer", parse="kkk")
 def update_data_buffer(handle: int, address: int, size: int) -> int:
     _buffer(handle)
     RUNTIME.data_buffers[handle] = (address, size)
     return SUCCESS
 
 
-@api("destroy_data_buffer")
+@api("destroy_data_buffer", parse="k")
 def destroy_data_buffer(handle: int) -> int:
     _buffer(handle)
     del RUNTIME.data_buffers[handle]

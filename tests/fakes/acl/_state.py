@@ -15,7 +15,7 @@ from the environment, since the simulator runs inside geserve's worker processes
                          (renames it away) and fails with that code; the device then stays faulty
 - ACL_SIM_HANG_FILE      a file holding an error code: the next execute_async in any process takes it and its work
                          never ends (a hung AI Core); synchronize_stream_with_timeout gives up on it with that
-                         code (default 107019), synchronize_stream waits forever
+                         code (default 507046, what the runtime returns), synchronize_stream waits forever
 - ACL_SIM_INIT_DELAY_MS  acl.init takes this long (default 0): a driver slow or wedged at start
 - ACL_SIM_REPORT_DIR     where each process writes `acl-sim-<pid>.json` (calls, executions, leaks)
 - ACL_SIM_UTILIZATION_UNKNOWN  1: get_device_utilization_rate reads -1 (unsupported) for the AI Core fields
@@ -29,7 +29,9 @@ import collections
 import ctypes
 import itertools
 import json
+import operator
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +53,9 @@ RT_CONTEXT_NULL = 107002
 RT_STREAM_CONTEXT = 107003
 RT_MODEL_CONTEXT = 107004
 NEVER = 1 << 62  # monotonic ns at which a hung execute ends
-WAIT_TIMEOUT = 107019  # ACL_ERROR_RT_WAIT_TIMEOUT (rt_error_codes.h: "wait timeout")
+# ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: what aclrtSynchronizeStreamWithTimeout returns when the wait runs out
+# (hicann/runtime src/acl/aclrt_impl/stream.cpp aclrtSynchronizeStreamWithTimeoutImpl; rt_error_codes.h).
+STREAM_SYNC_TIMEOUT = 507046
 RT_FEATURE_NOT_SUPPORT = 207000
 RT_MEMORY_ALLOCATION = 207001
 GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
@@ -168,17 +172,22 @@ class Runtime:
         visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
         if visible is None:
             return list(range(physical))
+        # hicann/runtime src/runtime/core/src/runtime.cc: SplitString reads runs of ASCII digits separated by single
+        # commas from the first character, and stops at anything else, a space included ('1, 2' is device 1 alone,
+        # HIASCEND envref_07_0028); Runtime::GetVisibleDevices stops at the first id past the devices and once it
+        # holds as many ids as there are devices, but refuses the whole list (no device at all) when an id is lower
+        # than the one before it or repeats one.
+        read = re.match(r"[0-9]+(?:,[0-9]+)*", visible)
         devices: list[int] = []
-        for item in visible.split(","):
-            # Parsing stops at the first bad or unordered id; nothing is stripped ('1, 2' is device 1 alone,
-            # HIASCEND envref_07_0028).
-            if (
-                not (item.isascii() and item.isdigit())
-                or int(item) >= physical
-                or (devices and int(item) <= devices[-1])
-            ):
+        for item in read.group().split(",") if read else ():
+            device = int(item)
+            if device >= physical or device > (1 << 31) - 1:
                 break
-            devices.append(int(item))
+            if devices and (device < devices[-1] or device in devices):
+                return []
+            devices.append(device)
+            if len(devices) >= physical:
+                break
         return devices
 
     @property
@@ -360,7 +369,7 @@ class Runtime:
     @staticmethod
     def injected_hang() -> int | None:
         """The code a hung stream's timed-out synchronize returns, when a hang was injected for this execute."""
-        return _take_file(os.environ.get("ACL_SIM_HANG_FILE"), WAIT_TIMEOUT)
+        return _take_file(os.environ.get("ACL_SIM_HANG_FILE"), STREAM_SYNC_TIMEOUT)
 
     def injected_fault(self, device: int) -> int | None:
         if device in self.faulty:
@@ -389,16 +398,60 @@ RUNTIME = Runtime()
 
 
 _NO_VALUE = object()
+_UNSIGNED_LONG = (1 << 64) - 1
+_UNSIGNED_INT = (1 << 32) - 1
 
 
-def api(name: str, out: tuple[Any, ...] | None = None, value: Any = _NO_VALUE) -> Any:
+def _parse_one(code: str, value: Any) -> tuple[bool, Any]:
+    """One argument as CPython's PyArg_ParseTuple converts it for format `code` (Python/getargs.c): (parsed?, value).
+    `k`/`K` (handles, pointers, sizes, indexes) take only an int or a subclass of it, masked to 64 bits: a numpy
+    integer or a float is refused. `i` and `I` take anything with __index__ (numpy integers included, floats not);
+    `i` must fit a C int, `I` is masked to 32 bits. `s` takes a str without NUL characters."""
+    if code in "kK":
+        return isinstance(value, int), value & _UNSIGNED_LONG if isinstance(value, int) else value
+    if code in "iI":
+        try:
+            number = operator.index(value)
+        except TypeError:
+            return False, value
+        if code == "I":
+            return True, number & _UNSIGNED_INT
+        return -(1 << 31) <= number < (1 << 31), number
+    if code == "s":
+        return isinstance(value, str) and "\0" not in value, value
+    raise ValueError(f"format {code!r} is not simulated")
+
+
+def parse_args(name: str, formats: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`args` as the binding's PyArg_ParseTuple(args, formats) takes them (`|` starts the optional ones), or the
+    TypeError its CHECK_NULL raises in place of the parser's own: "acl.<name> args parse failed", with a "!" in
+    the acl.mdl functions (RT-SRC `utils_methods.h` CHECK_NULL_2; the messages of `mdl/mdl_wrap.cpp`,
+    `py_init_acl.cpp` and `rt/*.cpp`)."""
+    required, _, optional = formats.partition("|")
+    codes = required + optional
+    parsed: list[Any] = []
+    ok = len(required) <= len(args) <= len(codes)
+    for code, value in zip(codes, args if ok else (), strict=False):
+        accepted, converted = _parse_one(code, value)
+        ok = ok and accepted
+        parsed.append(converted)
+    if not ok:
+        raise TypeError(f"acl.{name} args parse failed{'!' if name.startswith('mdl.') else ''}")
+    return tuple(parsed)
+
+
+def api(name: str, out: tuple[Any, ...] | None = None, value: Any = _NO_VALUE, parse: str | None = None) -> Any:
     """Give a simulated call the binding's return convention on failure: `ret`; or the out-values
     (zero/empty) and `ret` last when the C call has out-params; or just `value` when the C call
-    returns a value instead of an error code. Every call is counted for the report."""
+    returns a value instead of an error code. `parse` is the binding's PyArg_ParseTuple format for the
+    call's arguments (parse_args); the arguments of a call without one are not checked. Every call is counted
+    for the report."""
 
     def wrap(function: Any) -> Any:
         def call(*args: Any) -> Any:
             RUNTIME.record(name)
+            if parse is not None:
+                args = parse_args(name, parse, args)
             with RUNTIME.lock:
                 try:
                     return function(*args)

@@ -48,7 +48,7 @@ NUMPY_TYPES = {
 # -- loading ---------------------------------------------------------------------------------
 
 
-@api("mdl.load_from_file", out=(0,))
+@api("mdl.load_from_file", out=(0,), parse="s")
 def load_from_file(path: str) -> tuple[int, int]:
     context = RUNTIME.current_context()
     if not Path(path).is_file():
@@ -74,7 +74,7 @@ def _model(model_id: int) -> Model:
     return model
 
 
-@api("mdl.unload")
+@api("mdl.unload", parse="I")
 def unload(model_id: int) -> int:
     _model(model_id)
     del RUNTIME.models[model_id]
@@ -95,7 +95,7 @@ def create_desc() -> int:
     return handle
 
 
-@api("mdl.get_desc")
+@api("mdl.get_desc", parse="kI")
 def get_desc(desc: int, model_id: int) -> int:
     if desc not in RUNTIME.descs:
         raise RUNTIME.fail(INVALID_PARAM, f"unknown model description {desc:#x}")
@@ -104,7 +104,7 @@ def get_desc(desc: int, model_id: int) -> int:
     return SUCCESS
 
 
-@api("mdl.destroy_desc")
+@api("mdl.destroy_desc", parse="k")
 def destroy_desc(desc: int) -> int:
     if desc not in RUNTIME.descs:
         raise RUNTIME.fail(INVALID_PARAM, f"unknown model description {desc:#x}")
@@ -170,33 +170,33 @@ def _dims(desc: int, side: str, index: int, tensor: dict[str, Any], dims: list[i
     return {"name": name, "dimCount": len(dims), "dims": dims}
 
 
-@api("mdl.get_num_inputs", value=0)
+@api("mdl.get_num_inputs", value=0, parse="k")
 def get_num_inputs(desc: int) -> int:
     return len(_inputs(_described(desc)))
 
 
-@api("mdl.get_num_outputs", value=0)
+@api("mdl.get_num_outputs", value=0, parse="k")
 def get_num_outputs(desc: int) -> int:
     return len(_outputs(_described(desc)))
 
 
-@api("mdl.get_input_size_by_index", value=0)
+@api("mdl.get_input_size_by_index", value=0, parse="kk")
 def get_input_size_by_index(desc: int, index: int) -> int:
     return _nbytes(_described(desc), _tensor(desc, index, True))
 
 
-@api("mdl.get_output_size_by_index", value=0)
+@api("mdl.get_output_size_by_index", value=0, parse="kk")
 def get_output_size_by_index(desc: int, index: int) -> int:
     return _nbytes(_described(desc), _tensor(desc, index, False))
 
 
-@api("mdl.get_input_dims", out=({},))
+@api("mdl.get_input_dims", out=({},), parse="kk")
 def get_input_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     tensor = _tensor(desc, index, True)
     return _dims(desc, "input", index, tensor, list(tensor.get("dims_v1", tensor["dims"]))), SUCCESS
 
 
-@api("mdl.get_input_dims_v2", out=({},))
+@api("mdl.get_input_dims_v2", out=({},), parse="kk")
 def get_input_dims_v2(desc: int, index: int) -> tuple[dict[str, Any], int]:
     """The same as get_input_dims but for static-AIPP inputs, where these are the dims that multiply out to
     get_input_size_by_index (CANN docs, aclmdlGetInputDimsV2)."""
@@ -204,7 +204,7 @@ def get_input_dims_v2(desc: int, index: int) -> tuple[dict[str, Any], int]:
     return _dims(desc, "input", index, tensor, list(tensor.get("dims_v2", tensor["dims"]))), SUCCESS
 
 
-@api("mdl.get_output_dims", out=({},))
+@api("mdl.get_output_dims", out=({},), parse="kk")
 def get_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     tensor = _tensor(desc, index, False)
     return _dims(desc, "output", index, tensor, list(tensor["dims"])), SUCCESS
@@ -213,7 +213,7 @@ def get_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
 MAX_DIM_CNT = 128  # ACL_MAX_DIM_CNT
 
 
-@api("mdl.get_cur_output_dims", out=({},))
+@api("mdl.get_cur_output_dims", out=({},), parse="kk")
 def get_cur_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     """As hicann/ge api/acl/acl_model/model/model.cpp `aclmdlGetCurOutputDimsImpl` answers: the output
     dims (the largest gear's) while no gear is set; once one is, the `_dynamic_output_dims` entry for
@@ -236,12 +236,12 @@ def get_cur_output_dims(desc: int, index: int) -> tuple[dict[str, Any], int]:
     )
 
 
-@api("mdl.get_input_name_by_index", value="")
+@api("mdl.get_input_name_by_index", value="", parse="kk")
 def get_input_name_by_index(desc: int, index: int) -> str:
     return str(_tensor(desc, index, True)["name"])
 
 
-@api("mdl.get_output_name_by_index", value="")
+@api("mdl.get_output_name_by_index", value="", parse="kk")
 def get_output_name_by_index(desc: int, index: int) -> str:
     return str(_tensor(desc, index, False)["name"])
 
@@ -255,37 +255,37 @@ def _index_by_name(desc: int, name: str, inputs: bool) -> tuple[int, int]:
     raise RUNTIME.fail(INVALID_PARAM, f"the model has no {'input' if inputs else 'output'} named '{name}'")
 
 
-@api("mdl.get_input_index_by_name", out=(0,))
+@api("mdl.get_input_index_by_name", out=(0,), parse="ks")
 def get_input_index_by_name(desc: int, name: str) -> tuple[int, int]:
     return _index_by_name(desc, name, True)
 
 
-@api("mdl.get_output_index_by_name", out=(0,))
+@api("mdl.get_output_index_by_name", out=(0,), parse="ks")
 def get_output_index_by_name(desc: int, name: str) -> tuple[int, int]:
     return _index_by_name(desc, name, False)
 
 
-@api("mdl.get_input_data_type", value=-1)
+@api("mdl.get_input_data_type", value=-1, parse="kk")
 def get_input_data_type(desc: int, index: int) -> int:
     return int(_tensor(desc, index, True)["dtype"])
 
 
-@api("mdl.get_output_data_type", value=-1)
+@api("mdl.get_output_data_type", value=-1, parse="kk")
 def get_output_data_type(desc: int, index: int) -> int:
     return int(_tensor(desc, index, False)["dtype"])
 
 
-@api("mdl.get_input_format", value=-1)
+@api("mdl.get_input_format", value=-1, parse="kk")
 def get_input_format(desc: int, index: int) -> int:
     return int(_tensor(desc, index, True)["format"])
 
 
-@api("mdl.get_output_format", value=-1)
+@api("mdl.get_output_format", value=-1, parse="kk")
 def get_output_format(desc: int, index: int) -> int:
     return int(_tensor(desc, index, False)["format"])
 
 
-@api("mdl.get_dynamic_batch", out=({},))
+@api("mdl.get_dynamic_batch", out=({},), parse="k")
 def get_dynamic_batch(desc: int) -> tuple[dict[str, Any], int]:
     gears = _described(desc).gears
     return {"batchCount": len(gears), "batch": gears}, SUCCESS
@@ -296,18 +296,18 @@ def _gear_shapes(desc: int, kind: str) -> list[list[int]]:
     return [list(shape) for shape in om.gear_shapes] if om.gear_kind == kind else []
 
 
-@api("mdl.get_dynamic_hw", out=({},))
+@api("mdl.get_dynamic_hw", out=({},), parse="kk")
 def get_dynamic_hw(desc: int, index: int) -> tuple[dict[str, Any], int]:
     shapes = _gear_shapes(desc, "dynamic_image_size")
     return {"hwCount": len(shapes), "hw": shapes}, SUCCESS
 
 
-@api("mdl.get_input_dynamic_gear_count", out=(0,))
+@api("mdl.get_input_dynamic_gear_count", out=(0,), parse="kk")
 def get_input_dynamic_gear_count(desc: int, index: int) -> tuple[int, int]:
     return len(_gear_shapes(desc, "dynamic_dims")), SUCCESS
 
 
-@api("mdl.get_input_dynamic_dims", out=([],))
+@api("mdl.get_input_dynamic_dims", out=([],), parse="kkk")
 def get_input_dynamic_dims(desc: int, index: int, count: int) -> tuple[list[dict[str, Any]], int]:
     shapes = _gear_shapes(desc, "dynamic_dims")[:count]
     return [{"name": "", "dimCount": len(shape), "dims": shape} for shape in shapes], SUCCESS
@@ -330,7 +330,7 @@ def _dataset(dataset: int) -> list[int]:
     return RUNTIME.datasets[dataset]
 
 
-@api("mdl.add_dataset_buffer", out=(0,))
+@api("mdl.add_dataset_buffer", out=(0,), parse="kk")
 def add_dataset_buffer(dataset: int, buffer: int) -> tuple[int, int]:
     if buffer not in RUNTIME.data_buffers:
         raise RUNTIME.fail(INVALID_PARAM, f"unknown data buffer {buffer:#x}")
@@ -338,18 +338,18 @@ def add_dataset_buffer(dataset: int, buffer: int) -> tuple[int, int]:
     return dataset, SUCCESS
 
 
-@api("mdl.get_dataset_num_buffers", value=0)
+@api("mdl.get_dataset_num_buffers", value=0, parse="k")
 def get_dataset_num_buffers(dataset: int) -> int:
     return len(_dataset(dataset))
 
 
-@api("mdl.get_dataset_buffer", value=0)
+@api("mdl.get_dataset_buffer", value=0, parse="kk")
 def get_dataset_buffer(dataset: int, index: int) -> int:
     buffers = _dataset(dataset)
     return buffers[index] if 0 <= index < len(buffers) else 0
 
 
-@api("mdl.destroy_dataset")
+@api("mdl.destroy_dataset", parse="k")
 def destroy_dataset(dataset: int) -> int:
     _dataset(dataset)
     del RUNTIME.datasets[dataset]  # the container only: its data buffers are the caller's
@@ -366,7 +366,7 @@ def _buffer_at(dataset: int, index: int) -> tuple[int, int]:
 # -- gears and execution ---------------------------------------------------------------------
 
 
-@api("mdl.set_dynamic_batch_size")
+@api("mdl.set_dynamic_batch_size", parse="IkkK")
 def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) -> int:
     model = _model(model_id)
     if not model.gears:
@@ -388,7 +388,7 @@ def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) 
     return SUCCESS
 
 
-@api("mdl.execute")
+@api("mdl.execute", parse="Ikk")
 def execute(model_id: int, input_dataset: int, output_dataset: int) -> int:
     started = time.monotonic_ns()
     device, rows, writes, _ = _run(model_id, input_dataset, output_dataset)
@@ -399,7 +399,7 @@ def execute(model_id: int, input_dataset: int, output_dataset: int) -> int:
     return SUCCESS
 
 
-@api("mdl.execute_async")
+@api("mdl.execute_async", parse="Ikkk")
 def execute_async(model_id: int, input_dataset: int, output_dataset: int, stream: int) -> int:
     """Queues the work: the device starts it once its earlier work ends, and the outputs appear when it
     ends (reading them before `synchronize_stream` reads what was there before)."""
