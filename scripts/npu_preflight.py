@@ -229,6 +229,58 @@ def check_pyacl(result: Optional[ImportResult], fakes: str, cann_closed: bool = 
     return Check("pyACL", "", "`import acl` failed: " + last, "check the CANN install against this Python version")
 
 
+# What CANN's operator compiler (TBE), which ATC runs in the `python3` on its PATH, imports; before Python 3.13 it
+# needs numpy < 2 (geserve's geserve/atc/python_env.py holds the same list).
+ATC_PACKAGES = ("numpy", "decorator", "attrs", "psutil", "scipy", "sympy")
+_ATC_PROBE = (
+    "import importlib.util, json, sys\n"
+    "missing = [m for m in " + repr(ATC_PACKAGES) + " if importlib.util.find_spec(m) is None]\n"
+    "numpy = ''\n"
+    "if 'numpy' not in missing:\n"
+    "    import numpy\n"
+    "    numpy = numpy.__version__\n"
+    "print(json.dumps({'executable': sys.executable, 'version': list(sys.version_info[:2]), 'missing': missing,"
+    " 'numpy': numpy}))\n"
+)
+
+
+class AtcPython(NamedTuple):
+    """The `python3` ATC would run its operator compiler in, as it reported itself (None: it did not answer)."""
+
+    path: Optional[str]
+    report: Optional[Dict[str, object]]
+
+
+def check_atc_python(atc: Optional[str], onnx: Optional[str], found: AtcPython) -> Check:
+    """The interpreter ATC finds (geserve starts ATC without its venv on PATH) has what CANN's operator compiler
+    imports; only where something will be compiled (atc on PATH, or GESERVE_NPU_ONNX to compile)."""
+    if atc is None:
+        if onnx:
+            return Check(
+                "ATC's python3", "", "GESERVE_NPU_ONNX is set but atc is not on PATH to compile it", SOURCE_FIX
+            )
+        return Check("ATC's python3", "no atc on PATH: nothing is compiled")
+    if found.path is None:
+        return Check("ATC's python3", "", "ATC finds no python3 on PATH", "install python3 with CANN's packages")
+    if found.report is None:
+        return Check("ATC's python3", "", found.path + " does not start", "check that interpreter")
+    missing = [str(name) for name in found.report.get("missing", [])]  # type: ignore[attr-defined]
+    version = tuple(found.report.get("version", [0, 0]))  # type: ignore[arg-type]
+    numpy = str(found.report.get("numpy") or "")
+    fix = (
+        "pip install the packages CANN needs into "
+        + found.path
+        + " (numpy<2 before Python 3.13), or start geserve with --atc-python naming one that has them"
+    )
+    if missing:
+        return Check("ATC's python3", "", found.path + " lacks " + ", ".join(missing), fix)
+    if numpy and int(numpy.split(".", 1)[0]) >= 2 and version < (3, 13):
+        return Check(
+            "ATC's python3", "", found.path + " has numpy " + numpy + "; CANN's operator compiler needs numpy < 2", fix
+        )
+    return Check("ATC's python3", found.path + " (numpy " + numpy + ")")
+
+
 class VisibleIds(NamedTuple):
     """ASCEND_RT_VISIBLE_DEVICES as the runtime reads it: the ids it keeps, the rest of the value (which it ignores)
     and where the runtime stopped; or, when it refuses the whole list, why (`refused`), and no ids."""
@@ -423,6 +475,36 @@ def try_import_acl(executable: str, environ: Dict[str, str], timeout_s: float = 
     return ImportResult(done.returncode, done.stdout, done.stderr)
 
 
+def atc_python(environ: Dict[str, str], venv: str, timeout_s: float = 60) -> AtcPython:
+    """The `python3` on PATH once geserve's venv (and any activated one) is off it, as geserve starts ATC, and what
+    it reports."""
+    import json
+    import shutil
+
+    ours = {os.path.realpath(os.path.join(path, "bin")) for path in (venv, environ.get("VIRTUAL_ENV", "")) if path}
+    entries = [
+        entry for entry in environ.get("PATH", "").split(os.pathsep) if entry and os.path.realpath(entry) not in ours
+    ]
+    path = shutil.which("python3", path=os.pathsep.join(entries))
+    if path is None:
+        return AtcPython(None, None)
+    env = dict(environ, PATH=os.pathsep.join(entries))
+    env.pop("VIRTUAL_ENV", None)
+    try:
+        done = subprocess.run(  # noqa: UP022 (Python 3.6 has no capture_output)
+            [path, "-c", _ATC_PROBE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,  # noqa: UP021 (nor text=)
+            env=env,
+            timeout=timeout_s,
+            check=False,
+        )
+        return AtcPython(path, json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None)
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return AtcPython(path, None)
+
+
 def device_files(dev: str = "/dev") -> Tuple[Dict[int, bool], bool]:
     try:
         entries = os.listdir(dev)
@@ -487,6 +569,11 @@ def run_checks(
             chips, manager, environ.get("ASCEND_RT_VISIBLE_DEVICES"), environ.get("GESERVE_NPU_DEVICES") or None
         )
     )
+    import shutil
+
+    atc = shutil.which("atc", path=environ.get("PATH", ""))
+    onnx_to_compile = environ.get("GESERVE_NPU_ONNX")
+    checks.append(check_atc_python(atc, onnx_to_compile, atc_python(environ, venv) if atc else AtcPython(None, None)))
     om = environ.get("GESERVE_NPU_OM")
     checks.append(check_model_file("GESERVE_NPU_OM", om, read_head(om), OM_MAGICS))
     onnx = environ.get("GESERVE_NPU_ONNX")

@@ -377,3 +377,45 @@ def test_a_toolkit_closed_to_the_user_is_named_and_hides_pyacl_as_no_module() ->
         assert f"ok       pyACL: {root}/open/Ascend/ascend-toolkit/latest/python/site-packages/acl.py" in opened
     finally:
         shutil.rmtree(root)
+
+
+def _python3_reporting(folder: Path, report: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "python3"
+    script.write_text(f"#!/bin/sh\necho '{report}'\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_atcs_python3_is_found_without_the_venv_and_its_missing_packages_named(tmp_path: Path) -> None:
+    """The python3 ATC will run CANN's operator compiler in: geserve starts ATC with its venv off PATH, so the
+    preflight looks past the venv (and an activated one) and asks the next python3 what it lacks."""
+    venv_python = _python3_reporting(tmp_path / "venv" / "bin", '{"executable": "venv"}')
+    report = (
+        '{"executable": "/usr/bin/python3", "version": [3, 10], "missing": ["decorator", "sympy"], "numpy": "1.24.4"}'
+    )
+    host_python = _python3_reporting(tmp_path / "host", report)
+    environ = {"PATH": f"{venv_python.parent}{os.pathsep}{host_python.parent}", "VIRTUAL_ENV": str(tmp_path / "venv")}
+    found = preflight.atc_python(environ, str(tmp_path / "venv"))
+    assert found.path == str(host_python)
+    check = preflight.check_atc_python("/usr/local/Ascend/cann/bin/atc", None, found)
+    assert check.problem == f"{host_python} lacks decorator, sympy" and "--atc-python" in check.fix
+
+
+@pytest.mark.parametrize(
+    ("version", "numpy", "problem"),
+    [([3, 11], "2.1.0", True), ([3, 13], "2.1.0", False), ([3, 11], "1.24.4", False)],
+)
+def test_numpy_2_under_atc_before_python_3_13_is_a_problem(version: list[int], numpy: str, problem: bool) -> None:
+    report = {"executable": "/usr/bin/python3", "version": version, "missing": [], "numpy": numpy}
+    check = preflight.check_atc_python("/bin/atc", None, preflight.AtcPython("/usr/bin/python3", report))
+    assert bool(check.problem) == problem
+    if problem:
+        assert "needs numpy < 2" in check.problem
+
+
+def test_no_atc_is_fine_unless_an_onnx_file_is_to_be_compiled() -> None:
+    nothing = preflight.AtcPython(None, None)
+    assert not preflight.check_atc_python(None, None, nothing).problem
+    refused = preflight.check_atc_python(None, "/models/resnet.onnx", nothing)
+    assert "atc is not on PATH" in refused.problem and "set_env.sh" in refused.fix
