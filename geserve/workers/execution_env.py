@@ -214,8 +214,13 @@ def _extract(archive: Path, destination: Path, model: str) -> None:
         )
     try:
         with tarfile.open(archive) as tar:
-            # The "data" filter refuses absolute names, members and links that lead outside the destination, and
-            # device files; it checks each member against what is already on disk (links included).
+            # Every member checked by its name and the archive's own links first: the "data" filter resolves links
+            # with os.path.realpath, which stops resolving past PATH_MAX, so a chain of long links gets a member
+            # out on Pythons before 3.11.13 / 3.12.11 / 3.13.4 (CVE-2025-4517, python/cpython gh-135034).
+            escaping = _escaping_member(tar.getmembers())
+            if escaping:
+                raise tarfile.FilterError(escaping)
+            # The "data" filter still refuses device files, and whatever it finds on disk.
             tar.extractall(destination, filter="data")
     except tarfile.FilterError as error:
         raise ModelLoadError(
@@ -227,6 +232,83 @@ def _extract(archive: Path, destination: Path, model: str) -> None:
             f"model '{model}': {PARAMETER} '{archive}' is not a readable tar archive (conda-pack's .tar.gz or a "
             f"folder is expected): {error}"
         ) from None
+
+
+# Links followed in resolving one name before giving up, as the kernel's own limit on a path lookup (ELOOP).
+_MAX_LINK_HOPS = 40
+
+
+def _escaping_member(members: list[tarfile.TarInfo]) -> str:
+    """Why a member would land, or point, outside the folder it is unpacked into; "" when none would. Decided from
+    the names alone (no file system is asked): a member inside a symbolic link of the archive, a link that resolves
+    (through the archive's other links) above the folder, a hard link to anything but an earlier file of the
+    archive, or a name given twice."""
+    links: dict[tuple[str, ...], str] = {}
+    files: set[tuple[str, ...]] = set()
+    seen: set[tuple[str, ...]] = set()
+    for member in members:
+        parts = _parts(member.name.lstrip("/"))  # the "data" filter makes an absolute name relative
+        if parts is None:
+            return f"'{member.name}' leads outside the folder"
+        if parts in seen:
+            return f"'{member.name}' is in the archive twice"
+        seen.add(parts)
+        for depth in range(1, len(parts)):
+            if parts[:depth] in links:
+                return f"'{member.name}' lies inside the link '{'/'.join(parts[:depth])}'"
+        if member.issym():
+            if member.linkname.startswith("/"):
+                return f"'{member.name}' links to the absolute path '{member.linkname}'"
+            links[parts] = member.linkname
+            if _resolve(parts[:-1], member.linkname, links) is None:
+                return f"'{member.name}' links to '{member.linkname}', outside the folder"
+        elif member.islnk():
+            target = _parts(member.linkname.lstrip("/"))
+            if target is None or target not in files:
+                return f"'{member.name}' is a hard link to '{member.linkname}', which is no earlier file of the archive"
+            files.add(parts)
+        elif member.isfile():
+            files.add(parts)
+    return ""
+
+
+def _parts(name: str) -> tuple[str, ...] | None:
+    """A relative name's components, `.` and `..` applied; None when it climbs above where it starts."""
+    parts: list[str] = []
+    for part in name.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                return None
+            parts.pop()
+        else:
+            parts.append(part)
+    return tuple(parts)
+
+
+def _resolve(folder: tuple[str, ...], target: str, links: Mapping[tuple[str, ...], str]) -> tuple[str, ...] | None:
+    """Where a link in `folder` to `target` leads, following the archive's own links; None when it leads above the
+    top, or through more links than a path lookup follows."""
+    pending = [part for part in target.split("/") if part not in ("", ".")]
+    resolved = list(folder)
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            if not resolved:
+                return None
+            resolved.pop()
+            continue
+        resolved.append(part)
+        link = links.get(tuple(resolved))
+        if link is not None:
+            hops += 1
+            if hops > _MAX_LINK_HOPS or link.startswith("/"):
+                return None
+            resolved.pop()
+            pending[:0] = [piece for piece in link.split("/") if piece not in ("", ".")]
+    return tuple(resolved)
 
 
 def runtime_path(cache: Path, name: str, model: str) -> Path:

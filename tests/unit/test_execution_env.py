@@ -6,6 +6,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -362,3 +363,73 @@ def test_a_server_running_backends_on_threads_refuses_an_environment(tmp_path: P
     source, config = _python_model(tmp_path, tmp_path / "env")
     with pytest.raises(ModelLoadError, match="EXECUTION_ENV_PATH runs the model's instances with the environment's"):
         instance_specs(source, config, registry.by_name("python"), 1, WorkerSettings(process_workers=False))
+
+
+def _long_link_chain_archive(archive: Path, destination_length: int) -> None:
+    """CVE-2025-4517's construction: directories with names long enough that a chain of links to them, expanded,
+    passes PATH_MAX, where os.path.realpath (and so tarfile's "data" filter before Python 3.11.13) stops resolving;
+    a link past that point then climbs out unchecked, and a hard link and a file are written through it."""
+    steps = "abcdefghijklmnop"
+    component = "d" * ((os.pathconf("/", "PC_PATH_MAX") - destination_length) // (len(steps) + 1))
+    with tarfile.open(archive, "w:gz") as tar:
+
+        def add(name: str, kind: bytes, linkname: str = "", data: bytes = b"") -> None:
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname, member.size = kind, linkname, len(data)
+            member.mode = 0o777 if kind == tarfile.DIRTYPE else 0o644
+            tar.addfile(member, io.BytesIO(data) if data else None)
+
+        path = ""
+        for step in steps:
+            add(os.path.join(path, component), tarfile.DIRTYPE)
+            add(os.path.join(path, step), tarfile.SYMTYPE, component)
+            path = os.path.join(path, component)
+        deepest = os.path.join(*steps, "l" * 254)
+        add(deepest, tarfile.SYMTYPE, os.path.join(*([".."] * len(steps))))
+        add("escape", tarfile.SYMTYPE, os.path.join(deepest, ".."))
+        add("flaglink", tarfile.LNKTYPE, os.path.join("escape", "flag"))
+        add("flaglink", tarfile.REGTYPE, data=b"overwritten")
+        add("escape/newfile", tarfile.REGTYPE, data=b"new")
+
+
+def test_a_chain_of_links_past_path_max_does_not_write_outside(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    flag = cache / "flag"  # beside the folder the archive is unpacked into: where "escape" leads
+    flag.write_bytes(b"kept")
+    archive = tmp_path / "chain.tar.gz"
+    # The staging folder's name: `.<key>.` and mkdtemp's eight characters, inside the cache.
+    _long_link_chain_archive(archive, len(str(cache)) + 1 + 1 + 64 + 1 + 8 + 1)
+    with pytest.raises(ModelLoadError, match=r"lies inside the link 'a'|would not stay inside the environment"):
+        execution_env.unpack(archive, cache, "m")
+    assert flag.read_bytes() == b"kept" and not (cache / "newfile").exists()
+    assert [path.name for path in cache.iterdir() if path.is_dir()] == []  # nothing half unpacked stays
+
+
+@pytest.mark.parametrize(
+    ("links", "files", "why"),
+    [
+        ({"up": "x/../.."}, {}, "links to 'x/../..', outside the folder"),
+        ({"a": "b", "b": "a"}, {}, "outside the folder"),  # a loop resolves nowhere
+        ({}, {"f": b"1", "g": b"2"}, ""),
+    ],
+    ids=["climbing-link", "link-loop", "plain-files"],
+)
+def test_links_are_resolved_through_the_archives_own_links(
+    tmp_path: Path, links: dict[str, str], files: dict[str, bytes], why: str
+) -> None:
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, target in links.items():
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname = tarfile.SYMTYPE, target
+            tar.addfile(member)
+        for name, data in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    if why:
+        with pytest.raises(ModelLoadError, match=re.escape(why)):
+            execution_env.unpack(archive, tmp_path / "cache", "m")
+    else:
+        assert (execution_env.unpack(archive, tmp_path / "cache", "m") / "g").read_bytes() == b"2"
