@@ -84,7 +84,9 @@ class ModelRepository:
         while explicit:
             # An ensemble named by --load-model brings the models its steps use, as loading it through the
             # repository API does (and theirs, for an ensemble of ensembles).
-            composing = [await asyncio.to_thread(_composing_models, source) for source in scan.models.values()]
+            # Only the named models' own steps: the scan lists every model of a local repository.
+            named = [scan.models[name] for name in sorted(wanted) if name in scan.models]
+            composing = [await asyncio.to_thread(_composing_models, source) for source in named]
             more = {name for names in composing if names for name in names} - wanted
             if not more:
                 break

@@ -315,3 +315,46 @@ def test_file_descriptors_do_not_grow_across_reloads(launch: Callable[..., Geser
     after = open_descriptors()
     assert after - before <= 3, f"{before} file descriptors before 25 load/unload cycles, {after} after"
     http.close()
+
+
+ENSEMBLE = """
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [ {{
+  model_name: "{step}" model_version: -1
+  input_map {{ key: "INPUT0" value: "INPUT0" }}
+  output_map {{ key: "OUTPUT0" value: "OUTPUT0" }}
+}} ] }}
+"""
+
+
+def test_explicit_mode_loads_the_steps_of_named_ensembles_only(launch: Launch, repository: Path) -> None:
+    """--load-model simple leaves the steps of the repository's other ensembles unloaded; naming an ensemble loads
+    its steps too (and an ensemble of ensembles, theirs)."""
+    write_identity_model(repository, "simple")
+    for step in ("step_a", "step_b"):
+        write_identity_model(repository, step)
+    for name, step in (("ens_a", "step_a"), ("ens_b", "step_b"), ("outer", "ens_b")):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, step=step))
+    server = launch(f"--model-repository={repository}", "--model-control-mode=explicit", "--load-model=simple")
+    server.wait_live()
+    ready = {
+        entry["name"]
+        for entry in httpclient.InferenceServerClient(server.url).get_model_repository_index()
+        if entry.get("state") == "READY"
+    }
+    assert ready == {"simple"}, ready
+    assert server.stop() == 0
+    server = launch(f"--model-repository={repository}", "--model-control-mode=explicit", "--load-model=outer")
+    server.wait_live()
+    ready = {
+        entry["name"]
+        for entry in httpclient.InferenceServerClient(server.url).get_model_repository_index()
+        if entry.get("state") == "READY"
+    }
+    assert ready == {"outer", "ens_b", "step_b"}, ready
+    assert server.stop() == 0
