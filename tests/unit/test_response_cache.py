@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.cache_config import parse_cache_flags
 from geserve.cli import parse_settings
 from geserve.core import response_cache
-from geserve.core.response_cache import ResponseCache, entry_bytes, frozen_copy, request_key
+from geserve.core.response_cache import PackedResponse, ResponseCache, pack, request_key
 from geserve.core.stats import ModelStats
 from geserve.errors import InvalidArgumentError, ModelLoadError
 from geserve.residency import SharedTensor
@@ -69,54 +70,75 @@ def test_a_non_contiguous_input_is_keyed_by_its_values() -> None:
 # -- LRU and the byte bound -------------------------------------------------------------------------------
 
 
-def entry(value: float, elements: int = 4) -> tuple[dict[str, np.ndarray], int]:
-    outputs = frozen_copy({"OUT": np.full(elements, value, dtype=np.float32)})
-    return outputs, entry_bytes(outputs)
+def entry(value: float, elements: int = 4) -> PackedResponse:
+    return pack({"OUT": np.full(elements, value, dtype=np.float32)})
 
 
 def test_the_least_recently_used_entry_is_evicted_first() -> None:
-    outputs, size = entry(1.0)
+    size = entry(1.0).cost
     cache = ResponseCache(3 * size)
     for key in (b"a", b"b", b"c"):
-        assert cache.insert(key, *entry(1.0))
+        assert cache.insert(key, entry(1.0))
     assert cache.lookup(b"a") is not None  # a is now the most recently used
-    assert cache.insert(b"d", outputs, size)
+    assert cache.insert(b"d", entry(1.0))
     assert cache.lookup(b"b") is None
     assert all(cache.lookup(key) is not None for key in (b"a", b"c", b"d"))
     assert (len(cache), cache.evictions, cache.used_bytes) == (3, 1, 3 * size)
 
 
 def test_entries_never_hold_more_bytes_than_the_cache() -> None:
-    _, small = entry(1.0)
+    small = entry(1.0).cost
     cache = ResponseCache(small * 2 + small // 2)
     for index in range(10):
-        assert cache.insert(bytes([index]), *entry(float(index)))
+        assert cache.insert(bytes([index]), entry(float(index)))
         assert cache.used_bytes <= cache.capacity_bytes
     assert len(cache) == 2 and cache.evictions == 8
 
 
 def test_an_entry_larger_than_the_cache_is_not_inserted_and_evicts_nothing() -> None:
-    outputs, size = entry(1.0)
-    cache = ResponseCache(size)
-    assert cache.insert(b"small", outputs, size)
-    big, big_size = entry(2.0, elements=64)
-    assert not cache.insert(b"big", big, big_size)
+    small = entry(1.0)
+    cache = ResponseCache(small.cost)
+    assert cache.insert(b"small", small)
+    assert not cache.insert(b"big", entry(2.0, elements=64))
     assert cache.lookup(b"big") is None and cache.lookup(b"small") is not None
     assert cache.evictions == 0
 
 
-def test_the_entry_size_counts_what_triton_packs() -> None:
-    outputs = {"OUT": np.zeros((2, 3), dtype=np.float32), "S": np.array([b"abc"], dtype=object)}
-    # count; per output: its size, name, datatype ('<f4', '|O'), shape and data, each with its length
-    expected = 4 + (8 + 4 + 3 + 4 + 3 + 4 + 16 + 8 + 24) + (8 + 4 + 1 + 4 + 2 + 4 + 8 + 8 + 4 + 3)
-    assert entry_bytes(outputs) == expected
+def test_an_entry_costs_its_data_and_what_holds_it() -> None:
+    outputs = {"OUT": np.zeros((2, 3), dtype=np.float32), "S": np.array([b"abc", b""], dtype=object)}
+    packed = pack(outputs)
+    assert len(packed.blob) == 32 + 16  # each output's data (BYTES length-prefixed), aligned to 16 bytes
+    assert packed.cost > len(packed.blob) + 200  # the key, the table slot, the layout: not only the data
+    found = ResponseCache(1 << 20)
+    found.insert(b"k", packed)
+    hit = found.lookup(b"k")
+    assert hit is not None
+    np.testing.assert_array_equal(hit["OUT"].array, outputs["OUT"])
+    assert list(hit["S"].array) == [b"abc", b""] and hit["S"].array.shape == (2,)
+
+
+def test_a_cache_of_small_entries_holds_about_its_size_in_memory() -> None:
+    """A cache filled with thousands of small responses: what it holds, traced, stays within 1.5 times its size (each
+    entry's real cost is counted, not only its data; counting the data alone, an 8 MiB cache held 103 MiB)."""
+    capacity = 2 << 20
+    cache = ResponseCache(capacity)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for index in range(16_000):
+            key = request_key("m", 1, request(A=np.array([index], dtype=np.int64)))
+            cache.insert(key, pack({"OUT": np.full(4, index, dtype=np.float32), "N": np.array([index])}))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.evictions > 0, "the cache never filled: the test proves nothing"
+    assert held <= 1.5 * capacity, f"{held / capacity:.2f} times the cache's size"
 
 
 def test_cached_outputs_are_copies_that_no_one_can_change() -> None:
     produced = np.arange(4, dtype=np.int32)
     cache = ResponseCache(1 << 20)
-    outputs = frozen_copy({"OUT": produced})
-    cache.insert(b"k", outputs, entry_bytes(outputs))
+    cache.insert(b"k", pack({"OUT": produced}))
     produced[:] = -1  # the worker's arena is reused by the next batch
     found = cache.lookup(b"k")
     assert found is not None
