@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP_VENV := $(VENV)/.made
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
+STAMP_MODELS := $(VENV)/.installed-models
 
 .PHONY: FORCE run test test-multiprocess lint typecheck unit protos models bench bench-ab bench-peers bench-npu bench-npu-peers soak chaos check-oldest check-uvicorn npu-check clean
 
@@ -31,10 +32,16 @@ $(STAMP_RUN): pyproject.toml $(STAMP_VENV)
 
 $(STAMP_TEST): pyproject.toml $(STAMP_VENV)
 	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $@ $(STAMP_RUN)
+	touch $@ $(STAMP_RUN) $(STAMP_MODELS)
+
+# The ports `make run` serves on, e.g. `make run HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002` beside another server.
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
 
 run: $(STAMP_RUN)
-	$(BIN)/geserve --model-repository=model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002
+	$(BIN)/geserve --model-repository=model_repository --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
+		--metrics-port=$(METRICS_PORT)
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check geserve tests scripts model_repository
@@ -71,7 +78,16 @@ CHECK_UVICORN_FLAGS ?=
 check-uvicorn: $(STAMP_TEST)
 	$(BIN)/python scripts/check_uvicorn.py $(CHECK_UVICORN_FLAGS)
 
-models: $(STAMP_TEST)
+# scripts/make_models.py needs the models extra and nothing of geserve itself, so only the extra's requirements are
+# installed (read from pyproject.toml), not geserve: no editable install, whose geserve.egg-info would land in the
+# tree. What `make models` writes is .venv/ and model_repository/'s ONNX models and digits samples, the same bytes
+# as those committed (tests/unit/test_make_models.py): a fresh clone stays clean.
+$(STAMP_MODELS): pyproject.toml $(STAMP_VENV)
+	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["models"]))' \
+		| $(BIN)/python -m pip install -q -r /dev/stdin
+	touch $@
+
+models: $(STAMP_MODELS)
 	$(BIN)/python scripts/make_models.py
 
 # Benchmarks print ratios measured in one run; they are never part of `make test`.

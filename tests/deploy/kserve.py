@@ -264,13 +264,18 @@ def quantity(text: str | int) -> Decimal:
 
 
 # KServe's own ClusterServingRuntimes, as its chart installs them (kserve/kserve charts/kserve-resources/templates/
-# clusterservingruntimes.yaml, from config/runtimes/kserve-*.yaml), and ModelMesh's Triton runtime (.../templates/
-# modelmesh/clusterservingruntimes.yaml): the fields runtime selection and the runtime webhook read. Each format is
-# (name, version, autoSelect, priority).
-def _runtime(protocols: list[str], formats: list[tuple[str, str, bool, int | None]], multi: bool = False) -> Object:
+# clusterservingruntimes.yaml, from config/runtimes/kserve-*.yaml), ModelMesh's Triton runtime (.../templates/
+# modelmesh/clusterservingruntimes.yaml), and kserve-openvino (config/runtimes/kserve-openvino.yaml, which the
+# kustomization beside it leaves out: installed by hand, `kubectl apply -f`): the fields runtime selection and the
+# runtime webhook read. Each format is (name, version, autoSelect, priority); a version of None is left unset.
+def _runtime(
+    protocols: list[str], formats: list[tuple[str, str | None, bool, int | None]], multi: bool = False
+) -> Object:
     entries = []
     for name, version, auto_select, priority in formats:
-        entry: Object = {"name": name, "version": version}
+        entry: Object = {"name": name}
+        if version is not None:
+            entry["version"] = version
         if auto_select:
             entry["autoSelect"] = True
         if priority is not None:
@@ -302,6 +307,11 @@ KSERVE_RUNTIMES: dict[str, Object] = {
     "kserve-paddleserver": _runtime(["v1", "v2"], [("paddle", "2", True, 1)]),
     "kserve-pmmlserver": _runtime(["v1", "v2"], [("pmml", "3", True, 1), ("pmml", "4", True, 1)]),
     "kserve-huggingfaceserver": _runtime(["v1", "v2"], [("huggingface", "1", True, 1)]),
+    # OpenVINO Model Server auto-selects onnx "1" at priority 2, above kserve-tritonserver's 1.
+    "kserve-openvino": _runtime(
+        ["v1", "v2", "grpc-v2"],
+        [("openvino", "10", True, 1), ("onnx", "1", True, 2), ("tensorflow", "1", True, 3), ("huggingface", None, True, None)],
+    ),
     "triton-2.x": _runtime(
         ["grpc-v2"],
         [
@@ -385,3 +395,143 @@ def select_runtime(model: Object, runtimes: list[tuple[str, Object]]) -> str | N
 
     candidates.sort(key=rank)
     return candidates[0][0] if candidates else None
+
+
+# -- metrics -------------------------------------------------------------------------------------------------------
+
+# The annotations KServe's pod webhook reads and writes (kserve/kserve pkg/constants/constants.go).
+ENABLE_METRIC_AGGREGATION = "serving.kserve.io/enable-metric-aggregation"
+ENABLE_PROMETHEUS_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
+KSERVE_CONTAINER_PROMETHEUS_PORT = "prometheus.kserve.io/port"
+KSERVE_CONTAINER_PROMETHEUS_PATH = "prometheus.kserve.io/path"
+PROMETHEUS_SCRAPE = "prometheus.io/scrape"
+PROMETHEUS_PORT = "prometheus.io/port"
+PROMETHEUS_PATH = "prometheus.io/path"
+QUEUE_PROXY_AGGREGATE_PORT = 9088  # QueueProxyAggregatePrometheusMetricsPort: qpext's listener
+DEFAULT_POD_PROMETHEUS_PORT = 9091  # DefaultPodPrometheusPort: queue-proxy's user metrics (Knative's 9091)
+DEFAULT_KSERVE_CONTAINER_PROMETHEUS_PORT = 8080  # metrics_aggregate_injector.go defaultKserveContainerPrometheusPort
+# inferenceservice-config's metricsAggregator as KServe ships it (config/configmap/inferenceservice.yaml, the chart's
+# kserve.metricsaggregator values): both off.
+METRICS_AGGREGATOR_DEFAULTS = {"enableMetricAggregation": "false", "enablePrometheusScraping": "false"}
+# Annotations KServe never copies from the InferenceService or the runtime onto the predictor
+# (constants.ServiceAnnotationDisallowedList, the inferenceservice-config default).
+SERVICE_ANNOTATION_DISALLOWED = frozenset(
+    {
+        "autoscaling.knative.dev/min-scale",
+        "autoscaling.knative.dev/max-scale",
+        "internal.serving.kserve.io/storage-initializer-sourceuri",
+        "kubectl.kubernetes.io/last-applied-configuration",
+        "modelFormat",
+    }
+)
+# The labels KServe adds to every predictor pod (buildObjectMeta: constants.InferenceServicePodLabelKey and
+# KServiceComponentLabel).
+ISVC_POD_LABEL = "serving.kserve.io/inferenceservice"
+COMPONENT_LABEL = "component"
+# Knative's queue-proxy container and its ports (knative/serving pkg/reconciler/revision/resources/queue.go,
+# pkg/networking/constants.go): the request port (8012, or 8013 where the user port is h2c), HTTPS, the autoscaler's
+# and the user's metrics.
+QUEUE_PROXY = "queue-proxy"
+KNATIVE_USER_PORT_NAME = "user-port"  # deploy.go makeServingContainer names the serving port so
+
+
+def _allowed(annotations: dict[str, str] | None) -> dict[str, str]:
+    return {key: value for key, value in (annotations or {}).items() if key not in SERVICE_ANNOTATION_DISALLOWED}
+
+
+def predictor_metadata(runtime: Object, isvc: Object) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations KServe puts on the predictor (and so on its pods) before its pod webhook runs:
+    the runtime's, then the InferenceService's, then `spec.predictor`'s, each later one winning, and the labels that
+    mark a predictor pod (kserve/kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go
+    buildPredictorResources, buildObjectMeta). Both the Knative revision and the raw Deployment carry them to the pod
+    (.../reconcilers/knative/ksvc_reconciler.go, .../reconcilers/deployment/deployment_reconciler.go)."""
+    spec, predictor = runtime["spec"], isvc["spec"]["predictor"]
+    labels = {
+        **spec.get("labels", {}),
+        **isvc["metadata"].get("labels", {}),
+        **predictor.get("labels", {}),
+        ISVC_POD_LABEL: isvc["metadata"]["name"],
+        COMPONENT_LABEL: "predictor",
+    }
+    annotations = {
+        **_allowed(spec.get("annotations")),
+        **_allowed(isvc["metadata"].get("annotations")),
+        **_allowed(predictor.get("annotations")),
+    }
+    return labels, annotations
+
+
+def inject_metrics_aggregator(
+    annotations: dict[str, str], queue_proxy: bool, config: dict[str, str] = METRICS_AGGREGATOR_DEFAULTS
+) -> tuple[dict[str, str], dict[str, str]]:
+    """KServe's pod webhook on a predictor pod's annotations: the annotations it leaves, and the environment it gives
+    the queue-proxy container (kserve/kserve pkg/webhook/admission/pod/metrics_aggregate_injector.go
+    InjectMetricsAggregator, setMetricAggregationEnvVarsAndPorts). A switch the pod does not carry comes from
+    inferenceservice-config's metricsAggregator (`config`). Aggregation only sets the queue-proxy's environment, so it
+    does nothing in raw mode, which has no queue-proxy; scraping then writes prometheus.io/port: qpext's aggregate
+    port with aggregation, else queue-proxy's own 9091, never the runtime's port."""
+    result = dict(annotations)
+    aggregate = result.setdefault(ENABLE_METRIC_AGGREGATION, config["enableMetricAggregation"])
+    env = {}
+    if aggregate == "true" and queue_proxy:
+        env = {
+            "KSERVE_CONTAINER_PROMETHEUS_METRICS_PORT": result.get(
+                KSERVE_CONTAINER_PROMETHEUS_PORT, str(DEFAULT_KSERVE_CONTAINER_PROMETHEUS_PORT)
+            ),
+            "KSERVE_CONTAINER_PROMETHEUS_METRICS_PATH": result.get(KSERVE_CONTAINER_PROMETHEUS_PATH, "/metrics"),
+            "AGGREGATE_PROMETHEUS_METRICS_PORT": str(QUEUE_PROXY_AGGREGATE_PORT),
+        }
+    if result.setdefault(ENABLE_PROMETHEUS_SCRAPING, config["enablePrometheusScraping"]) == "true":
+        port = QUEUE_PROXY_AGGREGATE_PORT if aggregate == "true" else DEFAULT_POD_PROMETHEUS_PORT
+        result[PROMETHEUS_PORT] = str(port)
+        result[PROMETHEUS_PATH] = "/metrics"
+    return result, env
+
+
+def predictor_pod_annotations(
+    runtime: Object, isvc: Object, mode: str, config: dict[str, str] = METRICS_AGGREGATOR_DEFAULTS
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The annotations of a running predictor pod and its queue-proxy's environment (empty in raw mode)."""
+    _, annotations = predictor_metadata(runtime, isvc)
+    return inject_metrics_aggregator(annotations, queue_proxy=mode == SERVERLESS, config=config)
+
+
+def annotation_scrape(annotations: dict[str, str]) -> tuple[int, str] | None:
+    """The port and path a Prometheus that discovers pods by annotation scrapes (the `kubernetes-pods` job of
+    prometheus-community/helm-charts charts/prometheus values.yaml): pods with prometheus.io/scrape "true", at
+    prometheus.io/port (else the declared port) and prometheus.io/path (else /metrics)."""
+    if annotations.get(PROMETHEUS_SCRAPE) != "true":
+        return None
+    port = annotations.get(PROMETHEUS_PORT)
+    assert port is not None, "prometheus.io/scrape without prometheus.io/port: Prometheus scrapes every declared port"
+    return int(port), annotations.get(PROMETHEUS_PATH, "/metrics")
+
+
+def running_pod(runtime: Object, isvc: Object, mode: str) -> Object:
+    """The predictor pod as it runs, with the containers the cluster adds to what KServe's controller builds: in
+    Knative mode the serving container's one port named user-port (knative/serving .../revision/resources/deploy.go)
+    and the queue-proxy (queue.go); the storage initializer as an init container where the model has a storageUri
+    (kserve/kserve pkg/webhook/admission/pod/storage_initializer_injector.go); the model agent beside a multi-model
+    runtime (agent_injector.go, its port 9081)."""
+    pod = copy.deepcopy(predictor_pod(runtime, isvc))
+    container = pod["containers"][0]
+    if mode == SERVERLESS:
+        port, _ = serving_port(container)
+        container["ports"] = [{"name": KNATIVE_USER_PORT_NAME, "containerPort": port}]
+        http2 = serving_port(predictor_pod(runtime, isvc)["containers"][0])[1] == "h2c"
+        pod["containers"].append(
+            {
+                "name": QUEUE_PROXY,
+                "ports": [
+                    {"name": "queue-port", "containerPort": 8013 if http2 else 8012},
+                    {"name": "https-port", "containerPort": 8112},
+                    {"name": "http-autometric", "containerPort": 9090},
+                    {"name": "http-usermetric", "containerPort": 9091},
+                ],
+            }
+        )
+    if runtime["spec"].get("multiModel"):
+        pod["containers"].append({"name": "agent", "ports": [{"name": "agent-port", "containerPort": 9081}]})
+    if isvc["spec"]["predictor"]["model"].get("storageUri"):
+        pod["initContainers"] = [{"name": "storage-initializer"}]
+    return pod

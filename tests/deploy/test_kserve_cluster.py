@@ -338,7 +338,7 @@ def test_services_that_name_no_runtime_keep_kserve_runtimes() -> None:
         for entry in spec["supportedModelFormats"]:
             if entry.get("autoSelect") is not True:
                 continue
-            for version in (None, entry["version"]):
+            for version in (None, entry.get("version")):
                 for protocol in (None, "v1", "v2", "grpc-v2"):
                     model = _model(entry["name"], version, protocol=protocol)
                     before = select_runtime(model, theirs)
@@ -381,3 +381,27 @@ def test_the_images_answer_the_triton_runtimes_of_kserve_and_modelmesh(image: st
     # The liveness probe runs `curl` in the container: the image must have it.
     installs = [run for run in _run_instructions((DEPLOY / "docker" / image).read_text()) if "curl" in run]
     assert any(re.search(r"(apt-get install|yum install|apk add)[^|&;()]*\bcurl\b", run) for run in installs), image
+
+
+def test_the_readmes_priority_for_unnamed_onnx_services_is_admitted_and_wins() -> None:
+    """deploy/README.md's advice for taking unnamed ONNX services: the priority it names must be admitted beside every
+    KServe runtime (kserve-openvino auto-selects onnx 1 at priority 2, kserve-tritonserver at 1) and must then win the
+    selection for the protocols geserve serves."""
+    section = (DEPLOY / "README.md").read_text().split("**Choosing the runtime.**", 1)[1].split("\n\n", 1)[0]
+    advice = re.search(r"`onnx` to `autoSelect: true` with\s+`priority: (\d+)`", section)
+    assert advice is not None, section
+    priority = int(advice[1])
+    for name, runtime in _runtimes().items():
+        spec = dict(runtime["spec"])
+        spec["supportedModelFormats"] = [
+            {**entry, "autoSelect": True, "priority": priority} if entry["name"] == "onnx" else entry
+            for entry in spec["supportedModelFormats"]
+        ]
+        for theirs, other in KSERVE_RUNTIMES.items():
+            assert not priority_collisions(spec, other), f"{name} at onnx priority {priority} beside {theirs}"
+            assert not priority_collisions(other, spec), f"{theirs} beside {name} at onnx priority {priority}"
+        if spec.get("multiModel"):
+            continue  # never auto-selected
+        runtimes = [*KSERVE_RUNTIMES.items(), (name, spec)]
+        for protocol in spec["protocolVersions"]:
+            assert select_runtime(_model("onnx", "1", protocol=protocol), runtimes) == name, (name, protocol)

@@ -33,7 +33,14 @@ from tests.deploy.manifests import (
 from tests.fakes.om_models import write_affine_om
 from tests.support import ROOT, GeserveProcess, copy_model
 
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "ClusterServingRuntime", "InferenceService", "TrainedModel"}
+CUSTOM_KINDS = {
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+    "ClusterServingRuntime",
+    "InferenceService",
+    "TrainedModel",
+}
 METRIC_NAME = re.compile(r"\b(nv_[a-z0-9_]+|geserve[_:][a-z0-9_:]+)\b")
 
 
@@ -47,16 +54,22 @@ def _crds() -> dict[tuple[str, str], dict[str, Any]]:
 def test_chart_renders_valid_objects(values: str | None) -> None:
     objects = render_installed(values)
     kinds = sorted(document["kind"] for document in objects)
-    assert kinds == [
-        "ConfigMap",
-        "ConfigMap",
-        "Deployment",
-        "HorizontalPodAutoscaler",
-        "PrometheusRule",
-        "Service",
-        "Service",
-        "ServiceMonitor",
-    ]
+    # A PodDisruptionBudget only where more than one pod runs: not with the Ascend values' single replica.
+    budget = ["PodDisruptionBudget"] if values is None else []
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "ConfigMap",
+            "Deployment",
+            "HorizontalPodAutoscaler",
+            "PrometheusRule",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor",
+            *budget,
+        ]
+    )
     for document in objects:
         if document["kind"] not in CUSTOM_KINDS:
             validate_core(document)
@@ -71,6 +84,7 @@ def test_kserve_manifests_validate_against_the_crds() -> None:
     assert sorted({document["kind"] for document in objects}) == [
         "ClusterServingRuntime",
         "InferenceService",
+        "PodMonitor",
         "TrainedModel",
     ]
     schemas = _crds()
@@ -160,16 +174,16 @@ def test_dockerfile_command_parses_with_the_cli(image: str) -> None:
     )
     assert _instruction(dockerfile, "USER") == ["1000:1000"]
     text = dockerfile.read_text()
-    assert '-c constraints.txt ".[onnx]"' in text  # both images install the same pinned versions
-    assert "deploy/docker/constraints.txt" in text
+    # both images install the same pinned versions
+    assert '-c /tmp/src/deploy/docker/constraints.txt "/tmp/src[onnx]"' in text
     if image == "Dockerfile.ascend":
-        assert _instruction(dockerfile, "ENTRYPOINT") == ["/usr/local/bin/geserve-ascend"]
+        assert _instruction(dockerfile, "ENTRYPOINT") == ["tini", "--", "/usr/local/bin/geserve-ascend"]
         assert "driver" not in re.sub(r"#.*", "", text).replace("Ascend/driver", "")  # never copied in
         entrypoint = (DEPLOY / "docker" / "ascend-entrypoint.sh").read_text()
         assert "ascend-toolkit/set_env.sh" in entrypoint and 'exec "$geserve" "$@"' in entrypoint
         assert os.access(DEPLOY / "docker" / "ascend-entrypoint.sh", os.X_OK)
     else:
-        assert _instruction(dockerfile, "ENTRYPOINT") == ["geserve"]
+        assert _instruction(dockerfile, "ENTRYPOINT") == ["tini", "--", "geserve"]
         assert _instruction(dockerfile, "FROM")[0].startswith("python:3.11-slim")
 
 
@@ -256,7 +270,10 @@ def _kinds(objects: list[dict[str, Any]]) -> list[str]:
 def test_chart_installs_on_a_plain_cluster_and_adds_monitoring_where_its_apis_exist(values: str | None) -> None:
     plain = render_installed(values, api_versions=())
     # No CRD it would need; the ConfigMaps: the dashboard, and the adapter rule to install prometheus-adapter with.
-    assert _kinds(plain) == ["ConfigMap", "ConfigMap", "Deployment", "Service", "Service"]
+    budget = ["PodDisruptionBudget"] if values is None else []
+    assert _kinds(plain) == sorted(
+        ["ConfigMap", "ConfigMap", "Deployment", "Service", "Service", "ServiceAccount", *budget]
+    )
     assert by_kind(plain, "Deployment")[0]["spec"]["replicas"] >= 1  # no HPA: a fixed replica count
     for document in plain:
         validate_core(document)

@@ -36,3 +36,35 @@ Call with (dict "name" "<value's path>" "enabled" <value> "api" "<group/version>
 true
 {{- end -}}
 {{- end -}}
+
+{{/* The image: image.tag, else the chart's appVersion with -<image.variant> where one is set. */}}
+{{- define "geserve.image" -}}
+{{- $tag := toString (.Values.image.tag | default "") -}}
+{{- if not $tag -}}
+{{- $tag = .Chart.AppVersion -}}
+{{- with .Values.image.variant }}{{ $tag = printf "%s-%s" $tag . }}{{ end -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+
+{{- define "geserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "geserve.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the HPA renders, "true" or empty. */}}
+{{- define "geserve.hpa" -}}
+{{- include "geserve.renders" (dict "name" "autoscaling.enabled" "enabled" .Values.autoscaling.enabled "api" "custom.metrics.k8s.io/v1beta1" "root" .) -}}
+{{- end -}}
+
+{{/* The fewest pods meant to run: the HPA's minimum where it renders (it owns the replica count), else replicaCount. */}}
+{{- define "geserve.minReplicas" -}}
+{{- if include "geserve.hpa" . -}}
+{{- .Values.autoscaling.minReplicas | int -}}
+{{- else -}}
+{{- .Values.replicaCount | int -}}
+{{- end -}}
+{{- end -}}
