@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from geserve import trace_flags, triton_flags
+from geserve import env_flags, log_records, trace_flags, triton_flags
 from geserve.cache_config import parse_cache_flags
 from geserve.core.log_control import LogControl
 from geserve.core.trace import TraceController
@@ -60,9 +59,20 @@ def auto_frontend_processes() -> int:
     return 1 if cores < 2 else min(max(cores // 2, 2), 8)
 
 
-def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> Settings:
+def parse_settings(
+    argv: Sequence[str] | None = None, prog: str = "geserve", environ: Mapping[str, str] | None = None
+) -> Settings:
+    """The settings of the command line `argv` (by default the process's) and of the GESERVE_<FLAG> variables of
+    `environ` (by default the process's), the command line winning."""
     parser = build_parser(prog)
-    args, extras = parser.parse_known_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        arguments = env_flags.environment_argv(
+            lambda: build_parser(prog), arguments, os.environ if environ is None else environ
+        )
+    except GeserveError as error:
+        parser.error(error.message)
+    args, extras = parser.parse_known_args(arguments)
     if extras:
         parser.error(triton_flags.unrecognized(extras))
     try:
@@ -167,6 +177,8 @@ def parse_settings(argv: Sequence[str] | None = None, prog: str = "geserve") -> 
     workers = WorkerSettings(
         auto_complete=not args.disable_auto_complete_config and not args.strict_model_config,
         log_level=logging_settings.level,
+        log_format=logging_settings.log_format,
+        log_file=logging_settings.log_file,
         arena_bytes=args.worker_arena_size,
         pipeline_depth=args.worker_pipeline_depth,
         device_ids=args.device_ids if args.device_ids is not None else discover_devices(),
@@ -201,12 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return check.main(arguments[1:], prog)
     settings = parse_settings(arguments, prog)
-    log_file = settings.server.logging.log_file
-    if log_file:
-        logging.basicConfig(filename=log_file)
-    else:
-        logging.basicConfig()
-    LogControl(settings.server.logging).apply()
+    logging_settings = settings.server.logging
+    # Inherited by the processes a supervisor forks; the worker processes, spawned, set up the same from their spec.
+    log_records.log_to(logging_settings.log_file, logging_settings.level, logging_settings.log_format)
+    LogControl(logging_settings).apply()
     keep_freed_memory()
     if settings.server.frontend_processes > 1:
         from geserve.multiprocess.supervisor import Supervisor

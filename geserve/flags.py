@@ -141,7 +141,9 @@ def _bare_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A Triton-compatible (KServe v2) inference server. Boolean flags take true/false\n"
-        "(`--strict-readiness=false`); a bare boolean flag means true.",
+        "(`--strict-readiness=false`); a bare boolean flag means true. Every flag can also be set\n"
+        "by the variable GESERVE_<FLAG> (GESERVE_HTTP_PORT=9000; a repeatable flag's values as a\n"
+        'JSON list: GESERVE_LOAD_MODEL=\'["a", "b"]\'); the command line wins.',
         epilog=f"commands (offline tools: they start no server):\n{commands}\n\n"
         f"`{prog} COMMAND --help` shows a command's flags.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -543,5 +545,16 @@ def _add_logging_flags(group: argparse._ArgumentGroup) -> None:
     _boolean(group, "--log-info", True, "log informational messages")
     _boolean(group, "--log-warning", True, "log warnings")
     _boolean(group, "--log-error", True, "log errors")
-    group.add_argument("--log-format", choices=list(FORMATS), default="default", help="log line format")
-    group.add_argument("--log-file", default="", metavar="PATH", help="log to this file instead of the console")
+    group.add_argument(
+        "--log-format",
+        choices=list(FORMATS),
+        default="default",
+        help="log line format: default or ISO8601 (Triton's), or json: one JSON object per line (time, level, logger, "
+        "message, and a request's model, version and request_id), in every process of the server (default: default)",
+    )
+    group.add_argument(
+        "--log-file",
+        default="",
+        metavar="PATH",
+        help="log to this file instead of the console; every process of the server, workers included, appends to it",
+    )

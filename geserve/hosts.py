@@ -13,7 +13,6 @@ import socket
 
 import grpc
 
-from geserve.batching.lifecycle import STOP_FLOOR_S
 from geserve.core.service import InferenceService
 from geserve.frontdoor.arena import RequestArena, body_allocator
 from geserve.frontdoor.link import EngineLink
@@ -21,6 +20,7 @@ from geserve.frontdoor.placement import Placement
 from geserve.frontdoor.service import FrontDoor
 from geserve.http.connections import Listening, ListeningHere, OpenConnections, ThisProcessOnly, TransportHooks
 from geserve.http.direct import heap_body
+from geserve.lifecycle import STOP_FLOOR_S
 from geserve.listeners import Listener, grpc_server, http_listener, metrics_listener, stop_front_ends
 from geserve.memory import freeze_startup_objects
 from geserve.metrics.registry import create_registry
@@ -144,7 +144,9 @@ class ProtocolHost:
         grpc_settings = self._settings.grpc
         if self._several:
             grpc_settings = dataclasses.replace(grpc_settings, reuse_port=True)
-        self._grpc = grpc_server(self.front_door, grpc_settings)
+        # A client's trace context is read where the engine continues it: in trace mode opentelemetry only.
+        trace_context = self._settings.server.trace.get("trace_mode") == "opentelemetry"
+        self._grpc = grpc_server(self.front_door, grpc_settings, trace_context=trace_context)
         return self._grpc is not None
 
     async def start(self) -> bool:

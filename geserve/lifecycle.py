@@ -7,8 +7,9 @@
 #                                  balancers stop routing here; ATC compiles in progress stop (their loads fail).
 #   2. refuse     (refuse_at)      --drain-delay-secs later the engine admits no new inference request.
 #   3. front-ends (refuse_at)      HTTP and gRPC stop accepting; what is in flight finishes by `done_by`.
-#   4. engine     (front-ends out) the workers finish their batches and stop, by `done_by` (each model keeps at
-#                                  least batching.lifecycle.STOP_FLOOR_S to unload).
+#   4. engine     (front-ends out) the workers finish their batches and stop, by `done_by`; the front-ends' grace
+#                                  ends STOP_FLOOR_S before it, which the workers keep to unload (and a worker stuck
+#                                  in its model is killed at the end of).
 #
 # `done_by` is refuse_at + --exit-timeout-secs, Triton's "timeout when exiting to wait for in-flight inferences to
 # finish". A second signal kills the workers and exits 1 at once.
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 # Past `done_by`, before the supervisor kills a protocol process that has not exited: its front-ends' own
 # shutdown (closing connections, the gRPC server's stop) runs after the grace.
 KILL_MARGIN_S = 5.0
+# What the workers keep of --exit-timeout-secs to exit on their own (unloading their models) however long what is in
+# flight took: the front-ends' grace ends this much before `done_by`.
+STOP_FLOOR_S = 1.0
 
 
 class Role(enum.Enum):
@@ -58,6 +62,10 @@ class Deadlines:
     def left(self) -> float:
         """What is left of the time for what is in flight (and the workers' stop)."""
         return max(self.done_by - time.monotonic(), 0.0)
+
+    def grace(self) -> float:
+        """What the front-ends give what is in flight: what is left, but the workers' floor."""
+        return max(self.left() - STOP_FLOOR_S, 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,10 +142,11 @@ def metrics_listener(
     return Listener(METRICS_SERVICE, metrics.address, metrics.port, server)
 
 
-def grpc_server(api: InferenceAPI, settings: GrpcSettings) -> grpc.aio.Server | None:
-    """The gRPC server over `api`, bound (not started); None, with the error logged, when the port is taken."""
+def grpc_server(api: InferenceAPI, settings: GrpcSettings, *, trace_context: bool = False) -> grpc.aio.Server | None:
+    """The gRPC server over `api`, bound (not started); None, with the error logged, when the port is taken.
+    `trace_context`: ModelInfer reads clients' trace contexts (trace mode opentelemetry)."""
     try:
-        server, _ = create_server(api, settings)
+        server, _ = create_server(api, settings, trace_context=trace_context)
     except RuntimeError:
         reason = "address already in use" if not settings.reuse_port else "cannot bind"
         logger.error("the GRPCInferenceService cannot listen on %s:%d: %s", settings.address, settings.port, reason)
@@ -187,6 +188,10 @@ async def stop_front_ends(listeners: list[Listener], grpc: grpc.aio.Server | Non
     """Stop accepting everywhere at once, then let what is in flight finish (within `grace_s`). The front-ends
     wait side by side: one after the other, a request stuck on each would spend the grace twice."""
     for listener in listeners:
+        # uvicorn's own wait for its requests in flight ends with the grace, not with the --exit-timeout-secs it was
+        # configured with: the shutdown plan's deadline holds for everything.
+        # (uvicorn annotates it an int; it hands it to asyncio.wait_for, which takes any number of seconds.)
+        listener.server.config.timeout_graceful_shutdown = grace_s  # type: ignore[assignment]
         listener.server.should_exit = True
     stopping = [listener.stop() for listener in listeners]
     if grpc is not None:

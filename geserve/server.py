@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -62,13 +63,32 @@ class Server:
                 ports.close()
                 await engine.stop(0.0)
                 return 1
-            if not await engine.start():
+            started = await self._start_unless_stopped(engine)
+            if not started:
                 await protocol.stop(0.0)
+                if started is None:  # a signal during startup: loads given up, the rest stopped by the plan's deadline
+                    await engine.stop(self._deadlines.left() if self._deadlines is not None else 0.0)
+                    return 0
                 return 1
             status = await self._serve(engine, protocol)
         finally:
             protocol.close()
         return status
+
+    async def _start_unless_stopped(self, engine: EngineHost) -> bool | None:
+        """The engine's start (the startup models loaded); None when a signal came first: a model whose load or
+        warmup never returns must not hold the server past its exit timeout."""
+        starting = asyncio.ensure_future(engine.start())
+        stopping = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if starting.done():
+            return starting.result()
+        logger.info("a signal during startup: the loads in progress are given up")
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return None
 
     async def _serve(self, engine: EngineHost, protocol: ProtocolHost) -> int:
         status = 0
@@ -86,6 +106,6 @@ class Server:
         finally:
             deadlines = self._deadlines or self._plan.begin(drain=False)
             engine.refuse()
-            await protocol.stop(deadlines.left())
+            await protocol.stop(deadlines.grace())
             await engine.stop(deadlines.left())
         return status

@@ -198,6 +198,8 @@ class WorkerSettings:
     process_workers: bool = True  # False runs backends on threads of this process (tests, debugging)
     auto_complete: bool = True  # complete configs from the model files
     log_level: int = logging.INFO
+    log_format: str = "default"  # --log-format, which the workers' lines take too
+    log_file: str = ""  # --log-file, which the workers append to; empty: standard error
     arena_bytes: int = DEFAULT_ARENA_BYTES  # per worker, each way
     pipeline_depth: int | None = None  # batches a worker holds at once; None: what its backend does best
     device_ids: tuple[int, ...] = ()  # accelerators (NPUs) instances may use

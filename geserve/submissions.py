@@ -8,7 +8,7 @@ from typing import Any
 
 from geserve.errors import GeserveError
 from geserve.residency import SharedTensor
-from geserve.types import Parameters, TraceRecord
+from geserve.types import Parameters, TraceContext, TraceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,9 @@ class Submission:
     output_names: tuple[str, ...]
     parameters: Parameters = field(default_factory=dict)
     request_id: str = ""
+    # The client's W3C trace context, crossing to the engine with the request: there it may force the request's
+    # sampling and parents its spans (trace mode opentelemetry), and comes back in the Answer's trace.
+    trace_context: TraceContext | None = None
 
     def __reduce__(self) -> tuple[Callable[..., Submission], tuple[Any, ...]]:
         # One per request: a plain tuple of fields pickles several times faster than the dataclass.
@@ -36,6 +39,7 @@ class Submission:
             self.output_names,
             dict(self.parameters),
             self.request_id,
+            self.trace_context,
         )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geserve.errors import InvalidArgumentError, UnsupportedError
+from geserve.core.trace import MODES, OTEL_KEYS
+from geserve.errors import InvalidArgumentError
 
 # --trace-config's settings by the name Triton's parser knows them: the global ones and the triton mode's.
 _SETTINGS = {
@@ -17,6 +18,11 @@ _SETTINGS = {
     "log-frequency": "log_frequency",
     "log_frequency": "log_frequency",
 }
+# Each mode's own settings: the triton mode's, and the opentelemetry mode's, OTEL_KEYS (those Triton's
+# ProcessOpenTelemetryParameters reads, src/tracer.cc:499-536), named as /v2/trace/setting shows them; `resource`
+# may be given again and again (one KEY=VALUE each). The other mode's are ignored with a warning, where Triton
+# ignores them without one.
+_MODE_SETTINGS = {"triton": ("trace_file", "log_frequency"), "opentelemetry": OTEL_KEYS}
 # The deprecated flags Triton still accepts (with a warning), and the --trace-config that replaces each.
 DEPRECATED = {
     "trace_file": ("--trace-file", "--trace-config triton,file=<filepath>"),
@@ -25,7 +31,6 @@ DEPRECATED = {
     "trace_count": ("--trace-count", "--trace-config count=<count value>"),
     "log_frequency": ("--trace-log-frequency", "--trace-config triton,log-frequency=<log frequency value>"),
 }
-MODES = ("triton", "opentelemetry")
 # Triton's spellings of the levels (ParseTraceLevelOption).
 _LEVELS = {
     "off": "OFF",
@@ -44,9 +49,11 @@ def add_flags(group: argparse._ArgumentGroup) -> None:
         "--trace-config",
         action="append",
         default=[],
-        metavar="[triton,]SETTING=VALUE",
-        help="level=OFF|TIMESTAMPS, rate=N, count=N, mode=triton; triton,file=PATH (Triton's trace file; "
-        "without one, traces go to the log), triton,log-frequency=N (every N traces to PATH.<n>); repeatable",
+        metavar="[MODE,]SETTING=VALUE",
+        help="level=OFF|TIMESTAMPS, rate=N, count=N, mode=triton|opentelemetry; triton,file=PATH (Triton's trace "
+        "file; without one, traces go to the log), triton,log-frequency=N (every N traces to PATH.<n>); "
+        "opentelemetry,url=HOST:PORT/PATH (OTLP/HTTP), opentelemetry,resource=KEY=VALUE, "
+        "opentelemetry,bsp_max_queue_size|bsp_schedule_delay|bsp_max_export_batch_size=N; repeatable",
     )
     for key, (flag, replacement) in DEPRECATED.items():
         group.add_argument(
@@ -80,13 +87,16 @@ def _parse_entry(entry: str) -> tuple[str, str]:
         raise InvalidArgumentError(
             f'invalid value for trace mode option: {mode}. Available options are "triton" and "opentelemetry"'
         )
-    elif mode.lower() != "triton":
-        raise UnsupportedError(
-            f"--trace-config {entry}: trace mode '{mode}' is not supported by geserve; only 'triton'"
-        )
+    # Split at the first '=' only: a resource's value is itself KEY=VALUE.
     key, equals, value = rest.partition("=")
     if not equals or not key or not value:
         raise InvalidArgumentError(f"--trace-config option format is '<trace mode>,<setting>=<value>'. Got {entry}")
+    if mode.lower() == "opentelemetry":
+        if key not in OTEL_KEYS:
+            raise InvalidArgumentError(
+                f"--trace-config {entry}: unknown opentelemetry trace setting '{key}'; known: {', '.join(OTEL_KEYS)}"
+            )
+        return key, value
     if key not in _SETTINGS:
         known = ", ".join(name for name in _SETTINGS if name != "log_frequency")
         raise InvalidArgumentError(f"--trace-config {entry}: unknown trace setting '{key}'; known: {known}")
@@ -111,8 +121,8 @@ def trace_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]
     configured: dict[str, Any] = {}
     for entry in args.trace_config:
         key, value = _parse_entry(entry)
-        if key == "trace_level":
-            configured.setdefault(key, []).append(_level(value))
+        if key in ("trace_level", "resource"):
+            configured.setdefault(key, []).append(_level(value) if key == "trace_level" else value)
         else:
             configured[key] = value.lower() if key == "trace_mode" else value
     for key in configured:
@@ -121,4 +131,18 @@ def trace_settings(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]
     settings.update(configured)
     if "OFF" in settings.get("trace_level", []):
         settings["trace_level"] = ["OFF"]  # an explicit OFF disables tracing, as Triton's
+    mode = settings.get("trace_mode", "triton")
+    for other, keys in _MODE_SETTINGS.items():
+        for key in keys if other != mode else ():
+            if key in settings:
+                del settings[key]
+                warnings.append(_ignored(key, other, mode, key in given and key not in configured))
     return settings, warnings
+
+
+def _ignored(key: str, other: str, mode: str, deprecated: bool) -> str:
+    """The warning for a setting of the mode not in use (Triton's words for its deprecated flags)."""
+    if deprecated:
+        return f"'{DEPRECATED[key][0]}' is deprecated and will be ignored with {mode} tracing mode."
+    name = {"trace_file": "file", "log_frequency": "log-frequency"}.get(key, key)
+    return f"--trace-config {other},{name}=... is ignored with {mode} tracing mode."

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -19,6 +20,29 @@ Parameters = Mapping[str, ParameterValue]
 # The instances (model name, version, instance name) that wait, each in a BLS call, for a request to be answered:
 # the chain of calls that led to it, outermost first, its caller last. A client's requests have none.
 CallChain = tuple[tuple[str, int, str], ...]
+
+
+# A W3C traceparent (https://www.w3.org/TR/trace-context/#traceparent-header), as OpenTelemetry's propagator reads
+# it: version ff is invalid, version 00 has nothing after the flags, a later version may.
+_TRACEPARENT = re.compile(r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\s*$")
+
+
+class TraceContext(NamedTuple):
+    """The W3C trace context a client sent with a request (HTTP headers, gRPC metadata), as received: in trace mode
+    opentelemetry, the parent of the request's spans (the engine checks it; unchecked, it is only carried)."""
+
+    traceparent: str
+    tracestate: str = ""
+
+    def span(self) -> tuple[int, int, int] | None:
+        """The client's span the traceparent names (trace id, span id, trace flags); None when it names none."""
+        found = _TRACEPARENT.match(self.traceparent)
+        if found is None:
+            return None
+        version, trace_id, span_id, flags, rest = found.groups()
+        if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or span_id == "0" * 16:
+            return None
+        return int(trace_id, 16), int(span_id, 16), int(flags, 16)
 
 
 def merge_chains(chains: Iterable[CallChain]) -> CallChain:
@@ -111,11 +135,12 @@ class InferRequest:
     # A raw binary request's body (HTTP, header length 0): the bytes of the model's one input, which
     # admission shapes per the config of the version it finds; `inputs` is then empty.
     raw_body: memoryview | SharedTensor | None = None
+    trace_context: TraceContext | None = None  # the client's `traceparent` and `tracestate`, when it sent one
 
     def __reduce__(self) -> tuple[Any, ...]:
         raw = pickle.PickleBuffer(self.raw_body) if isinstance(self.raw_body, memoryview) else self.raw_body
         fields = (self.model_name, self.model_version, self.inputs, self.outputs, self.id, self.parameters)
-        return (_request, (*fields, raw))
+        return (_request, (*fields, raw, self.trace_context))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +173,8 @@ TraceMark = tuple[str, int]
 @dataclass(frozen=True, slots=True)
 class TraceRecord:
     """A sampled request's trace: what the core saw, and then the front-end's receive and send moments.
-    `scope` is whose trace settings sampled it (a model with settings of its own, or None: the global ones)."""
+    `scope` is whose trace settings sampled it (a model with settings of its own, or None: the global ones);
+    `context` the client's trace context it continues (trace mode opentelemetry: its spans' parent)."""
 
     id: int
     model_name: str
@@ -158,10 +184,11 @@ class TraceRecord:
     scope: str | None = None
     parent_id: int = 0
     children: tuple[TraceRecord, ...] = ()  # an ensemble's: one per step it ran, each naming this one its parent
+    context: TraceContext | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.id, self.model_name, self.model_version, self.request_id, self.timestamps)
-        return (TraceRecord, (*fields, self.scope, self.parent_id, self.children))
+        return (TraceRecord, (*fields, self.scope, self.parent_id, self.children, self.context))
 
     def around(self, before: tuple[TraceMark, ...], after: tuple[TraceMark, ...]) -> TraceRecord:
         """This trace with the front-end's marks: those taken before the core saw the request, then those after."""
@@ -174,6 +201,7 @@ class TraceRecord:
             self.scope,
             self.parent_id,
             self.children,
+            self.context,
         )
 
 
@@ -389,6 +417,7 @@ def _request(  # noqa: PLR0917 - a pickle reconstructor: called with positional 
     request_id: str,
     parameters: Parameters,
     raw: Any,
+    trace_context: TraceContext | None = None,
 ) -> InferRequest:
     body = raw if raw is None or isinstance(raw, SharedTensor) else _as_view(raw)
-    return InferRequest(name, version, inputs, outputs, request_id, parameters, body)
+    return InferRequest(name, version, inputs, outputs, request_id, parameters, body, trace_context)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
+from geserve import log_records
 from geserve.batching.clock import Clock
 from geserve.batching.queue import PendingRequest, Reply, StreamReply, UnaryReply
 from geserve.batching.request import RequestTimestamps, ScheduledRequest, ScheduledResponse
@@ -198,7 +199,8 @@ class Delivery:
     def fail(self, requests: Sequence[PendingRequest], failure: Exception) -> None:
         """Requests whose batch did not run (or that cannot get one): every one gets the error."""
         if not isinstance(failure, GeserveError):
-            logger.exception("model '%s': batch failed", self._model_name, exc_info=failure)
+            fields = log_records.request_fields(self._model_name)
+            logger.exception("model '%s': batch failed", self._model_name, exc_info=failure, extra=fields)
             failure = InternalError(f"{type(failure).__name__}: {failure}")
         for request in requests:
             self.end(request, "OTHER", failure)

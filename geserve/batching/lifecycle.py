@@ -6,6 +6,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from geserve.lifecycle import STOP_FLOOR_S
 from geserve.types import InstanceStatus
 
 logger = logging.getLogger(__name__)
@@ -30,10 +31,6 @@ class InstanceControl(Protocol):
         ...
 
 
-# What a worker still gets to exit on its own (unloading its model) once a drain has spent the whole timeout.
-STOP_FLOOR_S = 1.0
-
-
 class Drains(Protocol):
     """A scheduler that can wait until every request it admitted has been answered."""
 
@@ -56,12 +53,13 @@ class InstanceLifecycle:
         return await self._pool.read_statuses()
 
     async def stop(self, timeout_s: float) -> None:
-        """Within `timeout_s` in all (at least STOP_FLOOR_S is left for the workers): a batch stuck in the model
-        spends the timeout once, not once for the drain and again for the worker's exit."""
+        """Within `timeout_s` in all, STOP_FLOOR_S of it kept for the workers (at least that, when less is left): a
+        batch stuck in the model spends the timeout once, not once for the drain and again for the worker's exit."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         try:
-            await asyncio.wait_for(self._scheduler.drain(), timeout_s)
+            # A moment even when nothing is left of it: a scheduler with nothing in flight drains at once.
+            await asyncio.wait_for(self._scheduler.drain(), max(timeout_s - STOP_FLOOR_S, 0.05))
         except TimeoutError:
             logger.warning("model '%s': batches still running at shutdown", self._model_name)
         await self._pool.stop(max(deadline - loop.time(), STOP_FLOOR_S))

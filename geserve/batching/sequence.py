@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from geserve import log_records
 from geserve.batching.clock import Alarm, Clock, LoopClock
 from geserve.batching.delivery import Delivery, Done, StatsRecorder
 from geserve.batching.lifecycle import InstanceControl
@@ -158,6 +159,7 @@ class SequenceScheduler:
                 "start. Previous sequence will be terminated early.",
                 correlation_id,
                 self._model_name,
+                extra=log_records.request_fields(self._model_name, request_id=request.request_id),
             )
         pending = pending_request(request, self._policy, self._sequence, now, reply)
         self._sequence += 1
@@ -276,7 +278,7 @@ class SequenceScheduler:
             f"sequence {sequence.correlation_id} of model '{self._model_name}' was lost: the instance that held its "
             "state stopped; start the sequence again"
         )
-        logger.warning("%s", message)
+        logger.warning("%s", message, extra=log_records.request_fields(self._model_name))
         failed = list(sequence.requests)
         if self._live.get(sequence.correlation_id) is sequence:
             del self._live[sequence.correlation_id]
@@ -309,6 +311,7 @@ class SequenceScheduler:
                         sequence.correlation_id,
                         self._model_name,
                         idle_ns // 1000,
+                        extra=log_records.request_fields(self._model_name),
                     )
                     if self._live.get(sequence.correlation_id) is sequence:
                         del self._live[sequence.correlation_id]
@@ -400,7 +403,8 @@ class SequenceScheduler:
         try:
             run = self._send(index, rows, sequences)
         except Exception as failure:  # a batch that cannot even be built fails its requests, not the batcher
-            logger.exception("model '%s': could not build a sequence batch", self._model_name)
+            fields = log_records.request_fields(self._model_name)
+            logger.exception("model '%s': could not build a sequence batch", self._model_name, extra=fields)
             run = _failing(InternalError(f"model '{self._model_name}': {type(failure).__name__}: {failure}"))
         pending = [request for _, request in rows]
         self._delivery.start(run, pending, now, then=functools.partial(self._ran, rows, sequences))

@@ -119,6 +119,9 @@ async def _load_version(
         # Not ready until every instance has run its warmup samples: the version is served only once returned.
         samples = await asyncio.to_thread(warmup.build_samples, served, source.path)
         await warm_up(completed.name, pool, samples)
+    except asyncio.CancelledError:
+        pool.kill()  # a load given up (an unload, a shutdown): a warmup that never returns is not waited for
+        raise
     except BaseException:
         await pool.stop(_STOP_UNSERVED_S)
         raise

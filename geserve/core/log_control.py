@@ -6,16 +6,13 @@ import logging
 from dataclasses import fields, replace
 from typing import Any
 
+from geserve import log_records
 from geserve.errors import InvalidArgumentError, UnsupportedError
 from geserve.settings import LoggingSettings
 
 LOG_FILE_REFUSAL = "log file location can not be updated through network protocol"
-FORMATS = {
-    "default": "%(asctime)s %(levelname)s %(name)s: %(message)s",
-    "ISO8601": "%(asctime)s %(levelname)s %(name)s: %(message)s",
-}
+FORMATS = tuple(log_records.DATE_FORMATS)  # Triton's default and ISO8601, and json: one object per line
 MAX_VERBOSE_LEVEL = 2**32 - 1
-_DATE_FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S%z"}
 
 
 class LogControl:
@@ -56,7 +53,7 @@ class LogControl:
         # With every level off, even critical messages are dropped.
         quiet = not (settings.log_verbose_level or settings.log_info or settings.log_warning or settings.log_error)
         root.setLevel(logging.CRITICAL + 10 if quiet else settings.level)
-        formatter = logging.Formatter(FORMATS[settings.log_format], _DATE_FORMATS[settings.log_format])
+        formatter = log_records.formatter(settings.log_format)
         for handler in root.handlers:
             handler.setFormatter(formatter)
 

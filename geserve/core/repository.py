@@ -68,6 +68,9 @@ class ModelRepository:
         self.on_change: list[Callable[[], None]] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: set[str] = set()
+        # Each model's load in progress, so that an unload or the shutdown can give it up (a warmup or an initialize
+        # that never returns would otherwise hold both for ever).
+        self._load_tasks: dict[str, asyncio.Task[Model]] = {}
         self._fingerprints: dict[str, tuple[Any, ...]] = {}
         self._override_dirs: dict[str, Path] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -217,6 +220,11 @@ class ModelRepository:
         if api and self.mode is not ControlMode.EXPLICIT:
             raise UnavailableError(EXPLICIT_ONLY)
         check_model_name(name)
+        loading = self._load_tasks.get(name)
+        if loading is not None:
+            # Loading or warming up: given up at once (its workers killed), rather than waited for.
+            logger.info("unloading '%s' while it loads: the load is given up", name)
+            loading.cancel()
         composing = self._composing_of(name) if unload_dependents else ()
         await self._unload_one(name, wait)
         for dependent in composing:
@@ -302,9 +310,17 @@ class ModelRepository:
             self._loading.add(source.name)
             try:
                 current = await asyncio.to_thread(fingerprint, source.path)
-                model = await load_model(source, self._pools, override, self.models)
+                loading = asyncio.ensure_future(load_model(source, self._pools, override, self.models))
+                self._load_tasks[source.name] = loading
+                try:
+                    model = await loading
+                except asyncio.CancelledError:
+                    if not loading.cancelled() or _cancelling():
+                        raise  # this load's caller was cancelled (the server stops): not a load given up
+                    model = Model(source.name, reason="unloaded while loading")
             finally:
                 self._loading.discard(source.name)
+                self._load_tasks.pop(source.name, None)
             old = self.models.get(source.name)
             if model.reason and old is not None and old.versions:
                 logger.error("reloading '%s' failed; the loaded version(s) keep serving: %s", source.name, model.reason)
@@ -377,6 +393,11 @@ class ModelRepository:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        # Loads still in progress are given up: their workers are killed, not warmed up or waited for.
+        loading = list(self._load_tasks.values())
+        for task in loading:
+            task.cancel()
+        await asyncio.gather(*loading, return_exceptions=True)
         versions = [version for model in self.models.values() for version in model.versions.values()]
         await asyncio.gather(*(version.stop(timeout_s) for version in versions), *self._retiring)
         for name in list(self._override_dirs):
@@ -389,6 +410,12 @@ class ModelRepository:
 _MAX_NAME_BYTES = 255
 _MAX_PATH_BYTES = 1024
 _MAX_DEPTH = 32
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not only something it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _served_by(version: ModelVersion) -> str:

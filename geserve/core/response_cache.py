@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from geserve import log_records
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest, ScheduledResponse
 from geserve.errors import ModelLoadError
@@ -276,7 +277,10 @@ class ResponseCache:
                 key = request_key(version.name, version.version, request, load, steps)
             cached = self.lookup(key)
         except Exception:
-            logger.exception("response cache lookup failed for model '%s'; running the model", version.name)
+            fields = log_records.request_fields(version.name, version.version, request.request_id)
+            logger.exception(
+                "response cache lookup failed for model '%s'; running the model", version.name, extra=fields
+            )
             return await version.scheduler.execute(request)
         lookup_end_ns = time.monotonic_ns()
         if cached is not None:
@@ -294,7 +298,8 @@ class ResponseCache:
                 owned = _owned(arrays)
             self._insert_answer(version, key, owned)
         except Exception:
-            logger.exception("response cache insertion failed for model '%s'", version.name)
+            fields = log_records.request_fields(version.name, version.version, request.request_id)
+            logger.exception("response cache insertion failed for model '%s'", version.name, extra=fields)
         miss_ns = (lookup_end_ns - lookup_start_ns) + (time.monotonic_ns() - insert_start_ns)
         version.stats.record_cache_miss(miss_ns)
         return answered

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import geserve
+from geserve import log_records
 from geserve._generated import model_config_pb2 as mc
 from geserve.batching.request import ScheduledRequest
 from geserve.batching.scheduler import Scheduler
@@ -47,6 +48,7 @@ from geserve.types import (
     ModelMetadata,
     RequestedOutput,
     ServerMetadata,
+    TraceContext,
     TraceRecord,
     VersionSnapshot,
     response_parameters,
@@ -99,6 +101,7 @@ class InferenceService:
         )
         self._cuda_shared_memory = CudaSharedMemory()
         self._traces = TraceController(server.trace)
+        self._traces.open()  # mode opentelemetry's exporting starts here, where the engine runs
         self._log_control = LogControl(server.logging)
         self._monitor = InstanceMonitor(self.loaded_versions)
         self._accepting = False
@@ -354,8 +357,9 @@ class InferenceService:
                 done(error.with_request_id(request_id))
                 return _nothing
             return lambda: scheduler.cancel(pending)
-        task = asyncio.get_running_loop().create_task(self._answer(model, scheduled, time.monotonic_ns()))
-        task.add_done_callback(lambda _: done(_outcome(task, request_id)))
+        answering = self._answer(model, scheduled, time.monotonic_ns(), submission.trace_context)
+        task = asyncio.get_running_loop().create_task(answering)
+        task.add_done_callback(lambda _: done(_outcome(task, model, request_id)))
         return _canceller(task)
 
     async def infer_submission(self, submission: Submission) -> Answer:
@@ -363,7 +367,7 @@ class InferenceService:
         decoupled model answers only streams: the request fails with DecoupledModelError."""
         started_ns = time.monotonic_ns()
         model, scheduled = self._admit_submission(submission)
-        return await self._answer(model, scheduled, started_ns)
+        return await self._answer(model, scheduled, started_ns, submission.trace_context)
 
     async def stream_submission(self, submission: Submission) -> AsyncGenerator[Answer]:
         """Every response to one request, as the model sends them (one, final, for a model that is not
@@ -371,7 +375,7 @@ class InferenceService:
         started_ns = time.monotonic_ns()
         model, scheduled = self._admit_submission(submission)
         if not model.decoupled:
-            yield await self._answer(model, scheduled, started_ns)
+            yield await self._answer(model, scheduled, started_ns, submission.trace_context)
             return
         request_id = scheduled.request_id
         try:
@@ -382,10 +386,13 @@ class InferenceService:
         except GeserveError as error:
             raise error.with_request_id(request_id) from None
 
-    async def _answer(self, model: ModelVersion, scheduled: ScheduledRequest, started_ns: int) -> Answer:
-        """One admitted request's answer, traced when tracing is on."""
+    async def _answer(
+        self, model: ModelVersion, scheduled: ScheduledRequest, started_ns: int, context: TraceContext | None = None
+    ) -> Answer:
+        """One admitted request's answer, traced when tracing is on (continuing the client's trace `context`)."""
         request_id = scheduled.request_id
-        trace = self._traces.start(model.name, model.version_str, request_id) if self._traces.active else None
+        traces = self._traces
+        trace = traces.start(model.name, model.version_str, request_id, context) if traces.active else None
         try:
             if model.decoupled:
                 raise DecoupledModelError(f"model '{model.name}' is decoupled: it answers streams only")
@@ -515,7 +522,7 @@ def _canceller(task: asyncio.Task[Answer]) -> Callable[[], None]:
     return cancel
 
 
-def _outcome(task: asyncio.Task[Answer], request_id: str) -> Answer | GeserveError:
+def _outcome(task: asyncio.Task[Answer], model: ModelVersion, request_id: str) -> Answer | GeserveError:
     """A request's task, once done, as its answer or its error."""
     if task.cancelled():
         return CancelledError("the request was cancelled").with_request_id(request_id)
@@ -524,7 +531,8 @@ def _outcome(task: asyncio.Task[Answer], request_id: str) -> Answer | GeserveErr
         return task.result()
     if isinstance(error, GeserveError):
         return error
-    logger.error("a request failed in the engine", exc_info=error)
+    fields = log_records.request_fields(model.name, model.version_str, request_id)
+    logger.error("a request failed in the engine", exc_info=error, extra=fields)
     return InternalError(f"{type(error).__name__}: {error}").with_request_id(request_id)
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from geserve import log_records
 from geserve._generated import model_config_pb2 as mc
 from geserve.core import limits, validation
 from geserve.core.api import InferenceAPI
@@ -32,6 +34,8 @@ from geserve.types import (
     VersionSnapshot,
 )
 
+logger = logging.getLogger(__name__)
+
 
 class FrontDoor:
     """Each request is checked against the version it addresses (the engine's models, or its snapshot of them), its
@@ -51,12 +55,16 @@ class FrontDoor:
         """One response; errors carry Triton's request-id prefix. A decoupled model answers only streams: the
         request fails with DecoupledModelError."""
         version, submission = await self._admit(request)
-        if version.decoupled:
-            raise DecoupledModelError(f"model '{version.name}' is decoupled: it answers streams only").with_request_id(
-                request.id
-            )
-        answer = await self._link.infer(submission)
-        response = await self._respond(version, request, submission, answer)
+        try:
+            if version.decoupled:
+                raise DecoupledModelError(
+                    f"model '{version.name}' is decoupled: it answers streams only"
+                ).with_request_id(request.id)
+            answer = await self._link.infer(submission)
+            response = await self._respond(version, request, submission, answer)
+        except GeserveError as error:
+            _log_failure(request.model_name, version.version_str, request.id, error)
+            raise
         assert response is not None
         return response
 
@@ -64,22 +72,32 @@ class FrontDoor:
         """Every response to one request, as the model sends them (one, final, for a model that is not decoupled).
         Errors before the model runs are raised; the model's own come as items."""
         version, submission = await self._admit(request)
-        # Closed with this stream, not whenever it is collected: a client that leaves cancels the request at once.
-        async with contextlib.aclosing(self._link.stream(submission)) as answers:
-            async for answer in answers:
-                response = await self._respond(version, request, submission, answer)
-                yield StreamedResponse(response, answer.error, answer.final)
+        try:
+            # Closed with this stream, not whenever it is collected: a client that leaves cancels the request at once.
+            async with contextlib.aclosing(self._link.stream(submission)) as answers:
+                async for answer in answers:
+                    response = await self._respond(version, request, submission, answer)
+                    yield StreamedResponse(response, answer.error, answer.final)
+        except GeserveError as error:
+            _log_failure(request.model_name, version.version_str, request.id, error)
+            raise
 
     async def _admit(self, request: InferRequest) -> tuple[ServedVersion, Submission]:
         """The version a request addresses, and the request checked against it with its inputs in shared memory."""
         # Before anything quotes the id: an id over its bound is not repeated back in the error.
-        limits.check_request(request.id, request.parameters)
+        try:
+            limits.check_request(request.id, request.parameters)
+        except GeserveError as error:
+            _log_failure(request.model_name, request.model_version, "", error)  # an id over its bound is not logged
+            raise
         try:
             validation.check_parameters(request.parameters)
             version = await self._version(request)
             request = decoded_raw(request, version.name, tuple(version.inputs.values()))
         except GeserveError as error:
-            raise error.with_request_id(request.id) from None
+            refusal = error.with_request_id(request.id)
+            _log_failure(request.model_name, request.model_version, request.id, refusal)
+            raise refusal from None
         try:
             inputs = await off_loop(
                 validation.decode_cost(request),
@@ -91,7 +109,9 @@ class FrontDoor:
             output_names = validation.requested_output_names(request, version)
         except GeserveError as error:
             self._link.refused(version.name, version.version)
-            raise error.with_request_id(request.id) from None
+            refusal = error.with_request_id(request.id)
+            _log_failure(request.model_name, version.version_str, request.id, refusal)
+            raise refusal from None
         submission = Submission(
             request.model_name,
             request.model_version,
@@ -101,6 +121,7 @@ class FrontDoor:
             output_names,
             request.parameters,
             request.id,
+            request.trace_context,
         )
         return version, submission
 
@@ -231,6 +252,14 @@ class FrontDoor:
     async def custom_metrics(self) -> list[CustomMetric]:
         metrics: list[CustomMetric] = await self._link.call("custom_metrics")
         return metrics
+
+
+def _log_failure(model: str, version: str, request_id: str, error: GeserveError) -> None:
+    """A request that failed, at verbose level (--log-verbose 1) as Triton logs them: its client has the error; the
+    log says which model, version and request it was."""
+    if logger.isEnabledFor(logging.DEBUG):  # a flood of bad requests costs no more than their answers
+        fields = log_records.request_fields(model, version, request_id)
+        logger.debug("inference request failed: %s", error.message, extra=fields)
 
 
 def _implements(front_door: FrontDoor) -> InferenceAPI:

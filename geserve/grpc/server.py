@@ -14,8 +14,11 @@ from geserve.grpc.servicer import HealthServicer, InferenceServicer
 from geserve.settings import GrpcSettings
 
 
-def create_server(service: InferenceAPI, settings: GrpcSettings) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server bound to its port (not started); returns it and the bound port."""
+def create_server(
+    service: InferenceAPI, settings: GrpcSettings, *, trace_context: bool = False
+) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server bound to its port (not started); returns it and the bound port. With `trace_context`
+    (trace mode opentelemetry), ModelInfer reads the client's W3C trace context from the call's metadata."""
     interceptors = [RestrictionInterceptor(settings.restrictions)] if settings.restrictions else []
     # A connection past the cap is closed as it is accepted (gRPC's resource quota); a call past
     # --grpc-max-inflight-rpcs is answered RESOURCE_EXHAUSTED before it is read.
@@ -25,9 +28,8 @@ def create_server(service: InferenceAPI, settings: GrpcSettings) -> tuple[grpc.a
         interceptors=interceptors,
         maximum_concurrent_rpcs=settings.max_inflight_rpcs,
     )
-    add_service(
-        server, grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceServicer(service)
-    )
+    servicer = InferenceServicer(service, trace_context=trace_context)
+    add_service(server, grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], servicer)
     add_service(server, health_pb2.DESCRIPTOR.services_by_name["Health"], HealthServicer(service))
     host = f"[{settings.address}]" if ":" in settings.address else settings.address
     port = server.add_insecure_port(f"{host}:{settings.port}")

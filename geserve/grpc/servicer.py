@@ -23,7 +23,7 @@ from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
 from geserve.grpc.raw import InferMessage, InferReply
-from geserve.types import StreamedResponse, TraceMark, TraceRecord
+from geserve.types import StreamedResponse, TraceContext, TraceMark, TraceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,17 @@ def _stream_messages(
     return messages
 
 
+def _trace_context(metadata: Any) -> TraceContext | None:
+    """The W3C trace context a call's metadata carries (`traceparent`, `tracestate`), as Triton's GrpcServerCarrier
+    reads it for the engine to continue in trace mode opentelemetry."""
+    found = {key: value for key, value in metadata or () if key in ("traceparent", "tracestate")}
+    traceparent = found.get("traceparent")
+    if not isinstance(traceparent, str):
+        return None
+    tracestate = found.get("tracestate", "")
+    return TraceContext(traceparent, tracestate if isinstance(tracestate, str) else "")
+
+
 # Triton's text for a decoupled model asked for one response.
 DECOUPLED_UNARY_RPC_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
@@ -112,9 +123,12 @@ class _StreamEnd:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service; the HTTP twins' validation and messages, through the same service."""
 
-    def __init__(self, service: InferenceAPI) -> None:
+    def __init__(self, service: InferenceAPI, *, trace_context: bool = False) -> None:
         self._service = service
         self._recording: set[asyncio.Task[None]] = set()  # traces on their way to be written
+        # Whether ModelInfer reads a client's trace context from its metadata (trace mode opentelemetry): grpc.aio
+        # builds a call's metadata anew each time it is asked for (~1 us), which no other unary request needs.
+        self._trace_context = trace_context
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=await self._service.live())
@@ -139,10 +153,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=await self._service.model_config(request.name, request.version))
 
     async def _infer(
-        self, request: pb.ModelInferRequest, raw: Sequence[memoryview] | None = None, received_ns: int = 0
+        self,
+        request: pb.ModelInferRequest,
+        raw: Sequence[memoryview] | None = None,
+        received_ns: int = 0,
+        trace_context: TraceContext | None = None,
     ) -> InferReply:
         read_ns = time.monotonic_ns()
         infer_request = convert.infer_request_from_proto(request, raw)
+        if trace_context is not None:
+            infer_request = replace(infer_request, trace_context=trace_context)
         try:
             response = await self._service.infer(infer_request)
         except DecoupledModelError:
@@ -167,12 +187,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return sent
 
     # The reply leaves through `serialize_infer_reply` (decoding.add_service), not protobuf's serializer.
-    @_unary
-    async def ModelInfer(self, request: pb.ModelInferRequest | InferMessage) -> InferReply:  # type: ignore[override]
+    async def ModelInfer(  # type: ignore[override]
+        self, request: pb.ModelInferRequest | InferMessage, context: Context
+    ) -> InferReply:
+        traced = _trace_context(context.invocation_metadata()) if self._trace_context else None
         # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
         if isinstance(request, InferMessage):
-            return await self._infer(request.message, request.raw_input_contents, request.received_ns)
-        return await self._infer(request)
+            message, raw, received_ns = request.message, request.raw_input_contents, request.received_ns
+            return await _answer(context, lambda: self._infer(message, raw, received_ns, traced))
+        return await _answer(context, lambda: self._infer(request, trace_context=traced))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
@@ -181,6 +204,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         the client sent `triton_grpc_error: true`, which closes the stream with the error's status."""
         metadata = {key.lower(): value for key, value in (context.invocation_metadata() or ())}
         close_on_error = str(metadata.get(GRPC_ERROR_HEADER, "")).lower() == "true"
+        traced = _trace_context(metadata.items())  # every request of the stream continues the stream's context
         answers: asyncio.Queue[pb.ModelStreamInferResponse | _Traced | _StreamEnd] = asyncio.Queue(
             STREAM_MAX_PENDING_RESPONSES
         )
@@ -190,7 +214,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def answer(request: pb.ModelInferRequest, waited: tuple[TraceMark, ...]) -> None:
             final_flag = convert.wants_final_flag(request)
             try:
-                async for item in self._service.infer_stream(convert.infer_request_from_proto(request)):
+                infer_request = convert.infer_request_from_proto(request)
+                if traced is not None:
+                    infer_request = replace(infer_request, trace_context=traced)
+                async for item in self._service.infer_stream(infer_request):
                     messages = _stream_messages(request, item, final_flag)
                     trace = item.response.trace if item.response is not None else None
                     for index, response in enumerate(messages):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +23,9 @@ from geserve.http.openapi import ROUTES, install_openapi, operation
 from geserve.http.routes import build_routes
 from geserve.restrictions import allowed
 from geserve.settings import DEFAULT_MAX_INPUT_SIZE, HttpSettings, Restriction
+
+# A request still running when the shutdown's deadline comes.
+SHUT_DOWN_UNFINISHED = "the server is shutting down: the request did not finish within --exit-timeout-secs"
 
 
 def api_group(path: str) -> str:
@@ -61,6 +66,16 @@ class HttpApp:
         self._restrictions = dict(restrictions or {})
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await self._route(scope, receive, send)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs once the shutdown's grace is spent (and says so once): the request gets
+            # Triton's JSON error for a server that is shutting down, not uvicorn's plain 500 and a traceback each.
+            if scope["type"] == "http":
+                with contextlib.suppress(Exception):  # its answer had begun, or its client is gone
+                    await send_response(send, 503, error_body(SHUT_DOWN_UNFINISHED))
+
+    async def _route(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             if self._restrictions and not await self._permitted(scope, send):
                 return

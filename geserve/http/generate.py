@@ -13,7 +13,7 @@ from geserve.errors import InvalidArgumentError
 from geserve.http import generate_codec
 from geserve.http.body import ClientDisconnectedError, read_body
 from geserve.http.errors import error_body, failure
-from geserve.http.infer import send_response
+from geserve.http.infer import send_response, with_trace_context
 from geserve.offload import COPY_BYTES, off_loop
 from geserve.types import InferRequest, ModelMetadata, StreamedResponse, TraceMark, TraceRecord
 
@@ -71,7 +71,8 @@ class GenerateEndpoint:
         if headers.get(b"content-encoding", b"identity").strip().lower() not in (b"", b"identity"):
             raise InvalidArgumentError(ENCODING_REFUSAL)
         # Parsing and checking every value grows with the body: large ones leave the loop.
-        return await off_loop(len(body), COPY_BYTES, _decode, body, metadata, version)
+        request = await off_loop(len(body), COPY_BYTES, _decode, body, metadata, version)
+        return with_trace_context(request, headers)
 
 
 def _decode(body: bytes, metadata: ModelMetadata, version: str) -> InferRequest:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 from geserve.codecs.digits import decimal_value, shortened
@@ -14,7 +15,7 @@ from geserve.http.body import ClientDisconnectedError, accepted_encoding, compre
 from geserve.http.direct import BODY_EXTENSION
 from geserve.http.disconnect import DISCONNECT_EXTENSION
 from geserve.http.errors import JSON_CONTENT, error_body, failure
-from geserve.types import TraceRecord
+from geserve.types import InferRequest, TraceContext, TraceRecord
 
 # Triton's model route, infer action. Like Triton's, it matches numeric versions only: anything
 # else falls through to the other routes, which answer 404.
@@ -94,6 +95,7 @@ class InferEndpoint:
             request, encoding = codec.decode_request(
                 codec.loads(view[:header_size]), view[header_size:], model_name, version
             )
+        request = with_trace_context(request, headers)
         client = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
         try:
             if client is None:
@@ -118,6 +120,17 @@ class InferEndpoint:
             content = await compress(content, compression)
             response_headers.append((b"content-encoding", compression.encode()))
         return content, response_headers, response.trace
+
+
+def with_trace_context(request: InferRequest, headers: dict[bytes, bytes]) -> InferRequest:
+    """The request with the W3C trace context its headers carry (`traceparent`, `tracestate`), which the engine
+    continues in trace mode opentelemetry, as Triton's HTTPAPIServer::StartTrace (HttpTextMapCarrier) does. One
+    lookup in the headers already read when there is none."""
+    traceparent = headers.get(b"traceparent")
+    if traceparent is None:
+        return request
+    context = TraceContext(traceparent.decode("latin-1"), headers.get(b"tracestate", b"").decode("latin-1"))
+    return replace(request, trace_context=context)
 
 
 async def send_response(

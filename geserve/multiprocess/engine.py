@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -23,13 +24,23 @@ async def serve_engine(launch: Launch, control: ControlLine) -> int:
     plan = ShutdownPlan.of(settings.server)
     deadlines: Deadlines | None = None  # once the supervisor starts the shutdown
     supervised = True  # False once the supervisor is gone: nobody waits for a drain any more
-    if not await engine.start():
+    # The supervisor's word is read while the startup models load: a signal then gives their loads up (a warmup
+    # that never returns must not hold the server past its exit timeout).
+    first_word = asyncio.ensure_future(control.next_word())
+    starting = asyncio.ensure_future(engine.start())
+    await asyncio.wait([starting, first_word], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        return await _stopped_while_starting(engine, starting, first_word.result(), control, plan)
+    if not starting.result():
+        first_word.cancel()
         return 1
+    pending: asyncio.Future[bytes] | None = first_word
     try:
         await endpoint.start(launch.channel_path)
         control.tell(READY)
         while True:
-            word = await control.next_word()
+            word = await pending if pending is not None else await control.next_word()
+            pending = None
             if word == DRAIN:
                 # The protocol processes compute the same deadlines from the same word: they spend their part of
                 # --exit-timeout-secs first, then the supervisor says STOP.
@@ -55,6 +66,26 @@ async def serve_engine(launch: Launch, control: ControlLine) -> int:
     return 0
 
 
+async def _stopped_while_starting(
+    engine: EngineHost, starting: asyncio.Future[bool], word: bytes, control: ControlLine, plan: ShutdownPlan
+) -> int:
+    """The supervisor said DRAIN (or KILL, or went) before the startup models loaded: their loads are given up and
+    the workers stopped; then, as after any shutdown, the supervisor's STOP is awaited."""
+    logger.info("stopped during startup: the loads in progress are given up")
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    if word == KILL:
+        engine.kill()
+        os._exit(1)
+    supervised = word != b""
+    await _shut_down(engine, control if supervised else None, plan.begin(drain=False).left())
+    while supervised and (word := await control.next_word()) not in (STOP, b""):
+        if word == KILL:
+            os._exit(1)
+    return 0
+
+
 async def _shut_down(engine: EngineHost, control: ControlLine | None, timeout_s: float) -> None:
     """The engine host's stop, unless meanwhile the supervisor goes (killed: nothing would stop this process while a
     stuck model holds the shutdown) or says KILL (a second signal): then the workers are killed, and the process
@@ -67,6 +98,8 @@ async def _shut_down(engine: EngineHost, control: ControlLine | None, timeout_s:
     await asyncio.wait([shutdown, gone], return_when=asyncio.FIRST_COMPLETED)
     if shutdown.done():
         gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone  # its read of the control line ends before anything reads it again
         shutdown.result()
         return
     logger.warning("%s during the shutdown: killing the workers", gone.result())

@@ -83,7 +83,7 @@ async def serve_protocol(launch: Launch, control: ControlLine) -> int:
         # sending.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(link.lost.wait(), deadlines.until_refuse())
-        grace_s = deadlines.left()
+        grace_s = deadlines.grace()
         return 0
     finally:
         await host.stop(grace_s)

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from geserve import log_records
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError
 from geserve.residency import SharedTensor
@@ -60,7 +61,8 @@ async def serve_call(
     except GeserveError as error:
         reply(BlsReply(call.call_id, (), error, True))
     except Exception as error:  # never leave a model waiting
-        logger.exception("BLS request to model '%s' failed", call.model_name)
+        fields = log_records.request_fields(call.model_name, call.model_version, call.request_id)
+        logger.exception("BLS request to model '%s' failed", call.model_name, extra=fields)
         reply(BlsReply(call.call_id, (), InternalError(f"{type(error).__name__}: {error}"), True))
 
 
@@ -123,7 +125,8 @@ async def serve_control(caller: ModelCaller | None, call: ControlCall, reply: Ca
     except GeserveError as error:
         reply(ControlReply(call.call_id, False, error))
     except Exception as error:  # never leave a model waiting
-        logger.exception("%s of model '%s' failed", call.action, call.model_name)
+        fields = log_records.request_fields(call.model_name, call.model_version)
+        logger.exception("%s of model '%s' failed", call.action, call.model_name, extra=fields)
         reply(ControlReply(call.call_id, False, InternalError(f"{type(error).__name__}: {error}")))
 
 

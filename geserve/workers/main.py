@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 
+from geserve import log_records
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
 from geserve.residency import Kind, Residency, SharedTensor, gather, unreadable_rows, zeroed
@@ -149,13 +150,14 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     # Blocked while the process started (lineage.start_shielded): ignored now, pending ones are discarded.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
     os.environ.update(dict(spec.environment))  # before the backend is imported
-    logging.basicConfig(
-        level=spec.log_level,
-        format=(
-            f"%(asctime)s %(levelname)s [worker model={spec.model_name} version={spec.model_version} "
-            f"instance={spec.instance_name} device={spec.device_id} pid={os.getpid()}] %(name)s: %(message)s"
-        ),
-    )
+    tags: dict[str, str | int] = {
+        "model": spec.model_name,
+        "version": str(spec.model_version),
+        "instance": spec.instance_name,
+        "device": spec.device_id,
+        "pid": os.getpid(),
+    }
+    log_records.log_to(spec.log_file, spec.log_level, spec.log_format, tags, label="worker")
     # A front-end killed outright while this worker's model is stuck: nobody else removes the arenas.
     watch_parent(lambda: _unlink_all((*spec.arenas, spec.output_arena)))
     runner = InstanceRunner(spec)

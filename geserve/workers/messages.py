@@ -29,6 +29,8 @@ class InstanceSpec:
     device_id: int
     auto_complete: bool
     log_level: int
+    log_format: str = "default"  # --log-format
+    log_file: str = ""  # --log-file; empty: standard error
     # Set in the worker before its backend is imported (e.g. ASCEND_RT_VISIBLE_DEVICES).
     environment: tuple[tuple[str, str], ...] = ()
     # Shared memory (process workers only): the input arenas the worker's owner writes batches' local tensors to,

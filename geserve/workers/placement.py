@@ -114,6 +114,8 @@ def instance_specs(
                         device_id=device,
                         auto_complete=settings.auto_complete,
                         log_level=settings.log_level,
+                        log_format=settings.log_format,
+                        log_file=settings.log_file,
                         environment=device_environment + (environment.variables if environment else ()),
                         on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
                         kind=_KIND_NAMES.get(group.kind, "CPU"),

@@ -240,8 +240,13 @@ class InstancePools:
         settings = self._settings
         # The first instance completes the config from the model file; the others load that config as is.
         first = self._worker(specs[0])
-        completed = await first.start()
+        try:
+            completed = await first.start()
+        except asyncio.CancelledError:
+            first.kill()  # a load given up (an unload, a shutdown): a worker stuck in initialize goes with it
+            raise
         started: list[WorkerClient] = [first]
+        others: list[WorkerClient] = []
         try:
             placement.fill_defaults(completed, backend, settings)
             config_io.validate_config(completed)
@@ -252,6 +257,10 @@ class InstancePools:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
+        except asyncio.CancelledError:
+            for worker in [first, *others]:
+                worker.kill()
+            raise
         except BaseException:
             await asyncio.gather(*(worker.stop(settings.stop_timeout_s) for worker in started))
             raise

@@ -96,6 +96,9 @@ FORBIDDEN = {
     "geserve.restrictions": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.triton_flags": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.errors": ("geserve.",),
+    # How every process writes its lines, worker processes (below the core) included: a leaf.
+    "geserve.log_records": ("geserve.",),
+    "geserve.env_flags": ("geserve.core", *BELOW_CORE, *FRONT_END_PACKAGES, "geserve.server"),
     "geserve.offload": ("geserve.",),
     "geserve.per_turn": ("geserve.",),
     "geserve.free_ranges": ("geserve.",),

@@ -8,7 +8,8 @@ import signal
 import warnings
 from multiprocessing.connection import Connection
 
-from geserve.batching.lifecycle import STOP_FLOOR_S, InstanceLifecycle
+from geserve.batching.lifecycle import InstanceLifecycle
+from geserve.lifecycle import STOP_FLOOR_S
 from geserve.types import InstanceStatus
 from geserve.workers.lineage import GROUP_SIGNALS, start_shielded
 
