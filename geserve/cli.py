@@ -129,6 +129,7 @@ def parse_settings(
         port=args.http_port,
         reuse_port=args.reuse_http_port,
         max_input_size=args.http_max_input_size,
+        max_json_size=args.http_max_json_size,
         header_timeout_s=args.http_header_timeout_secs,
         body_timeout_s=args.http_body_timeout_secs,
         keep_alive_s=args.http_keepalive_timeout_secs,

@@ -41,6 +41,10 @@ class InvalidArgumentError(GeserveError):
     code = ErrorCode.INVALID_ARG
 
 
+class TooLargeError(InvalidArgumentError):
+    """A request past one of the server's size limits: INVALID_ARG over gRPC, 413 over HTTP."""
+
+
 class NotFoundError(GeserveError):
     code = ErrorCode.NOT_FOUND
 

@@ -15,6 +15,7 @@ from geserve.settings import (
     DEFAULT_CLIENT_SHM_REGIONS,
     DEFAULT_MAX_BYTES_ELEMENTS,
     DEFAULT_MAX_INPUT_SIZE,
+    DEFAULT_MAX_JSON_SIZE,
     ControlMode,
     GrpcSettings,
     HttpSettings,
@@ -385,6 +386,15 @@ def _add_http_flags(group: argparse._ArgumentGroup) -> None:
         default=DEFAULT_MAX_INPUT_SIZE,
         metavar="BYTES",
         help=f"largest request body, also after decompression (default: {DEFAULT_MAX_INPUT_SIZE})",
+    )
+    group.add_argument(
+        "--http-max-json-size",
+        type=_positive,
+        default=DEFAULT_MAX_JSON_SIZE,
+        metavar="BYTES",
+        help="largest JSON an infer request's header or a generate body may hold: JSON tensor data is parsed into "
+        "Python objects, which a large body would hold the server up with; send large tensors as binary data "
+        f"(default: {DEFAULT_MAX_JSON_SIZE})",
     )
 
 

@@ -11,6 +11,10 @@ from pathlib import Path
 # Shared memory per worker process for a batch's inputs, and as much for its outputs.
 DEFAULT_ARENA_BYTES = 16 << 20
 DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, Triton's --http-max-input-size
+# JSON (an infer request's JSON header, a generate body) is parsed on a thread, which still holds the interpreter
+# for each C call (the parse, the conversion to an array): at this size the longest held a liveness probe up 0.17 s
+# under load on a 2-core host (`make chaos` large-json; 60 MiB held it 9.6 s); larger tensors go as binary data.
+DEFAULT_MAX_JSON_SIZE = 1 << 22  # 4 MiB
 # A request's line and headers together: Envoy's max_request_headers_kb is 60 KiB, nginx's
 # large_client_header_buffers 4 x 8 KiB; tritonclient sends a few hundred bytes.
 DEFAULT_MAX_HEADER_BYTES = 64 << 10
@@ -106,6 +110,7 @@ class HttpSettings:
     port: int = 8000
     reuse_port: bool = False
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    max_json_size: int = DEFAULT_MAX_JSON_SIZE  # --http-max-json-size
     header_timeout_s: float = 30.0  # first byte of a request to the end of its headers
     body_timeout_s: float = 60.0  # longest silence while a request body is arriving
     keep_alive_s: int = 5  # an idle connection (a new one, or between requests) is closed after this

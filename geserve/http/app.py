@@ -109,8 +109,8 @@ def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
     limit = settings.max_input_size
     return HttpApp(
         create_api(service, limit, openapi=settings.openapi),
-        InferEndpoint(service, limit),
-        GenerateEndpoint(service, limit),
+        InferEndpoint(service, limit, settings.max_json_size),
+        GenerateEndpoint(service, limit, settings.max_json_size),
         settings.restrictions,
     )
 

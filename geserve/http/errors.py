@@ -9,7 +9,7 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from geserve.errors import ErrorCode, GeserveError
+from geserve.errors import ErrorCode, GeserveError, TooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ def error_body(message: str) -> bytes:
 def failure(error: Exception, serving: str) -> tuple[int, bytes]:
     """The status and body that answer a request which failed with `error`: Triton's status for its error
     code, the router's own for an unknown path or method, 500 (logged, with `serving` saying what) otherwise."""
+    if isinstance(error, TooLargeError):
+        return 413, error_body(error.message)
     if isinstance(error, GeserveError):
         return HTTP_STATUS.get(error.code, 400), error_body(error.message)
     if isinstance(error, HTTPException):

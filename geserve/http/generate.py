@@ -13,8 +13,9 @@ from geserve.errors import InvalidArgumentError
 from geserve.http import generate_codec
 from geserve.http.body import ClientDisconnectedError, read_body
 from geserve.http.errors import error_body, failure
-from geserve.http.infer import send_response, with_trace_context
+from geserve.http.infer import json_too_large, send_response, with_trace_context
 from geserve.offload import COPY_BYTES, off_loop
+from geserve.settings import DEFAULT_MAX_JSON_SIZE
 from geserve.types import InferRequest, ModelMetadata, StreamedResponse, TraceMark, TraceRecord
 
 # Triton's model route, generate actions; numeric versions only, as for infer.
@@ -31,9 +32,10 @@ NOT_ONE_RESPONSE = (
 class GenerateEndpoint:
     """POST /v2/models/<m>[/versions/<v>]/generate[_stream], for any model, decoupled or not."""
 
-    def __init__(self, service: InferenceAPI, max_input_size: int) -> None:
+    def __init__(self, service: InferenceAPI, max_input_size: int, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
         self._service = service
         self._limit = max_input_size
+        self._json_limit = max_json_size
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, match: re.Match[str]) -> None:
         if scope["method"] != "POST":
@@ -67,6 +69,8 @@ class GenerateEndpoint:
         headers = {key: value for key, value in scope["headers"]}
         declared = headers.get(b"content-length")
         body = await read_body(receive, declared.decode("latin-1") if declared is not None else None, self._limit)
+        if len(body) > self._json_limit:
+            raise json_too_large(len(body), self._json_limit)
         metadata = await self._service.model_metadata(model_name, version)
         if headers.get(b"content-encoding", b"identity").strip().lower() not in (b"", b"identity"):
             raise InvalidArgumentError(ENCODING_REFUSAL)

@@ -9,12 +9,14 @@ from typing import Any
 
 from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.api import InferenceAPI
-from geserve.errors import DecoupledModelError, InvalidArgumentError, UnsupportedError
+from geserve.errors import DecoupledModelError, InvalidArgumentError, TooLargeError, UnsupportedError
 from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
 from geserve.http.direct import BODY_EXTENSION
 from geserve.http.disconnect import DISCONNECT_EXTENSION
 from geserve.http.errors import JSON_CONTENT, error_body, failure
+from geserve.offload import COPY_BYTES, off_loop
+from geserve.settings import DEFAULT_MAX_JSON_SIZE
 from geserve.types import InferRequest, TraceContext, TraceRecord
 
 # Triton's model route, infer action. Like Triton's, it matches numeric versions only: anything
@@ -27,9 +29,10 @@ DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transa
 class InferEndpoint:
     """POST /v2/models/<m>[/versions/<v>]/infer, answered straight over ASGI."""
 
-    def __init__(self, service: InferenceAPI, max_input_size: int) -> None:
+    def __init__(self, service: InferenceAPI, max_input_size: int, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
         self._service = service
         self._limit = max_input_size
+        self._json_limit = max_json_size
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, match: re.Match[str]) -> None:
         if scope["method"] != "POST":
@@ -92,8 +95,11 @@ class InferEndpoint:
             request = codec.raw_request(view, model_name, version)  # shaped where the model is found
             encoding = codec.ALL_BINARY
         else:
-            request, encoding = codec.decode_request(
-                codec.loads(view[:header_size]), view[header_size:], model_name, version
+            if header_size > self._json_limit:
+                raise json_too_large(header_size, self._json_limit)
+            # Parsing the JSON and its tensor data grows with it: large headers leave the loop.
+            request, encoding = await off_loop(
+                header_size, COPY_BYTES, _decode, view[:header_size], view[header_size:], model_name, version
             )
         request = with_trace_context(request, headers)
         client = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
@@ -120,6 +126,20 @@ class InferEndpoint:
             content = await compress(content, compression)
             response_headers.append((b"content-encoding", compression.encode()))
         return content, response_headers, response.trace
+
+
+def _decode(
+    header: memoryview, binary: memoryview, model_name: str, version: str
+) -> tuple[InferRequest, codec.OutputEncoding]:
+    return codec.decode_request(codec.loads(header), binary, model_name, version)
+
+
+def json_too_large(size: int, limit: int) -> TooLargeError:
+    """Triton's words for a body past --http-max-input-size, for JSON past --http-max-json-size."""
+    return TooLargeError(
+        f"Request JSON size of {size} bytes exceeds the maximum allowed value of {limit} bytes. Send large tensors "
+        "as binary data (the binary tensor extension), or use --http-max-json-size to increase the limit."
+    )
 
 
 def with_trace_context(request: InferRequest, headers: dict[bytes, bytes]) -> InferRequest:

@@ -1,6 +1,6 @@
-"""`make chaos`: workers killed, SIGTERM (to the server and to its process group), a full /dev/shm, a shrunk
-client region, a flood of regions, hostile clients, BLS cycles and oversized ids and parameters, all under checked
-load."""
+"""`make chaos`: workers killed, SIGTERM (to the server and to its process group, and during a warmup that never
+returns), a full /dev/shm, a shrunk client region, a flood of regions, hostile clients, BLS cycles, oversized ids and
+parameters and large JSON bodies, all under checked load."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as client_shm
 from tritonclient.utils import InferenceServerException
 
+from geserve.settings import DEFAULT_MAX_JSON_SIZE
 from tests.reliability.load import (
     Kind,
     Tally,
@@ -638,6 +642,118 @@ def oversized_requests(workdir: Path, phase_s: float = 8.0) -> Result:
     )
 
 
+def _health_delays(server: GeserveProcess, stop: threading.Event, delays: list[float]) -> None:
+    """/v2/health/live asked every 20 ms until `stop`: how long each answer took."""
+    while not stop.is_set():
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            http_status(f"http://{server.url}/v2/health/live")
+        delays.append(time.monotonic() - started)
+        time.sleep(0.02)
+
+
+def large_json(workdir: Path, phase_s: float = 8.0, stall_bound_s: float = 0.25) -> Result:
+    """JSON tensor data just under --http-max-json-size (its default), and past it, sent beside checked load while a
+    liveness probe asks every 20 ms: the probe is never held up more than `stall_bound_s`, the large ones are
+    answered (400 for the shape `simple` refuses, 413 past the limit), and no other request fails."""
+    server = GeserveProcess(workdir / "geserve.log", f"--model-repository={build_repository(workdir)}").wait_live()
+    values = (DEFAULT_MAX_JSON_SIZE - 200) // len("7, ")  # just under the limit
+    under = json.dumps({"inputs": [{"name": "INPUT0", "shape": [values], "datatype": "INT32", "data": [7] * values}]})
+    statuses: dict[str, list[int]] = {"under the limit": [], "past the limit": []}
+    delays: list[float] = []
+    stop = threading.Event()
+    probe = threading.Thread(target=_health_delays, args=(server, stop, delays), daemon=True)
+    with Traffic(server) as traffic:
+        probe.start()
+        deadline = time.monotonic() + phase_s
+        while time.monotonic() < deadline:
+            statuses["under the limit"].append(_post_status(server, "/v2/models/simple/infer", under.encode()))
+            past = b'{"inputs": [' + b" " * DEFAULT_MAX_JSON_SIZE + b"]}"
+            statuses["past the limit"].append(_post_status(server, "/v2/models/simple/infer", past))
+        stop.set()
+        probe.join()
+    exit_code = server.stop()
+    worst = max(delays, default=0.0)
+    return _result(
+        "large JSON bodies",
+        traffic.tally,
+        {
+            f"liveness never held up over {stall_bound_s} s": worst < stall_bound_s,
+            "under the limit answered (400: shape)": all(code == 400 for code in statuses["under the limit"]),
+            "past the limit refused with 413": all(code == 413 for code in statuses["past the limit"]),
+            "no other request failed": traffic.tally.total("failed") == 0,
+            "exit 0": exit_code == 0,
+        },
+        worst_health_s=round(worst, 3),
+        large={name: len(codes) for name, codes in statuses.items()},
+    )
+
+
+def _post_status(server: GeserveProcess, path: str, body: bytes) -> int:
+    request = urllib.request.Request(f"http://{server.url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        with error:
+            return int(error.code)
+    except OSError:
+        return 0
+
+
+_NEVER_WARM = """
+import threading
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        threading.Event().wait()
+"""
+_NEVER_WARM_CONFIG = """
+name: "never_warm" backend: "python" max_batch_size: 1
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+model_warmup [ { name: "forever" batch_size: 1
+  inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } } } ]
+"""
+
+
+def stuck_warmup(workdir: Path, exit_timeout_s: int = 5) -> Result:
+    """SIGTERM while a startup model's warmup never returns: the server exits within --exit-timeout-secs (+1 s, and
+    the time to reap its processes), 0, with no segment or process of it left."""
+    repository = build_repository(workdir)
+    folder = repository / "never_warm"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(_NEVER_WARM)
+    (folder / "config.pbtxt").write_text(_NEVER_WARM_CONFIG)
+    server = GeserveProcess(
+        workdir / "geserve.log", f"--model-repository={repository}", f"--exit-timeout-secs={exit_timeout_s}"
+    )
+    deadline = time.monotonic() + 60
+    while "instance never_warm_0 of model 'never_warm' is up" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tree = descendants(server.process.pid)
+    pid = server.process.pid
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    server.process.wait(120)
+    exit_s = time.monotonic() - started
+    exit_code = server.stop()
+    time.sleep(0.3)
+    left = _still_running(tree, 2.0)
+    return _result(
+        "SIGTERM during a warmup that never returns",
+        Tally(),
+        {
+            f"exit within {exit_timeout_s + 1} s": exit_s <= exit_timeout_s + 1,
+            "exit 0": exit_code == 0,
+            "no process left": not left,
+            "no segment left": not segments_of_server(pid),
+        },
+        exit_s=round(exit_s, 2),
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
@@ -648,6 +764,8 @@ SCENARIOS = {
     "hostile-clients": hostile_clients,
     "bls-cycles": bls_cycles,
     "oversized": oversized_requests,
+    "large-json": large_json,
+    "stuck-warmup": stuck_warmup,
 }
 
 
