@@ -65,7 +65,13 @@ def _refusing_undecodable(implementation: Callable[[Any, Any], Any]) -> Callable
         if isinstance(request, Undecodable):
             logger.debug("refused a gRPC request: %s", request.message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-        return await implementation(request, context)
+        try:
+            return await implementation(request, context)
+        except grpc.aio.AbortError as abort:
+            # grpc keeps the abort's exception after the call: without the frames it passed through, and without this
+            # frame's request, or a refused request's megabytes would stay with the process for good.
+            del request
+            raise abort.with_traceback(None) from None
 
     return handle
 

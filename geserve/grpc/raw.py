@@ -25,6 +25,7 @@ class InferMessage:
     message: pb.ModelInferRequest
     raw_input_contents: tuple[memoryview, ...]
     received_ns: int = 0  # when its bytes were handed over to be parsed: GRPC_WAITREAD_START, if it is traced
+    size: int = 0  # the serialized message's bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +92,9 @@ def parse_infer_request(data: bytes) -> InferMessage:
             kept_from = end
         position = end
     if not raw:
-        return InferMessage(pb.ModelInferRequest.FromString(data), (), received_ns)
+        return InferMessage(pb.ModelInferRequest.FromString(data), (), received_ns, size)
     rest.append(view[kept_from:])
-    return InferMessage(pb.ModelInferRequest.FromString(b"".join(rest)), tuple(raw), received_ns)
+    return InferMessage(pb.ModelInferRequest.FromString(b"".join(rest)), tuple(raw), received_ns, size)
 
 
 def _encode_varint(value: int) -> bytes:

@@ -23,6 +23,7 @@ from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
 from geserve.grpc.raw import InferMessage, InferReply
+from geserve.memory import TRIM_AFTER_BYTES, trim_soon
 from geserve.types import StreamedResponse, TraceContext, TraceMark, TraceRecord
 
 logger = logging.getLogger(__name__)
@@ -54,10 +55,13 @@ async def _answer(context: Context, produce: Callable[[], Awaitable[Response]]) 
     try:
         return await produce()
     except GeserveError as error:
-        await context.abort(GRPC_STATUS[error.code], error.message)
+        status, message = GRPC_STATUS[error.code], error.message
     except Exception as error:
         logger.exception("unexpected error in a gRPC call")
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+        status, message = grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+    # Aborted outside the handler: grpc keeps the abort's exception, which would chain the error, its traceback and
+    # so the request's frames and megabytes (a refused 300 MiB message kept 300 MiB for good).
+    await context.abort(status, message)
     raise AssertionError("unreachable: abort raises")
 
 
@@ -194,7 +198,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
         if isinstance(request, InferMessage):
             message, raw, received_ns = request.message, request.raw_input_contents, request.received_ns
-            return await _answer(context, lambda: self._infer(message, raw, received_ns, traced))
+            try:
+                return await _answer(context, lambda: self._infer(message, raw, received_ns, traced))
+            finally:
+                if request.size > TRIM_AFTER_BYTES:
+                    trim_soon()  # answered or refused, its megabytes stay with the process otherwise
         return await _answer(context, lambda: self._infer(request, trace_context=traced))
 
     async def ModelStreamInfer(
