@@ -123,7 +123,8 @@ bench-peers: $(STAMP_TEST)
 # wrong answer. soak: mixed checked traffic for SOAK_SECS, with RSS, descriptors and /dev/shm sampled.
 # chaos: workers killed, SIGTERM (to the server and to its process group), a nearly full /dev/shm (private mount
 # namespace), a shrunk client region, a flood of client regions, hostile clients, BLS cycles, oversized ids and
-# parameters, large JSON bodies beside a liveness probe, SIGTERM during a warmup that never returns.
+# parameters, large JSON bodies beside a liveness probe, SIGTERM during a warmup that never returns, an object store
+# that hangs.
 SOAK_SECS ?= 600
 soak: $(STAMP_TEST)
 	@mkdir -p build

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import logging
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from google.protobuf import json_format
 
@@ -29,7 +31,15 @@ from geserve.settings import ControlMode, RepositorySettings
 
 logger = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 EXPLICIT_ONLY = "explicit model load / unload is not allowed if polling is enabled"
+
+# The repository's own threads (scans, the object store's listings and downloads): never the loop's default pool,
+# which requests' work off the loop (BYTES validation, large copies) uses, so a store that hangs delays no request.
+# Syncs take one at a time (`_sync_turn`), so however long the store hangs the others stay free for scans.
+REPOSITORY_THREADS = 4
 
 
 def check_model_name(name: str) -> None:
@@ -56,7 +66,13 @@ class ModelRepository:
         self._named = ", ".join([*map(str, settings.paths), *settings.remotes])  # as the command line gave them
         self._mirrors: list[S3Mirror] = []  # made at startup, their folders added to `repositories`
         self._mirror_root: Path | None = None  # a temporary folder of ours, removed at shutdown
-        self._mirror_lock = threading.Lock()  # one sync at a time: index, poll and load may overlap
+        self._io = ThreadPoolExecutor(REPOSITORY_THREADS, thread_name_prefix="geserve-repository")
+        # One sync at a time (index, poll and load may overlap), waited for on the loop rather than on a thread.
+        self._sync_turn = asyncio.Lock()
+        self._listed = False  # every remote repository listed at least once: the index can answer from its copy
+        self._refresh: asyncio.Task[None] | None = None  # the index's listing of the store under way, if any
+        # The last failed poll's (or listing's) message and whether it was the store's; None once one succeeds.
+        self._read_failure: tuple[str, bool] | None = None
         self._pools = pools
         self._stop_timeout_s = stop_timeout_s
         self.mode = settings.control_mode
@@ -80,7 +96,7 @@ class ModelRepository:
 
     async def load_startup(self) -> dict[str, str]:
         """The models the mode loads at start; returns the failures as name -> reason."""
-        await asyncio.to_thread(self._make_mirrors)
+        await self._off_loop(self._make_mirrors)
         explicit = self.mode is ControlMode.EXPLICIT and "*" not in self.startup_models
         wanted = set(self.startup_models)
         scan = await self._scan(wanted if explicit else None)
@@ -89,7 +105,7 @@ class ModelRepository:
             # repository API does (and theirs, for an ensemble of ensembles).
             # Only the named models' own steps: the scan lists every model of a local repository.
             named = [scan.models[name] for name in sorted(wanted) if name in scan.models]
-            composing = [await asyncio.to_thread(_composing_models, source) for source in named]
+            composing = [await self._off_loop(_composing_models, source) for source in named]
             more = {name for names in composing if names for name in names} - wanted
             if not more:
                 break
@@ -107,7 +123,7 @@ class ModelRepository:
             sources = {name: source for name, source in sources.items() if name in wanted}
         # Loading takes seconds to minutes (ATC compiles take longer): say so before the first model is ready.
         logger.info("loading %d model(s) from %s", len(sources), self._named)
-        steps = {name: await asyncio.to_thread(_composing_models, source) for name, source in sources.items()}
+        steps = {name: await self._off_loop(_composing_models, source) for name, source in sources.items()}
         # Composing models first, then each ensemble once the models it uses have been tried.
         await asyncio.gather(*(self._load_source(source) for name, source in sources.items() if steps[name] is None))
         waiting = {name: set(composing or ()) for name, composing in steps.items() if composing is not None}
@@ -128,14 +144,33 @@ class ModelRepository:
             await asyncio.sleep(self.poll_secs)
             try:
                 await self.poll()
-            except Exception:
-                logger.exception("polling the model repository failed")
+            except Exception as error:
+                self._read_failed("polling the model repository", error)
+            else:
+                self._read_worked()
+
+    def _read_failed(self, doing: str, error: Exception) -> None:
+        """One line when polls (or the index's listings) start failing and when the error changes, not one every
+        poll: a store down for an hour would otherwise fill the log."""
+        store = isinstance(error, RemoteRepositoryError)
+        message = str(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+        if self._read_failure == (message, store):
+            return
+        self._read_failure = (message, store)
+        # The store's and the file system's errors say all there is; anything else is a fault of ours: its traceback.
+        logger.error("%s failed: %s", doing, message, exc_info=not isinstance(error, OSError))
+
+    def _read_worked(self) -> None:
+        if self._read_failure is not None:
+            _, store = self._read_failure
+            self._read_failure = None
+            logger.info("object storage reachable again" if store else "polling the model repository works again")
 
     async def poll(self) -> None:
         """Load new models, reload changed ones, unload removed ones."""
         scan = await self._scan(None)
         for name, source in scan.models.items():
-            current = await asyncio.to_thread(fingerprint, source.path)
+            current = await self._off_loop(fingerprint, source.path)
             if name not in self.models or self._fingerprints.get(name) != current:
                 logger.info("model '%s' %s in the repository", name, "changed" if name in self.models else "appeared")
                 await self._load_source(source)
@@ -160,14 +195,55 @@ class ModelRepository:
     async def _scan(self, models: Collection[str] | None) -> ScanResult:
         """Scan every repository, the remote ones' copies first brought up to date for `models` (None: all of
         them; empty: only which models there are). Off the event loop: the store is read over the network."""
+        await self._sync(models)
+        return await self._off_loop(scan_repositories, self.repositories)
 
-        def sync_and_scan() -> ScanResult:
-            with self._mirror_lock:
-                for mirror in self._mirrors:
-                    mirror.sync(models)
-            return scan_repositories(self.repositories)
+    async def _sync(self, models: Collection[str] | None) -> None:
+        """Bring the remote repositories' copies up to date for `models`. The turn is given back when the sync's
+        thread is done, not when its caller is cancelled: so at most one of the repository's threads is ever in the
+        store, and syncs waiting their turn hold none."""
+        if not self._mirrors:
+            return
+        await self._sync_turn.acquire()
+        try:
+            future = self._io.submit(contextvars.copy_context().run, self._sync_mirrors, models)
+        except BaseException:
+            self._sync_turn.release()
+            raise
+        loop = asyncio.get_running_loop()
 
-        return await asyncio.to_thread(sync_and_scan)
+        def done(_: Future[None]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing waits for the turn
+                loop.call_soon_threadsafe(self._sync_turn.release)
+
+        future.add_done_callback(done)
+        await asyncio.wrap_future(future)
+        self._listed = True
+
+    def _sync_mirrors(self, models: Collection[str] | None) -> None:
+        for mirror in self._mirrors:
+            mirror.sync(models)
+
+    def _refresh_listing(self) -> None:
+        """List the store in the background, unless a sync is under way already (that one lists it too): the index
+        answers from the last listing meanwhile, and a store that cannot be read leaves that listing in place."""
+        if self._mirrors and self._refresh is None and not self._sync_turn.locked():
+            self._refresh = asyncio.get_running_loop().create_task(self._list_store())
+
+    async def _list_store(self) -> None:
+        try:
+            await self._sync(())
+        except Exception as error:
+            self._read_failed("listing the model repository", error)  # the next index call tries again
+        else:
+            self._read_worked()
+        finally:
+            self._refresh = None
+
+    async def _off_loop(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`work` on the repository's threads (with the caller's context, as asyncio.to_thread gives it)."""
+        call = functools.partial(contextvars.copy_context().run, work, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._io, call)
 
     # -- the repository API --------------------------------------------------------------------
 
@@ -183,7 +259,7 @@ class ModelRepository:
         if files:
             if override is None:
                 raise InvalidArgumentError(f"failed to load '{name}': file overrides need a 'config' parameter too")
-            source = await asyncio.to_thread(self._write_override_folder, name, files)
+            source = await self._off_loop(self._write_override_folder, name, files)
         else:
             try:
                 scan = await self._scan({name})
@@ -199,7 +275,7 @@ class ModelRepository:
             # Loading an ensemble loads the models it uses that are not loaded yet, as Triton does.
             wanted = [
                 composing
-                for composing in await asyncio.to_thread(_composing_models, source) or ()
+                for composing in await self._off_loop(_composing_models, source) or ()
                 if composing != name and not self._serving(composing)
             ]
             if wanted and self._mirrors:
@@ -264,9 +340,15 @@ class ModelRepository:
         self._drop_override_folder(name)
 
     async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model of the repositories and every one loaded, with its versions' states."""
+        """Every model of the repositories and every one loaded, with its versions' states. Remote repositories
+        are listed from their last listing, never waiting on the store once there is one: polls keep it up to date
+        in POLL mode, otherwise each call starts a listing for the next one."""
         try:
-            scan = await self._scan(())
+            if not self._listed:
+                await self._sync(())  # nothing listed yet (a startup that failed): the store's answer is awaited
+            elif self.mode is not ControlMode.POLL:
+                self._refresh_listing()
+            scan = await self._off_loop(scan_repositories, self.repositories)
         except RemoteRepositoryError as error:
             raise InternalError(str(error)) from None
         entries: list[dict[str, str]] = []
@@ -309,7 +391,7 @@ class ModelRepository:
         async with self._lock(source.name):
             self._loading.add(source.name)
             try:
-                current = await asyncio.to_thread(fingerprint, source.path)
+                current = await self._off_loop(fingerprint, source.path)
                 loading = asyncio.ensure_future(load_model(source, self._pools, override, self.models))
                 self._load_tasks[source.name] = loading
                 try:
@@ -389,10 +471,11 @@ class ModelRepository:
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop every version within `timeout_s` (by default the stop timeout, --exit-timeout-secs)."""
         timeout_s = self._stop_timeout_s if timeout_s is None else timeout_s
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        for background in (self._poller, self._refresh):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
         # Loads still in progress are given up: their workers are killed, not warmed up or waited for.
         loading = list(self._load_tasks.values())
         for task in loading:
@@ -402,6 +485,8 @@ class ModelRepository:
         await asyncio.gather(*(version.stop(timeout_s) for version in versions), *self._retiring)
         for name in list(self._override_dirs):
             self._drop_override_folder(name)
+        # A sync stuck in a store that hangs is not waited for here: its calls end within the client's timeouts.
+        self._io.shutdown(wait=False, cancel_futures=True)
         if self._mirror_root is not None:
             shutil.rmtree(self._mirror_root, ignore_errors=True)
 

@@ -23,6 +23,12 @@ _ENDPOINT_URL = re.compile(r"^s3://(http://|https://|)([0-9a-zA-Z\-.]+):([0-9]+)
 _PLAIN_URL = re.compile(r"^s3://([0-9a-z.\-]+)((/[^/]+)*)/?$")
 CREDENTIAL_PATH_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
 MOUNT_DIRECTORY_VARIABLE = "TRITON_AWS_MOUNT_DIRECTORY"
+# A store that hangs answers every call with an error in bounded time: at most ATTEMPTS tries, each waiting at most
+# CONNECT_TIMEOUT_S to connect and READ_TIMEOUT_S for each read (a stalled read, not a whole download), so about
+# 2 x (5 + 10) s plus botocore's backoff (under 1 s before the second try) at worst.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 10.0
+ATTEMPTS = 2
 
 
 class RemoteRepositoryError(FileNotFoundError):
@@ -138,8 +144,19 @@ def _client(location: S3Location, credential: S3Credential | None) -> Any:
         region_name=credential.region or None,
         profile_name=credential.profile or None,
     )
-    config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"total_max_attempts": ATTEMPTS, "mode": "standard"},
+    )
     return session.client("s3", endpoint_url=location.endpoint, config=config)
+
+
+def _transfer_config() -> Any:
+    """Downloads retry a body that stalls as often as a call is tried, not s3transfer's own 5 times."""
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(num_download_attempts=ATTEMPTS)
 
 
 class S3Mirror:
@@ -150,6 +167,8 @@ class S3Mirror:
         self.location = parse_s3_url(url)
         self.local = local
         self._etags: dict[str, str] = {}  # relative path -> ETag of the object its local file was downloaded from
+        self._client: Any = None
+        self._client_credential: S3Credential | None = None  # the credential `_client` was made with
 
     def sync(self, models: Iterable[str] | None = None) -> None:
         """List the bucket, mirror its model folders, and bring the files of `models` (every model with None) up to
@@ -162,7 +181,7 @@ class S3Mirror:
             raise RemoteRepositoryError(f"failed to read model repository '{self.location.url}': {error}") from None
 
     def _sync(self, models: set[str] | None) -> None:
-        client = _client(self.location, credential_for(self.location.url))
+        client = self._client_for(credential_for(self.location.url))
         objects = self._list(client)
         folders = {path.split("/", 1)[0] for path in objects if "/" in path}
         self.local.mkdir(parents=True, exist_ok=True)
@@ -179,6 +198,14 @@ class S3Mirror:
             self._sync_model(
                 client, folder, {path: etag for path, etag in objects.items() if path.startswith(f"{folder}/")}
             )
+
+    def _client_for(self, credential: S3Credential | None) -> Any:
+        """One client for every sync (boto3's clients are thread-safe and keep their connections open), made again
+        only when the credential file gives another credential: it is read on each sync, so a new key takes."""
+        if self._client is None or credential != self._client_credential:
+            self._client = _client(self.location, credential)
+            self._client_credential = credential
+        return self._client
 
     def _list(self, client: Any) -> dict[str, str]:
         """Relative path -> ETag of every object under the prefix; folder markers ("a/b/") as "" ETags."""
@@ -204,7 +231,9 @@ class S3Mirror:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.partial")
-            client.download_file(self.location.bucket, self.location.prefix + relative, str(partial))
+            client.download_file(
+                self.location.bucket, self.location.prefix + relative, str(partial), Config=_transfer_config()
+            )
             os.replace(partial, target)  # a poll never sees half a file
             self._etags[relative] = etag
         files = {self.local / relative for relative in objects if not relative.endswith("/")}

@@ -4,14 +4,9 @@ request's signature) on a loopback port."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -19,88 +14,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, free_port, write_identity_model
+from tests.s3_server import REGION, S3Server
+from tests.support import GeserveProcess, run_on_threads, write_identity_model
 
 boto3 = pytest.importorskip("boto3")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 
 Launch = Callable[..., GeserveProcess]
-REGION = "us-east-1"
 WRONG_KEY = {
     "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0",
     "AWS_SECRET_ACCESS_KEY": "wrong",
     "AWS_DEFAULT_REGION": REGION,
 }
-# moto checks signatures once this many requests have run: those that make the test user and its key.
-UNSIGNED_REQUESTS = 3
-
-
-class S3Server:
-    """moto's S3 server as its own process, a user with a valid key (`credentials`), and a boto3 client of it."""
-
-    def __init__(self, log: Path) -> None:
-        self.port = free_port()
-        self._log = log.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(UNSIGNED_REQUESTS)},
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=2):  # a request would count
-                    break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the S3 server did not start:\n{log.read_text()}") from None
-                time.sleep(0.2)
-        endpoint = f"http://127.0.0.1:{self.port}"
-        iam = boto3.client(
-            "iam", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
-        )
-        iam.create_user(UserName="geserve")
-        policy = '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
-        iam.put_user_policy(UserName="geserve", PolicyName="all", PolicyDocument=policy)
-        key = iam.create_access_key(UserName="geserve")["AccessKey"]
-        self.key_id, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
-        self.credentials = {
-            "AWS_ACCESS_KEY_ID": self.key_id,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_DEFAULT_REGION": REGION,
-        }
-        self.client: Any = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id=self.key_id,
-            aws_secret_access_key=self.secret_key,
-            region_name=REGION,
-        )
-
-    def url(self, bucket: str, prefix: str) -> str:
-        return f"s3://127.0.0.1:{self.port}/{bucket}/{prefix}"
-
-    def upload(self, folder: Path, bucket: str, prefix: str) -> None:
-        """Every file under `folder` as an object under `prefix`/<folder name>/."""
-        base = f"{prefix}/{folder.name}" if prefix else folder.name
-        for path in sorted(folder.rglob("*")):
-            key = f"{base}/{path.relative_to(folder).as_posix()}"
-            if path.is_file():
-                self.client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-            elif not any(path.iterdir()):  # an empty version folder, as S3 consoles make them
-                self.client.put_object(Bucket=bucket, Key=f"{key}/")
-
-    def delete_prefix(self, bucket: str, prefix: str) -> None:
-        listed = self.client.list_objects_v2(Bucket=bucket, Prefix=prefix)
-        for item in listed.get("Contents", ()):
-            self.client.delete_object(Bucket=bucket, Key=item["Key"])
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(30)
-        self._log.close()
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +232,57 @@ def test_a_malformed_s3_url_is_refused(launch: Launch) -> None:
     server = launch("--model-repository=s3://Bad_Bucket:port/models")
     assert server.wait_exit() == 2
     assert "model repository 's3://Bad_Bucket:port/models': not an S3 URL" in server.log()
+
+
+def _strings(url: str, count: int, size: int) -> None:
+    """A BYTES tensor of `count` elements of `size` bytes through the `strings` identity model: past 256 KiB, the
+    server checks it on a thread of the loop's default pool."""
+    data = np.array([bytes([65 + index % 26]) * size for index in range(count)], dtype=np.object_)
+    with httpclient.InferenceServerClient(url, network_timeout=10, connection_timeout=5) as client:
+        tensor = httpclient.InferInput("INPUT0", [count], "BYTES")
+        tensor.set_data_from_numpy(data, binary_data=True)
+        output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        result = client.infer("strings", [tensor], outputs=[output]).as_numpy("OUTPUT0")
+        assert result is not None and result.tolist() == data.tolist()
+
+
+def test_a_store_that_hangs_holds_up_neither_requests_nor_the_index(
+    launch: Launch, s3: S3Server, tmp_path: Path
+) -> None:
+    url = _bucket(s3, "hangs", tmp_path, "echo")
+    strings = write_identity_model(tmp_path / "source", "strings", dtype="TYPE_STRING", max_batch_size=0)
+    s3.upload(strings, "hangs", "repo")
+    server = launch(
+        f"--model-repository={url}", "--model-control-mode=poll", "--repository-poll-secs=1", env=s3.credentials
+    ).wait_live()
+    _strings(server.url, 1000, 300)
+    took: dict[str, float] = {}
+
+    def timed(name: str, work: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            started = time.monotonic()
+            work()
+            took[name] = time.monotonic() - started
+
+        return run
+
+    def index() -> None:
+        with httpclient.InferenceServerClient(server.url, network_timeout=10, connection_timeout=5) as client:
+            entries = {(entry["name"], entry.get("state")) for entry in client.get_model_repository_index()}
+            assert entries == {("echo", "READY"), ("strings", "READY")}
+
+    with s3.hung():
+        time.sleep(2.5)  # a poll is waiting on the store by now
+        # More index calls than any host's default pool has threads (32 at most), beside requests whose work leaves
+        # the loop: a 300 KiB BYTES tensor, checked on a thread.
+        tasks = [timed(f"index {number}", index) for number in range(40)]
+        tasks += [timed(f"BYTES {number}", lambda: _strings(server.url, 1000, 300)) for number in range(4)]
+        tasks.append(timed("echo", lambda: _echo(server.url, "echo", [1.0, 2.0])))
+        run_on_threads(tasks, timeout_s=30)
+    assert len(took) == len(tasks)
+    assert max(took.values()) < 5, took
+    # The store answers again: polls go on, and a new model is served.
+    s3.upload(write_identity_model(tmp_path / "later", "added"), "hangs", "repo")
+    with httpclient.InferenceServerClient(server.url) as client:
+        _wait_for(lambda: client.is_model_ready("added"))
+    _echo(server.url, "added", [3.0])

@@ -1,6 +1,6 @@
 """`make chaos`: workers killed, SIGTERM (to the server and to its process group, and during a warmup that never
 returns), a full /dev/shm, a shrunk client region, a flood of regions, hostile clients, BLS cycles, oversized ids and
-parameters and large JSON bodies, all under checked load."""
+parameters, large JSON bodies and an object store that hangs, all under checked load."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from geserve.settings import DEFAULT_MAX_JSON_SIZE
 from tests.reliability.load import (
+    MIXED,
     Kind,
     Tally,
     Traffic,
@@ -36,6 +37,7 @@ from tests.reliability.load import (
     build_repository,
     http_binary_simple,
 )
+from tests.s3_server import S3Server
 from tests.support import (
     GeserveProcess,
     binary_infer_request,
@@ -754,6 +756,108 @@ def stuck_warmup(workdir: Path, exit_timeout_s: int = 5) -> Result:
     )
 
 
+def _timed(delays: list[float], request: Callable[[Any, Any, Any], None]) -> Callable[[Any, Any, Any], None]:
+    """`request`, with how long each call took appended to `delays`."""
+
+    def timed(client: Any, state: Any, rng: Any) -> None:
+        started = time.monotonic()
+        try:
+            request(client, state, rng)
+        finally:
+            delays.append(time.monotonic() - started)
+
+    return timed
+
+
+def _index_request(models: set[str]) -> Callable[[Any, Any, Any], None]:
+    def request(client: httpclient.InferenceServerClient, _: Any, __: Any) -> None:
+        entries = {(entry["name"], entry.get("state")) for entry in client.get_model_repository_index()}
+        if entries != {(name, "READY") for name in models}:
+            raise WrongAnswerError(f"repository index {sorted(entries)} != every model READY")
+
+    return request
+
+
+def _large_strings(client: httpclient.InferenceServerClient, _: Any, rng: Any) -> None:
+    """1000 BYTES elements of 300 bytes: past 256 KiB, so the server checks them on a thread of its default pool."""
+    data = np.array([bytes([rng.randrange(65, 91)]) * 300 for _ in range(1000)], dtype=np.object_)
+    tensor = httpclient.InferInput("INPUT0", [1000], "BYTES")
+    tensor.set_data_from_numpy(data, binary_data=True)
+    result = client.infer("strings", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
+    answer = result.as_numpy("OUTPUT0")
+    if answer is None or answer.tolist() != data.tolist():
+        raise WrongAnswerError("strings OUTPUT0 != INPUT0")
+
+
+def store_outage(workdir: Path, phase_s: float = 5.0, outage_s: float = 30.0, bound_s: float = 2.0) -> Result:
+    """A repository in S3 (moto's server), polled every second, whose store hangs for `outage_s` (the process
+    stopped: connections accepted, nothing answered), longer than a listing takes to give up: mixed traffic, large
+    BYTES requests (checked on the loop's default pool) and repository index calls are all served, each of the last
+    two within `bound_s`; the failed poll is logged once, and the recovery once."""
+    s3 = S3Server(workdir / "moto.log")
+    try:
+        s3.client.create_bucket(Bucket="chaos")
+        repository = build_repository(workdir)
+        write_identity_model(repository, "strings", dtype="TYPE_STRING", max_batch_size=0)
+        for folder in sorted(repository.iterdir()):
+            s3.upload(folder, "chaos", "models")
+        models = {folder.name for folder in repository.iterdir()}
+        server = GeserveProcess(
+            workdir / "geserve.log",
+            f"--model-repository={s3.url('chaos', 'models')}",
+            "--model-control-mode=poll",
+            "--repository-poll-secs=1",
+            env=s3.credentials,
+        ).wait_live()
+        index_s: list[float] = []
+        strings_s: list[float] = []
+        kinds = (
+            *MIXED,
+            Kind("HTTP / repository index", 2, _http, _timed(index_s, _index_request(models))),
+            Kind("HTTP binary / strings, 300 KiB of BYTES", 2, _http, _timed(strings_s, _large_strings)),
+        )
+        phases: dict[str, Tally] = {}
+        with Traffic(server, kinds) as traffic:
+            time.sleep(phase_s)
+            phases["before"], traffic.tally = traffic.tally, Tally()
+            with s3.hung():
+                index_s.clear()
+                strings_s.clear()
+                time.sleep(outage_s)
+                hung = {"index": list(index_s), "strings": list(strings_s)}
+            phases["hung"], traffic.tally = traffic.tally, Tally()
+            deadline = time.monotonic() + 30
+            while "object storage reachable again" not in server.log() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(phase_s)
+            phases["after"] = traffic.tally
+        alive = server.process.poll() is None
+        log = server.log()
+        exit_code, leaked = _stopped_cleanly(server)
+    finally:
+        s3.stop()
+    worst = {name: round(max(delays, default=0.0), 3) for name, delays in hung.items()}
+    return _result(
+        "object store hangs",
+        _merged(phases),
+        {
+            "no failure": all(phase.total("failed") == 0 for phase in phases.values()),
+            "index and large BYTES served while hung": all(hung.values()),
+            f"each within {bound_s} s while hung": max(worst.values()) < bound_s,
+            "the failed poll logged once": log.count("polling the model repository failed") == 1,
+            "no traceback": "Traceback" not in log,
+            "recovery logged once": log.count("object storage reachable again") == 1,
+            "server alive": alive,
+            "exit 0 on SIGTERM": exit_code == 0,
+            "no segment left": not leaked,
+        },
+        poll_failure=next((line for line in log.splitlines() if "polling the model repository failed" in line), ""),
+        while_hung={name: len(delays) for name, delays in hung.items()},
+        worst_while_hung_s=worst,
+        phases={name: phase.as_json() for name, phase in phases.items()},
+    )
+
+
 SCENARIOS = {
     "kill": kill_workers,
     "sigterm": sigterm_under_load,
@@ -766,6 +870,7 @@ SCENARIOS = {
     "oversized": oversized_requests,
     "large-json": large_json,
     "stuck-warmup": stuck_warmup,
+    "store-outage": store_outage,
 }
 
 
