@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from geserve.codecs.digits import decimal_value
 from geserve.http.direct import (
@@ -38,6 +39,11 @@ LINGER_S = 2.0
 SHUTDOWN_GRACE_S = 0.5
 # Warnings about refused or timed-out connections are summed up at most this often.
 WARN_INTERVAL_S = 60.0
+# After a client's FIN, how long a request still running waits before the client is asked whether it still reads
+# (see `_probe_half_closed`), and then how often the answer is looked for.
+HALF_CLOSE_PROBE_S = 0.25
+# The question: an interim response, which HTTP/1.1 clients skip even unasked (RFC 9110, section 15.2).
+INTERIM_RESPONSE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def default_max_connections() -> int:
@@ -178,6 +184,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._send_deadline: asyncio.TimerHandle | None = None  # armed while writing is paused
         self._unsent_at_check = 0  # what was waiting to be sent when the send deadline was last armed
         self._client = ClientWatch()  # a running infer request learns through it that the client went away
+        # Once no more requests are read (bytes that are not HTTP, a head too large or too slow, the client's FIN),
+        # those read whole are answered first, then `_refusal` (the error for what could not be read, if any),
+        # then the connection closes: an answer written at once would land in the middle of one in progress.
+        self._done_reading = False
+        self._refusal: bytes | None = None
+        self._parsing: Literal["head", "body"] | None = None  # where the parser is within a request
+        self._body_declared: int | None = None  # the Content-Length of the body being read, if it has one
+        self._body_read = 0
+        self._serving: RequestResponseCycle | None = None  # the request answered now; later ones wait in the pipeline
+        self._eof = False  # the client's FIN has arrived: it sends nothing more
+        self._probe_timer: asyncio.TimerHandle | None = None
+        self._probed = False
 
     # -- connection ------------------------------------------------------------------------
 
@@ -204,14 +222,45 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.hooks.connections.update(len(self.admitted))
         self._cancel_deadline()
         self._cancel_send_deadline()
+        self._cancel_probe()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
-        self.lingering = True  # nothing more is read or written
+        self.lingering = self._done_reading = True  # nothing more is read or written
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
+    def eof_received(self) -> bool:  # type: ignore[override]
+        """The client's FIN: it sends nothing more, and may still read (a half-close) or not (a close; TCP tells
+        them apart only once something is sent, see `_probe_half_closed`). uvicorn's answer, closing the
+        transport, would drop the answers of requests it sent whole: they are still answered, an unfinished
+        request gets 400, and then the connection closes. True keeps the transport open for writing."""
+        self._eof = True
         if self.lingering:
-            return  # after our FIN: read only so that the kernel has nothing to reset
+            return False  # our FIN is out too: the connection is over
+        if not self._done_reading:
+            refusal = None
+            if self._parsing == "head":
+                refusal = raw_error_response(400, "the client closed its side of the connection within a request head")
+            elif self._parsing == "body":
+                refusal = raw_error_response(400, self._body_cut_short())
+            self._stop_reading(refusal)
+        if not self.lingering:  # requests are still being answered
+            if self._refusal is None and self.cycle is not None:
+                self.cycle.keep_alive = False  # the last answer says `connection: close`, and closes
+            self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe_half_closed)
+        return True
+
+    def _body_cut_short(self) -> str:
+        declared = self._body_declared
+        if declared is None:
+            return "the client closed its side of the connection before the last chunk of the request body"
+        return (
+            "the request body is shorter than its Content-Length: the client closed its side of the connection "
+            f"after {self._body_read} of {declared} bytes"
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self._done_reading:
+            return  # after our FIN, or before it while earlier requests are answered: read only to drop it
         if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
             # The first byte of a request, even bytes the parser skips (blank lines), starts the header clock.
             self._reading_head = True
@@ -222,19 +271,39 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
         # Still in a head after the whole read: all of it was head. httptools has no limit of its own (h11 has
         # h11_max_incomplete_event_size) and keeps what it parsed, so the head is bounded here, a read at a time.
-        if self._head_bytes is not None and self._head_bytes > self.limits.max_header_bytes and not self.lingering:
+        if self._head_bytes is not None and self._head_bytes > self.limits.max_header_bytes and not self._done_reading:
             self._head_too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that do not parse as HTTP, which it writes at once: after a request whose
+        body is longer than its Content-Length, in the middle of that request's answer (and then the answer
+        fails, writing after the FIN). Here the requests before those bytes are answered first."""
+        if self._done_reading:
+            return  # the rest of a read after the last request read
+        if self._parsing == "body":
+            message = "the request body is not valid HTTP/1.1 chunked encoding"
+        elif self.cycle is not None:
+            message = (
+                "the bytes after the previous request on this connection are not an HTTP/1.1 request "
+                "(a request body longer than its Content-Length runs into them)"
+            )
+        else:
+            message = "the request is not valid HTTP/1.1"
+        self._stop_reading(raw_error_response(400, message))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._done_reading:
+            return
+        self._parsing = "head"
         if self._head_bytes is None:
             self._head_bytes = 0  # a request pipelined behind another: counted from the next read
 
     # -- requests ----------------------------------------------------------------------------
 
     def on_headers_complete(self) -> None:
-        if self.lingering:
-            return  # a request pipelined behind one that was refused, in the same read
+        if self._done_reading:
+            return  # a request behind one that was refused, in the same read
         self._cancel_deadline()
         self._reading_head = False
         self._head_bytes = None
@@ -243,9 +312,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if parsed > self.limits.max_header_bytes:
             self._head_too_large()  # no request cycle starts: what follows in this read is dropped
             return
+        earlier = self.cycle
         super().on_headers_complete()
-        if self.cycle is None:
+        if self.cycle is None or self.cycle is earlier:
             return
+        self._parsing = "body"
+        self._body_read = 0
+        lengths = [value for name, value in self.headers if name == b"content-length"]
+        self._body_declared = decimal_value(lengths[0].decode("latin-1")) if len(lengths) == 1 else None
         cast(dict[str, Any], self.scope.setdefault("extensions", {}))[DISCONNECT_EXTENSION] = self._client
         if self._shutting_down:
             self.cycle.keep_alive = False  # answered, then closed
@@ -255,17 +329,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._start_direct()
 
     def on_body(self, body: bytes) -> None:
-        if self.lingering:
+        if self._done_reading:
             return
         self._last_body_at = self.loop.time()
+        self._body_read += len(body)
         if self._direct is None:
             super().on_body(body)
         else:
             self._direct.write(body)  # the parser reaches message complete itself
 
     def on_message_complete(self) -> None:
-        if self.lingering and self._direct is None:
+        if self._done_reading and self._direct is None:
             return  # the rest of a read after a refused head
+        self._parsing = None
         self._cancel_deadline()
         direct, self._direct = self._direct, None
         if direct is not None and self.cycle is not None:
@@ -276,7 +352,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._release_body()
-        super().on_response_complete()
+        super().on_response_complete()  # starts the next request of the pipeline, if one waits
+        self._finish_if_answered()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._serving = cycle
+        super()._start_asgi_task(cycle, app)
 
     def _release_body(self) -> None:
         """Once a request is answered, nothing of the connection holds its body read in place: the protocol
@@ -326,13 +407,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def direct_target(self) -> memoryview | None:
         """Where the next read goes when it is part of a body read in place."""
-        if self._direct is None or self.lingering:
+        if self._direct is None or self._done_reading:
             return None
         return self._direct.remaining()
 
     def body_received(self, nbytes: int) -> None:
         """`nbytes` of the body were read into `direct_target()`."""
         self._last_body_at = self.loop.time()
+        self._body_read += nbytes
         assert self._direct is not None
         if self._direct.received(nbytes):
             # The parser still waits for the body it never saw: the next request starts on a fresh one.
@@ -371,7 +453,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         self.tally.add("slow request headers")
         message = f"request headers did not arrive within {self.limits.header_timeout_s:g} seconds"
-        self._give_up(raw_error_response(408, message), in_body=False)
+        self._stop_reading(raw_error_response(408, message))
 
     def _body_too_slow(self) -> None:
         self._deadline = None
@@ -381,7 +463,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self.tally.add("stalled request bodies")
         message = f"the request body stopped arriving for {self.limits.body_timeout_s:g} seconds"
-        self._give_up(raw_error_response(408, message), in_body=True)
+        self._stop_reading(raw_error_response(408, message))
 
     def _head_too_large(self) -> None:
         self._cancel_deadline()
@@ -389,7 +471,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.tally.add("oversized request heads")
         limit = self.limits.max_header_bytes
         message = f"the request line and headers exceed {limit} bytes; see --http-max-header-size"
-        self._give_up(raw_error_response(431, message), in_body=False)
+        self._stop_reading(raw_error_response(431, message))
 
     # -- responses a client does not read ----------------------------------------------------
 
@@ -438,19 +520,79 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         assert self._raw is not None
         self._raw.abort()  # connection_lost follows: a request still running is cancelled there
 
-    def _give_up(self, response: bytes, in_body: bool) -> None:
-        """Answer 408 (in a body: unless the handler already answered, as it may before reading it all),
-        then close; a handler still waiting for the body sees a disconnect."""
-        cycle, raw = self.cycle, self._raw
-        if in_body:
+    # -- the last request read -----------------------------------------------------------------
+
+    def _stop_reading(self, refusal: bytes | None) -> None:
+        """Read no more requests: those read whole are answered, then `refusal` (the error for what could not be
+        read, if any), then the connection closes. A request whose body is cut short is never served: the refusal
+        is its answer (unless its handler answered already, as it may before reading it all), and a handler
+        still waiting for the body sees a disconnect."""
+        self._done_reading = True
+        self._cancel_deadline()
+        self._reading_head = False
+        self._head_bytes = None
+        cycle = self.cycle
+        if self._parsing == "body" and cycle is not None:
             self._abandon_direct()
-        answered = in_body and cycle is not None and cycle.response_started
-        if raw is not None and not answered:
-            raw.write(response)
-        if in_body and cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True
-            cycle.message_event.set()
+            if cycle.response_started:
+                refusal = None  # one answer to a request
+            if not cycle.response_complete:
+                self._drop(cycle)
+        self._parsing = None
+        self._refusal = refusal
+        self._finish_if_answered()
+
+    def _drop(self, cycle: RequestResponseCycle) -> None:
+        """A request that will not be served, whether its handler runs already or it waits in the pipeline."""
+        cycle.disconnected = True
+        cycle.message_event.set()
+        for waiting in self.pipeline:
+            if waiting[0] is cycle:
+                self.pipeline.remove(waiting)
+                # The protocol's current cycle is the last one read: the one before it again.
+                previous = self.pipeline[0][0] if self.pipeline else self._serving
+                assert previous is not None  # a request waited behind it
+                self.cycle = previous
+                return
+
+    def _finish_if_answered(self) -> None:
+        """Once nothing is read any more and every request read is answered: the refusal, then the close."""
+        if not self._done_reading or self.lingering or self.pipeline:
+            return
+        serving = self._serving
+        if serving is not None and not serving.response_complete and not serving.disconnected:
+            return
+        refusal, self._refusal = self._refusal, None
+        if refusal is not None and self._raw is not None:
+            self._raw.write(refusal)
         self.close_gently()
+
+    def _probe_half_closed(self) -> None:
+        """A request still runs after the client's FIN. A client that only half-closed waits for its answer; one
+        that closed its socket does not, and its request should be cancelled, as it is when the connection is
+        lost. TCP tells them apart only once something is sent (a closed socket answers with a reset), so an
+        interim response is sent, and the socket is then checked for the reset until the request is answered."""
+        self._probe_timer = None
+        raw, serving = self._raw, self._serving
+        if raw is None or self.lingering:
+            return  # all answered
+        if self._probed:
+            if _reset(raw):
+                raw.abort()  # connection_lost cancels the request
+                return
+        elif serving is not None and not serving.response_started:  # an answer being written finds a reset itself
+            if serving.scope["http_version"] != "1.1":
+                raw.abort()  # 1xx responses are not for HTTP/1.0 clients: no way to ask, taken as gone
+                return
+            self._probed = True
+            serving.waiting_for_100_continue = False
+            raw.write(INTERIM_RESPONSE)
+        self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe_half_closed)
+
+    def _cancel_probe(self) -> None:
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -459,11 +601,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         raw = self._raw
         if raw is None or self.lingering or raw.is_closing():
             return
-        self.lingering = True
+        self.lingering = self._done_reading = True
         self._cancel_deadline()
+        self._cancel_probe()
         self._unset_keepalive_if_required()
         self.flow.resume_reading()
-        if not raw.can_write_eof():
+        if self._eof or not raw.can_write_eof():
+            # After the client's FIN everything it sent has been read: a plain close (once what is queued is
+            # sent) leaves the kernel nothing to reset.
             raw.close()
             return
         raw.write_eof()
@@ -472,6 +617,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
 def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "an unknown peer"
+
+
+def _reset(raw: asyncio.Transport) -> bool:
+    """Whether the peer answered with a reset what was last sent (the socket holds the error)."""
+    sock = raw.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)) != 0
+    except OSError:
+        return True
 
 
 def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
