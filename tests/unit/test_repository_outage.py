@@ -133,6 +133,7 @@ async def test_a_failing_poll_logs_once_per_error_and_once_on_recovery(
     repository = _repository(ControlMode.POLL, poll_secs=0.01)
     await repository.load_startup()
     caplog.set_level(logging.INFO, logger="geserve.core.repository")
+    caplog.clear()  # the startup's own lines, kept where an earlier test left the logger at INFO
     store.failure = "Could not connect to the endpoint URL"
     repository.start_polling()
     await asyncio.sleep(0.3)  # about 30 polls, every one failing
