@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import gc
 import logging
 import os
@@ -33,7 +34,7 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     """
     if any(name in environ for name in USER_SETTINGS) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
         return False
-    if platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return False
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
@@ -54,7 +55,7 @@ def trim_soon() -> None:
     """Free what a large message left behind shortly (a collection, then glibc's malloc_trim on a thread: it walks
     the heap), once however many large messages asked for it meanwhile; nothing where the C library is not glibc."""
     global _trim_pending  # noqa: PLW0603 (one pending trim per process)
-    if _trim_pending or platform.libc_ver()[0] != "glibc":
+    if _trim_pending or not _glibc():
         return
     _trim_pending = True
     loop = asyncio.get_running_loop()
@@ -68,6 +69,12 @@ def trim_soon() -> None:
         loop.run_in_executor(None, _malloc_trim)
 
     loop.call_later(_TRIM_DELAY_S, trim)
+
+
+@functools.cache
+def _glibc() -> bool:
+    # platform.libc_ver reads the interpreter's binary: asked once.
+    return platform.libc_ver()[0] == "glibc"
 
 
 def _malloc_trim() -> None:

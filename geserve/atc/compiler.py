@@ -65,15 +65,10 @@ def compile_version(
 ) -> Compiled:
     """The cached `.om` for this ONNX file, config and host, compiling it first when it is not there; setting
     `cancel` (a load given up) kills the ATC run."""
-    # ATC runs in a staging folder of the cache: a path relative to where geserve started means nothing there.
-    onnx, model_dir = onnx.absolute(), model_dir.absolute()
+    onnx, described, parsed = _described(config, onnx, model_dir)
     tools = dataclasses.replace(tools, cache_dir=tools.cache_dir.absolute())
-    described = graph_inputs.complete_inputs(config, onnx)
-    parsed = options.config_options(config, model_dir)
-    atc_command = command.build(described, tools.soc, parsed)
+    atc_command, folder = _entry(config.name, onnx, described, parsed, tools, soc=tools.soc)
     timeout_s = time_limit(config, tools.timeout_s)
-    digest = cache.key(onnx, atc_command, tools.soc, tools.cann, tools.opp)
-    folder = cache.entry(tools.cache_dir, config.name, digest)
     # ATC keeps compiled operators in --op_compiler_cache_dir, by default $HOME/atc_data (ATC docs,
     # --op_compiler_cache_dir), which a container's HOME may not allow: under our cache unless the config says.
     # It changes how long ATC takes, never the .om, so it stays out of the key.
@@ -111,14 +106,10 @@ def find_compiled(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: To
     """A cached `.om` of this ONNX file and config for the host's chip or, failing that, for a chip of its family
     (which the runtime loads just as well); None when the cache holds neither. For a host that cannot compile (no
     `atc` in the image): an entry `geserve compile` made for a sibling chip serves rather than nothing."""
-    onnx, model_dir = onnx.absolute(), model_dir.absolute()
-    described = graph_inputs.complete_inputs(config, onnx)
-    parsed = options.config_options(config, model_dir)
+    onnx, described, parsed = _described(config, onnx, model_dir)
+    tools = dataclasses.replace(tools, cache_dir=tools.cache_dir.absolute())
     for soc in (tools.soc, *chips.siblings(tools.soc)):
-        atc_command = command.build(described, soc, parsed)
-        folder = cache.entry(
-            tools.cache_dir.absolute(), config.name, cache.key(onnx, atc_command, soc, tools.cann, tools.opp)
-        )
+        atc_command, folder = _entry(config.name, onnx, described, parsed, tools, soc=soc)
         with _cache_errors(config.name, tools.cache_dir):
             found = cache.lookup(folder)
         if found is None:
@@ -133,6 +124,29 @@ def find_compiled(config: mc.ModelConfig, onnx: Path, model_dir: Path, tools: To
             logger.info("model '%s': using the cached compile of '%s' (%s)", config.name, onnx, found)
         return Compiled(found, False, tuple(atc_command.argv(tools.atc or "atc", onnx, folder / "model")))
     return None
+
+
+def _described(
+    config: mc.ModelConfig, onnx: Path, model_dir: Path
+) -> tuple[Path, mc.ModelConfig, list[options.AtcOption]]:
+    """The ONNX file's absolute path (ATC runs in a staging folder of the cache: a path relative to where geserve
+    started means nothing there), the config with the graph's inputs, and its ATC options."""
+    onnx, model_dir = onnx.absolute(), model_dir.absolute()
+    return onnx, graph_inputs.complete_inputs(config, onnx), options.config_options(config, model_dir)
+
+
+def _entry(
+    model: str,
+    onnx: Path,
+    described: mc.ModelConfig,
+    parsed: list[options.AtcOption],
+    tools: Toolchain,
+    *,
+    soc: str,
+) -> tuple[command.AtcCommand, Path]:
+    """The ATC command for chip `soc` and the cache folder its `.om` is kept in."""
+    atc_command = command.build(described, soc, parsed)
+    return atc_command, cache.entry(tools.cache_dir, model, cache.key(onnx, atc_command, soc, tools.cann, tools.opp))
 
 
 def time_limit(config: mc.ModelConfig, default_s: float) -> float:

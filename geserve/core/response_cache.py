@@ -293,9 +293,9 @@ class ResponseCache:
                 {name: tensor.array for name, tensor in answered.outputs.items()}, response_parameters(answered.outputs)
             )
             if _total_bytes(arrays) > OFFLOAD_BYTES:
-                owned = await asyncio.to_thread(_owned, arrays)
+                owned = await asyncio.to_thread(pack, arrays)
             else:
-                owned = _owned(arrays)
+                owned = pack(arrays)
             self._insert_answer(version, key, owned)
         except Exception:
             fields = log_records.request_fields(version.name, version.version, request.request_id)
@@ -315,11 +315,6 @@ class ResponseCache:
         else:
             self._too_large_warned.add(version.name)
             logger.warning(message, version.name, size, self.capacity_bytes)
-
-
-def _owned(outputs: Mapping[str, np.ndarray]) -> PackedResponse:
-    # The response parameters are part of the cached response: a hit answers with them too.
-    return pack(outputs)
 
 
 # A BYTES tensor with more elements than this counts as large without summing its elements' lengths.
