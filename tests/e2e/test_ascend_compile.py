@@ -356,8 +356,8 @@ def test_compiles_run_on_their_own_threads_so_requests_needing_a_thread_are_answ
             client = httpclient.InferenceServerClient(server.url, network_timeout=30)
             answer = client.infer("echo", [tensor], request_compression_algorithm="gzip")
             np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), x)
-            done = [load.exception() for load in loads if load.done()]
-            assert not done, done  # answered while every compile still waits on ATC
+            done = [str(load.exception()) for load in loads if load.done()]
+            assert not done, (done, server.log())  # answered while every compile still waits on ATC
             assert len(host.runs_all()) == 1
         finally:
             gate.touch()
