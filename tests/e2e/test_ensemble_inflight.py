@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 PROBE = Path(__file__).resolve().parents[1] / "python_models" / "inflight_probe"
 
 
-def _ensemble(name: str, limit: str) -> str:
+def _ensemble(name: str, limit: str, probe: str) -> str:
     return f"""
 name: "{name}"
 platform: "ensemble"
@@ -30,7 +30,7 @@ output [
 ensemble_scheduling {{
   {limit}
   step [ {{
-    model_name: "inflight_probe" model_version: -1
+    model_name: "{probe}" model_version: -1
     input_map {{ key: "IN" value: "IN" }}
     output_map {{ key: "OUT" value: "OUT" }}
     output_map {{ key: "CONCURRENT" value: "CONCURRENT" }}
@@ -44,12 +44,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
     root = tmp_path_factory.mktemp("inflight")
     repository, probes = root / "models", root / "probes"
     probes.mkdir()
-    shutil.copytree(PROBE, repository / "inflight_probe")
-    config = repository / "inflight_probe" / "config.pbtxt"
-    config.write_text(config.read_text().replace("PROBE_DIR", str(probes)))
-    for name, limit in (("one_at_a_time", "max_inflight_requests: 1"), ("unbounded", "")):
+    # Requests free to meet wait long for each other (a loaded machine may start the second one late);
+    # requests held apart never meet, so each waits out its whole wait: keep that one short.
+    for name, limit, wait_s in (("one_at_a_time", "max_inflight_requests: 1", 3), ("unbounded", "", 60)):
+        probe = f"{name}_probe"
+        shutil.copytree(PROBE, repository / probe)
+        config = repository / probe / "config.pbtxt"
+        text = config.read_text().replace('"inflight_probe"', f'"{probe}"').replace("PROBE_DIR", str(probes / probe))
+        config.write_text(text.replace("WAIT_S", str(wait_s)))
+        (probes / probe).mkdir()
         (repository / name / "1").mkdir(parents=True)
-        (repository / name / "config.pbtxt").write_text(_ensemble(name, limit))
+        (repository / name / "config.pbtxt").write_text(_ensemble(name, limit, probe))
     process = GeserveProcess(root / "geserve.log", f"--model-repository={repository}").wait_live()
     yield process
     assert process.stop() == 0, process.log()
