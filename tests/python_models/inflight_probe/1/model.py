@@ -22,40 +22,39 @@ class TritonPythonModel:
         self.folder = parameters["probe_dir"]["string_value"]
         self.wait_s = float(parameters["wait_s"]["string_value"])
 
-    def _locked(self, action):
+    def _locked(self, action, mark):
         with open(os.path.join(self.folder, "lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                return action()
+                return action(mark)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _enter(self, mark):
+        others = [name for name in os.listdir(self.folder) if name.endswith(".running")]
+        for other in others:
+            open(os.path.join(self.folder, other + ".met"), "w").close()
+        open(mark, "w").close()
+        return 1 + len(others)
+
+    def _leave(self, mark):
+        met = mark + ".met"
+        seen_at_all = 2 if os.path.exists(met) else 1
+        os.remove(mark)
+        if os.path.exists(met):
+            os.remove(met)
+        return seen_at_all
 
     def execute(self, requests):
         responses = []
         for request in requests:
             value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             mark = os.path.join(self.folder, f"{uuid.uuid4().hex}.running")
-            met = mark + ".met"
-
-            def enter():
-                others = [name for name in os.listdir(self.folder) if name.endswith(".running")]
-                for other in others:
-                    open(os.path.join(self.folder, other + ".met"), "w").close()
-                open(mark, "w").close()
-                return 1 + len(others)
-
-            def leave():
-                seen_at_all = 2 if os.path.exists(met) else 1
-                os.remove(mark)
-                if os.path.exists(met):
-                    os.remove(met)
-                return seen_at_all
-
-            seen = self._locked(enter)
+            seen = self._locked(self._enter, mark)
             deadline = time.monotonic() + self.wait_s
-            while time.monotonic() < deadline and seen < 2 and not os.path.exists(met):
+            while time.monotonic() < deadline and seen < 2 and not os.path.exists(mark + ".met"):
                 time.sleep(0.01)
-            seen = max(seen, self._locked(leave))
+            seen = max(seen, self._locked(self._leave, mark))
             concurrent = np.array([seen], dtype=np.int32)
             responses.append(
                 pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value), pb_utils.Tensor("CONCURRENT", concurrent)])
