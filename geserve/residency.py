@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from geserve import client_views
 from geserve.codecs import bytes as bytes_codec
 from geserve.codecs import dtypes
 from geserve.errors import GeserveError, InvalidArgumentError, UnavailableError
@@ -27,6 +28,10 @@ from geserve.errors import GeserveError, InvalidArgumentError, UnavailableError
 SHM_DIRECTORY = Path("/dev/shm")
 # Segments mapped at once per process; a segment's mapping outlives its eviction while a view of it is alive.
 _MAPPED_SEGMENTS = 64
+# A client region's tensor of at least this size is viewed in place where it is read for a batch; a smaller one is
+# copied. Mapping and unmapping cost about what a copy does at 4 MiB (a copy and a sum of 4 MiB: 1.45 ms copied,
+# 1.56 ms viewed; 16 MiB: 8.3 vs 6.5 ms), and the copy is bounded by this size.
+VIEW_CLIENT_BYTES = 4 << 20
 
 
 class Kind(enum.IntEnum):
@@ -34,7 +39,7 @@ class Kind(enum.IntEnum):
 
     ARENA = 1  # a long-lived segment tensors are allocated in: a request arena or a worker's output arena
     ONE_OFF = 2  # a segment made for one batch or one call, removed by its maker once released
-    CLIENT = 3  # a client's registered region: read through its file, never mapped (the client may shrink it)
+    CLIENT = 3  # a client's registered region: read through its file, or viewed under client_views' guard
     ZEROS = 4  # no bytes anywhere: zeros (empty strings for BYTES), the padding of an empty sequence slot
 
 
@@ -149,6 +154,22 @@ class SharedTensor:
             self._array = _materialize(self)
         return self._array
 
+    def in_place(self) -> np.ndarray:
+        """The array, viewed where it lies when it is a large tensor in a client's region rather than copied (the
+        worker's way to read a batch's inputs: whoever reads it so asks `torn_rows` afterwards)."""
+        where = self.where
+        if (
+            self._array is None
+            and where is not None
+            and where.kind == Kind.CLIENT
+            and self.datatype != "BYTES"
+            and where.nbytes >= VIEW_CLIENT_BYTES
+        ):
+            viewed = _view_client(where)
+            self.lease = viewed
+            self._array = viewed.array.view(self.dtype).reshape(self.shape)
+        return self.array
+
     def read_into(self, target: memoryview) -> None:
         """Copy a fixed-size tensor's bytes into `target` (exactly its size): a client region is read straight into
         it, zeros are written, anything else is copied from its mapping."""
@@ -188,8 +209,8 @@ def gather(parts: Sequence[SharedTensor], datatype: str) -> np.ndarray:
         rows = sum(part.shape[0] for part in parts)
         framed = b"".join(bytes(part.framed()) for part in parts)
         return bytes_codec.deserialize(framed).reshape((rows, *parts[0].shape[1:]))
-    if len(parts) == 1 and parts[0].where is not None and parts[0].where.kind != Kind.CLIENT:
-        return parts[0].array
+    if len(parts) == 1 and parts[0].where is not None:
+        return parts[0].in_place()
     first = parts[0].shape
     shape = first if len(parts) == 1 else (sum(part.shape[0] for part in parts), *first[1:])
     target = np.empty(shape, dtype=dtypes.from_wire(datatype).numpy)
@@ -214,10 +235,28 @@ def unreadable_rows(inputs: Sequence[Sequence[SharedTensor]], requests: int) -> 
             if index in refused or part.where is None or part.where.kind != Kind.CLIENT:
                 continue
             try:
-                part.read_into(memoryview(bytearray(part.where.nbytes)))
+                os.close(_client_file(part.where, checked=True))
             except GeserveError as error:
                 refused[index] = error
     return refused
+
+
+def torn_rows(inputs: Sequence[Sequence[SharedTensor]], requests: int) -> dict[int, GeserveError]:
+    """The requests of a batch whose inputs were viewed in a client's region that shrank while they were read
+    (they read as zeros), with the error each is answered with instead."""
+    torn: dict[int, GeserveError] = {}
+    for parts in inputs:
+        if len(parts) != requests:
+            continue
+        for index, part in enumerate(parts):
+            where = part.where
+            if isinstance(part.lease, client_views.View) and part.lease.torn and where is not None:
+                torn[index] = InvalidArgumentError(
+                    f"shared memory region '{where.region}' shrank while the request's input was read from it: its "
+                    f"segment '/{where.segment}' no longer holds the {where.offset + where.nbytes} bytes the request "
+                    "uses"
+                )
+    return torn
 
 
 def zeroed(parts: Sequence[SharedTensor], refused: Container[int]) -> tuple[SharedTensor, ...]:
@@ -330,31 +369,57 @@ def _read_client(where: Residency, target: memoryview) -> None:
     checked comes up short or is another file, an error here rather than SIGBUS in whoever reads a mapping."""
     descriptor = _client_file(where)
     try:
-        if where.inode and os.fstat(descriptor).st_ino != where.inode:
-            raise InvalidArgumentError(
-                f"shared memory region '{where.region}' was replaced: '/{where.segment}' is another segment than the "
-                "one registered; register it again"
-            )
         done = 0
         while done < len(target):
             read = os.preadv(descriptor, [target[done:]], where.offset + done)
             if read <= 0:
-                raise InvalidArgumentError(
-                    f"shared memory region '{where.region}' shrank to {where.offset + done} bytes: its segment "
-                    f"'/{where.segment}' no longer holds the {where.offset + where.nbytes} bytes the request uses"
-                )
+                raise _shrunk(where, where.offset + done)
             done += read
     finally:
         os.close(descriptor)
 
 
-def _client_file(where: Residency) -> int:
+def _view_client(where: Residency) -> client_views.View:
+    """A client region's bytes viewed in place, guarded (client_views): no copy, and holes stay free."""
+    descriptor = _client_file(where)
     try:
-        return os.open(SHM_DIRECTORY / where.segment, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        viewed = client_views.view(descriptor, where.offset, where.nbytes)
+    finally:
+        os.close(descriptor)
+    if isinstance(viewed, client_views.Shortfall):
+        raise _shrunk(where, viewed.size)
+    return viewed
+
+
+def _client_file(where: Residency, *, checked: bool = False) -> int:
+    """The region's file, open for reading: refused when it is gone or is another file than the one registered
+    (and, `checked`, when it no longer holds the tensor's bytes)."""
+    try:
+        descriptor = os.open(SHM_DIRECTORY / where.segment, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         raise InvalidArgumentError(
             f"shared memory region '{where.region}' is gone: its segment '/{where.segment}' no longer exists"
         ) from None
+    try:
+        found = os.fstat(descriptor)
+        if where.inode and found.st_ino != where.inode:
+            raise InvalidArgumentError(
+                f"shared memory region '{where.region}' was replaced: '/{where.segment}' is another segment than the "
+                "one registered; register it again"
+            )
+        if checked and found.st_size < where.offset + where.nbytes:
+            raise _shrunk(where, found.st_size)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _shrunk(where: Residency, size: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"shared memory region '{where.region}' shrank to {size} bytes: its segment '/{where.segment}' no longer "
+        f"holds the {where.offset + where.nbytes} bytes the request uses"
+    )
 
 
 # -- leases ---------------------------------------------------------------------------------------------

@@ -409,6 +409,29 @@ def write_identity_model(
     return folder
 
 
+def write_sum_model(repository: Path) -> Path:
+    """'sum': an ONNX Runtime model answering one number, the sum of a float vector of any length."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X"], ["Y"], keepdims=1)],
+        "sum",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (repository / "sum" / "1").mkdir(parents=True)
+    onnx.save(model, repository / "sum" / "1" / "model.onnx")
+    (repository / "sum" / "config.pbtxt").write_text(
+        'name: "sum"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    return repository / "sum"
+
+
 def write_python_model(repository: Path, name: str, model_py: str, config: str) -> Path:
     """A python-backend model's folder: its config and version 1's model.py."""
     folder = repository / name

@@ -16,7 +16,7 @@ import numpy as np
 from geserve._generated import model_config_pb2 as mc
 from geserve.backends import registry
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.residency import SharedTensor, gather, unreadable_rows, zeroed
+from geserve.residency import SharedTensor, gather, torn_rows, unreadable_rows, zeroed
 from geserve.types import InstanceStatus, response_parameters, with_parameters
 from geserve.workers.batch import Batch
 from geserve.workers.messages import BatchResult, InstanceSpec, RunResult
@@ -148,7 +148,10 @@ class ThreadWorker:
         def run() -> RunResult:
             # On the instance's thread, not the event loop: joining the requests' rows copies the batch.
             arrays = _gathered(batch.inputs, len(infos), refused)
-            return self._runner.execute(arrays, batch.output_names, tuple(infos), None, emit)
+            ran = self._runner.execute(arrays, batch.output_names, tuple(infos), None, emit)
+            # Inputs viewed in a client's region that shrank while they were read ran as zeros: answered with an error.
+            refused.update(torn_rows(list(batch.inputs.values()), len(infos)))
+            return ran
 
         try:
             result = await loop.run_in_executor(self._thread, run)

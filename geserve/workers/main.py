@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from geserve import log_records
 from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError, ModelLoadError, UnavailableError
-from geserve.residency import Kind, Residency, SharedTensor, gather, unreadable_rows, zeroed
+from geserve.residency import Kind, Residency, SharedTensor, gather, torn_rows, unreadable_rows, zeroed
 from geserve.types import response_parameters
 from geserve.workers.lineage import GROUP_SIGNALS, watch_parent
 from geserve.workers.mailbox import Inbox, Outbox
@@ -77,7 +77,7 @@ class _ShmBatchRunner:
     @staticmethod
     def _staged(runner: InstanceRunner, message: RunBatch) -> StagedBatch:
         if runner.gathers:  # the backend copies each request's rows from where they lie to the device
-            blocks = {name: [part.array for part in parts] for name, _, parts in message.inputs}
+            blocks = {name: [part.in_place() for part in parts] for name, _, parts in message.inputs}
             return runner.stage_blocks(blocks, message.output_names, message.requests)
         inputs = {name: gather(parts, datatype) for name, datatype, parts in message.inputs}
         return runner.stage(inputs, message.output_names, message.requests)
@@ -88,6 +88,8 @@ class _ShmBatchRunner:
         in_place = InPlaceOutputs(self.outputs, message.batch_id)
         result, whole = runner.finish(running.batch, in_place.allocate, emit, split=False)
         running.batch.inputs = {}
+        # Inputs viewed in a client's region that shrank while they were read ran as zeros: answered with an error.
+        running.refused.update(torn_rows([parts for _, _, parts in message.inputs], len(message.requests)))
         blocks = OutputBlocks(runner.output_datatypes, in_place)
         try:
             placed = blocks.place(result.results, whole, message.requests)

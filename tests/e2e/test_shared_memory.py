@@ -16,7 +16,9 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.e2e.test_perf_analyzer import run_briefly
-from tests.support import GeserveProcess, copy_model, server_pids
+from tests.support import GeserveProcess, copy_model, server_pids, worker_pids, write_sum_model
+
+GIB = 1 << 30
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +49,7 @@ def shm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProc
     repository = root / "models"
     for name in ("simple", "simple_string"):
         copy_model(name, repository)
+    write_sum_model(repository)
     process = GeserveProcess(root / "geserve.log", f"--model-repository={repository}", "--allow-client-shm=true")
     yield process.wait_live()
     assert process.stop() == 0, process.log()
@@ -249,6 +252,43 @@ def test_a_huge_region_is_not_read_for_a_small_input(shm_server: GeserveProcess,
         assert all(late - early < 256 for early, late in zip(before, after, strict=True)), (before, after)
     finally:
         client.unregister_system_shared_memory("sparse")
+    _good_request(shm_server)
+
+
+def _memory_mib(pids: list[int]) -> dict[int, tuple[float, float]]:
+    """Each process's resident memory now and at its peak (VmRSS, VmHWM), in MiB."""
+    found: dict[int, tuple[float, float]] = {}
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status)
+        found[pid] = (int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024)
+    return found
+
+
+def test_a_free_gib_input_is_read_in_place_at_no_cost_to_the_server(shm_server: GeserveProcess, regions: Any) -> None:
+    """A valid 1 GiB input in a sparse region (which costs its client nothing) is read where it lies: the answer is
+    right, no process of the server (workers included) grows by 64 MiB, and the client's segment stays sparse."""
+    client = httpclient.InferenceServerClient(shm_server.url)
+    key, _ = regions(GIB)
+    segment = f"/dev/shm{key}"
+    with open(segment, "r+b") as region:  # a few values; the rest stays holes
+        for index, value in ((0, 1.5), (12_345_678, 2.0), (GIB // 4 - 1, 4.0)):
+            os.pwrite(region.fileno(), np.float32(value).tobytes(), index * 4)
+    client.register_system_shared_memory("free", key, GIB)
+    try:
+        inputs = [httpclient.InferInput("X", [GIB // 4], "FP32")]
+        inputs[0].set_shared_memory("free", GIB)
+        client.infer("sum", [httpclient.InferInput("X", [1], "FP32").set_data_from_numpy(np.ones(1, np.float32))])
+        pids = server_pids(shm_server) + worker_pids(shm_server)
+        before, blocks_before = _memory_mib(pids), os.stat(segment).st_blocks
+        result = client.infer("sum", inputs)
+        assert result.as_numpy("Y").tolist() == [7.5]
+        after, blocks_after = _memory_mib(pids), os.stat(segment).st_blocks
+        grown = {pid: after[pid][1] - before[pid][1] for pid in pids}
+        assert all(growth < 64 for growth in grown.values()), (before, after)
+        assert (blocks_after - blocks_before) * 512 < 64 << 20, "reading the region filled its holes"
+    finally:
+        client.unregister_system_shared_memory("free")
     _good_request(shm_server)
 
 

@@ -46,6 +46,7 @@ from tests.support import (
     segments_of_server,
     worker_pids,
     write_identity_model,
+    write_sum_model,
 )
 
 REPORT = Path(os.environ.get("CHAOS_REPORT", "chaos-report.json"))
@@ -517,6 +518,137 @@ def region_flood(workdir: Path, cap: int = 64) -> Result:
     )
 
 
+FREE_GIB = 1 << 30
+
+
+def _free_region(key: str, size: int, values: dict[int, float]) -> float:
+    """A sparse segment of `size` bytes holding float32 `values` at those element indexes: their sum."""
+    with open(f"/dev/shm/{key}", "w+b") as segment:
+        os.ftruncate(segment.fileno(), size)
+        for index, value in values.items():
+            os.pwrite(segment.fileno(), np.float32(value).tobytes(), index * 4)
+    return float(sum(values.values()))
+
+
+def _sum_from_region(region: str, key: str, expected: float) -> Callable[[Any, Any, Any], None]:
+    def request(client: Any, _: Any, __: Any) -> None:
+        inputs = [httpclient.InferInput("X", [FREE_GIB // 4], "FP32")]
+        inputs[0].set_shared_memory(region, FREE_GIB)
+        total = client.infer("sum", inputs).as_numpy("Y").tolist()
+        if total != [expected]:
+            raise WrongAnswerError(f"sum of the free GiB in '{region}' = {total}, not [{expected}]")
+
+    return request
+
+
+def _server_memory_mib(server: GeserveProcess) -> float:
+    total = 0.0
+    for pid in [server.process.pid, *descendants(server.process.pid)]:
+        with contextlib.suppress(OSError):
+            total += _rss_mib(pid)
+    return total
+
+
+def free_input(workdir: Path, phase_s: float = 10.0, bound_mib: float = 256.0) -> Result:
+    """Valid 1 GiB inputs read from sparse client regions (free to their clients) beside checked load, while one
+    more region is shrunk to nothing during its own requests: every answer is right or (for the shrunk one) an
+    error naming its region, the server's memory (all its processes) never grows by `bound_mib`, the regions stay
+    sparse, and no worker dies."""
+    repository = workdir / "models"
+    shutil.copytree(build_repository(workdir / "full") / "simple", repository / "simple")
+    write_sum_model(repository)
+    server = GeserveProcess(
+        workdir / "geserve.log", f"--model-repository={repository}", "--allow-client-shm=true"
+    ).wait_live()
+    control = _http(server)
+    keys = [f"geserve-chaos-free-{os.getpid()}-{index}" for index in range(3)]
+    sums = [
+        _free_region(key, FREE_GIB, {0: 1.0, 1000 + index: 2.0, FREE_GIB // 4 - 1: 4.0})
+        for index, key in enumerate(keys)
+    ]
+    for index, key in enumerate(keys):
+        control.register_system_shared_memory(f"free_{index}", f"/{key}", FREE_GIB)
+    kinds = (
+        Kind("HTTP binary / simple", 2, _http, lambda client, _, rng: http_binary_simple(client, rng)),
+        *(
+            Kind(
+                f"HTTP / sum of a free GiB ({index})",
+                1,
+                _http,
+                _sum_from_region(f"free_{index}", keys[index], sums[index]),
+            )
+            for index in range(2)
+        ),
+    )
+    workers_before = model_workers(server)
+    baseline, peak = _server_memory_mib(server), 0.0
+    shrunk = {"answered right": 0, "refused before it was read": 0, "refused as read while it shrank": 0, "other": 0}
+    others: list[str] = []
+    rng = np.random.default_rng(7)
+    try:
+        with Traffic(server, kinds, bursty=False) as traffic:
+            deadline = time.monotonic() + phase_s
+            while time.monotonic() < deadline:
+                # The third region: refilled, then shrunk to nothing at a random moment of its own request.
+                _free_region(keys[2], FREE_GIB, {FREE_GIB // 4 - 1: 3.0})  # its last page is read last
+                outcome: list[Any] = []
+                request = threading.Thread(
+                    target=_attempt, args=(_sum_from_region("free_2", keys[2], 3.0), _http(server), outcome)
+                )
+                request.start()
+                time.sleep(float(rng.uniform(0.0, 0.6)))
+                os.truncate(f"/dev/shm/{keys[2]}", 0)
+                while request.is_alive():
+                    request.join(0.05)
+                    peak = max(peak, _server_memory_mib(server))
+                error = outcome[0] if outcome else "no outcome"
+                if error is None:
+                    shrunk["answered right"] += 1
+                elif "'free_2' shrank while" in str(error):
+                    shrunk["refused as read while it shrank"] += 1
+                elif "'free_2' shrank to" in str(error):
+                    shrunk["refused before it was read"] += 1
+                else:
+                    shrunk["other"] += 1
+                    others.append(str(error)[:200])
+            blocks = [os.stat(f"/dev/shm/{key}").st_blocks * 512 for key in keys[:2]]
+    finally:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{key}")
+    workers_after = model_workers(server)
+    alive = server.process.poll() is None
+    exit_code, leaked = _stopped_cleanly(server)
+    return _result(
+        "free GiB inputs from sparse client regions, one shrunk while read",
+        traffic.tally,
+        {
+            "server alive": alive,
+            "no request failed": traffic.tally.total("failed") == 0,
+            f"memory grew by less than {bound_mib:.0f} MiB": peak - baseline < bound_mib,
+            "regions still sparse": all(size < 16 << 20 for size in blocks),
+            "the shrunk region's requests answered right or refused naming it": shrunk["other"] == 0,
+            "no worker died": workers_before == workers_after,
+            "exit 0 on SIGTERM": exit_code == 0,
+            "no segment left": not leaked,
+        },
+        memory_mib={"baseline": round(baseline), "peak": round(peak)},
+        shrunk=shrunk,
+        shrunk_other_errors=others[:5],
+    )
+
+
+def _attempt(request: Callable[[Any, Any, Any], None], client: Any, outcome: list[BaseException | None]) -> None:
+    """Send one request; its error (None: answered right) goes in `outcome`."""
+    try:
+        request(client, None, None)
+        outcome.append(None)
+    except BaseException as error:  # the outcome is what is checked
+        outcome.append(error)
+    finally:
+        client.close()
+
+
 BLS_CYCLE = "BLS call cycle"
 
 
@@ -872,6 +1004,7 @@ SCENARIOS = {
     "large-json": large_json,
     "stuck-warmup": stuck_warmup,
     "store-outage": store_outage,
+    "free-input": free_input,
 }
 
 
