@@ -19,7 +19,6 @@ from geserve.core.trace import StepTrace, traced_steps
 from geserve.errors import GeserveError, InternalError, ModelLoadError
 from geserve.residency import SharedTensor
 from geserve.types import (
-    SCHEDULING_PARAMETERS,
     CallChain,
     InferInput,
     InferRequest,
@@ -481,8 +480,9 @@ class EnsembleScheduler:
 
 
 def _forwarded(parameters: Parameters) -> Parameters:
-    """The request parameters an ensemble passes on to its steps."""
-    return {key: parameters[key] for key in SCHEDULING_PARAMETERS if key in parameters}
+    """The request parameters an ensemble passes on to its steps: all of them, as Triton's ensemble scheduler gives
+    each step's request the ensemble request's parameters (core ensemble_scheduler.cc, since core PR #261)."""
+    return dict(parameters)
 
 
 def _request(
