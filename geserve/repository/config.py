@@ -139,8 +139,6 @@ def validate_config(config: mc.ModelConfig) -> None:
     if config.max_batch_size < 0:
         raise ModelLoadError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
     refuse_unsupported(config)
-    if not config.input:
-        raise ModelLoadError(f"model '{name}' must specify at least one input")
     if not config.output:
         raise ModelLoadError(f"model '{name}' must specify at least one output")
     for kind, tensors in (("input", config.input), ("output", config.output)):

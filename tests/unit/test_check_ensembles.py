@@ -185,7 +185,7 @@ def test_a_step_on_a_self_completing_python_model_is_noted_not_failed(
     assert lines[-1] == "2 model(s) checked: no problems, 2 not checked", lines
     model = tmp_path / "auto_double" / "config.pbtxt"
     assert lines[0].startswith(
-        f"{model}: model file: not checked: model 'auto_double' must specify at least one input"
+        f"{model}: model file: not checked: model 'auto_double' must specify at least one output"
     ), lines
     assert lines[1].startswith(f"{ensemble}: ensemble_scheduling: not checked: "), lines
     assert "non-existing input X in model auto_double" in lines[1], lines
@@ -329,7 +329,7 @@ AUTO_DOUBLE_CONFIGS = {
     ),
     "preferred_batch_without_a_max": (
         "dynamic_batching { preferred_batch_size: [ 4 ] }",
-        "model file: not checked: model 'auto_double' must specify at least one input, as read from config.pbtxt "
+        "model file: not checked: model 'auto_double' must specify at least one output, as read from config.pbtxt "
         "(auto_double: its auto_complete_config runs at load, in the server only)",
     ),
 }

@@ -99,7 +99,6 @@ def test_json_form_prints_like_triton() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('name: "m" output [ { name: "o" data_type: TYPE_FP32 dims: [1] } ]', "must specify at least one input"),
         ('name: "m" input [ { name: "i" data_type: TYPE_FP32 dims: [1] } ]', "must specify at least one output"),
         (
             'name: "m" input [ { name: "i" dims: [1] } ] output [ { name: "o" data_type: TYPE_FP32 dims: [1] } ]',
@@ -195,3 +194,8 @@ def test_runtime_must_name_the_configs_own_backend(header: str, allowed: bool) -
     else:
         with pytest.raises(ModelLoadError, match=r"runtime '.*' is not supported: geserve's backends are built in"):
             refuse_unsupported(config)
+
+
+def test_a_config_without_inputs_is_valid() -> None:
+    """Triton has no rule that a model takes inputs: one that declares only outputs loads."""
+    validate_config(parse_config_text('name: "m" output [ { name: "o" data_type: TYPE_FP32 dims: [1] } ]', "c"))
