@@ -61,6 +61,12 @@ class DecoupledModelError(UnsupportedError):
     """A decoupled model was asked for one response; each front-end words the refusal as Triton does."""
 
 
+class UnknownError(GeserveError):
+    """TRITONSERVER_ERROR_UNKNOWN, which a model may answer with: 400 over HTTP, UNKNOWN over gRPC, as Triton."""
+
+    code = ErrorCode.UNKNOWN
+
+
 class InternalError(GeserveError):
     code = ErrorCode.INTERNAL
 

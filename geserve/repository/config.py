@@ -61,11 +61,13 @@ def fill_defaults(config: mc.ModelConfig, backend: str, default_filename: str, d
         config.version_policy.latest.num_versions = 1
     if not config.default_model_filename:
         config.default_model_filename = default_filename
+    # Triton's names (core model_config_utils.cc NormalizeInstanceGroup): the group it adds to a config without one is
+    # named after the model, a group the config leaves unnamed `<model>_<its index>`.
     if not config.instance_group:
-        config.instance_group.add()
+        config.instance_group.add().name = config.name
     for index, group in enumerate(config.instance_group):
         if not group.name:
-            group.name = config.name if len(config.instance_group) == 1 else f"{config.name}_{index}"
+            group.name = f"{config.name}_{index}"
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
             group.kind = device_kind  # type: ignore[assignment]
         group.count = max(group.count, 1)

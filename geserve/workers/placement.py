@@ -101,7 +101,9 @@ def instance_specs(
             ]
         for device, device_environment in placements:
             for index in range(group.count):
-                suffix = f"_{index}" + (f"_device{device}" if device_environment else "")
+                # Triton's `<group>_<k>` (core backend_model.cc); where a group spans several devices Triton gives
+                # each device's instance the same name, which here each worker's own name tells apart.
+                suffix = f"_{index}" + (f"_device{device}" if len(placements) > 1 else "")
                 specs.append(
                     InstanceSpec(
                         model_name=config.name,

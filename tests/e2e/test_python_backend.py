@@ -191,12 +191,20 @@ def test_wrong_return_and_raising_execute_fail_the_request_not_the_server(python
     with pytest.raises(InferenceServerException) as error:
         client.infer("wrong_return", [_http_input("IN", np.array([1], dtype=np.int32), "INT32")])
     assert error.value.status() == "500"
-    assert "execute must return a list of 1 InferenceResponse(s), one per request; it returned" in error.value.message()
+    assert (
+        "Failed to process the request(s) for model 'wrong_return_0', message: Number of InferenceResponse objects do "
+        "not match the number of InferenceRequest objects. InferenceRequest(s) size is:1, and InferenceResponse(s) "
+        "size is:InferenceResponse"
+    ) in error.value.message()
     np.testing.assert_array_equal(_one(python_server, "raises", 2), [2])
     with pytest.raises(InferenceServerException) as error:
         _one(python_server, "raises", 13)
     assert error.value.status() == "500"
-    assert "model 'raises': execute failed: RuntimeError: unlucky input" in error.value.message()
+    message = error.value.message()
+    assert message.startswith(
+        "Failed to process the request(s) for model 'raises_0', message: RuntimeError: unlucky input\n\nAt:\n"
+    ), message
+    assert re.search(r"raises/1/model\.py\(\d+\): execute", message), message
     np.testing.assert_array_equal(_one(python_server, "raises", 3), [3])
     with pytest.raises(InferenceServerException):
         _grpc(python_server).infer("raises", [_grpc_input("IN", np.array([13], dtype=np.int32), "INT32")])

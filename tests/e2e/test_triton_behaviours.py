@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import queue
+import re
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.support import GeserveProcess, config_text, write_python_model
 
@@ -57,6 +60,78 @@ NO_INPUTS = textwrap.dedent(
             return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]) for _ in requests]
     """
 )
+# IN picks what execute does; OUT says what happened. Texts of the sender's refusals go to the log.
+SENDER_DEFAULT = textwrap.dedent(
+    """
+    import threading
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+    def answer(text):
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], dtype=np.object_))])
+
+    def refused(call):
+        try:
+            call()
+        except pb_utils.TritonModelException as error:
+            pb_utils.Logger.log_info("refused: " + str(error))
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.instance = args["model_instance_name"]
+
+        def execute(self, requests):
+            returned = []
+            for request in requests:
+                mode = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+                sender = request.get_response_sender()
+                if mode == 0:  # answered later, from another thread
+                    def later(sender=sender):
+                        time.sleep(0.3)
+                        sender.send(answer("later from " + self.instance), FINAL)
+                    threading.Thread(target=later).start()
+                    returned = None
+                elif mode == 1:  # a response, then the final flag alone; then everything Triton refuses
+                    refused(lambda: sender.send(flags=FINAL))
+                    refused(lambda: sender.send(None, 0))
+                    refused(lambda: sender.send(answer("x"), 2))
+                    sender.send(answer("response then final"))
+                    refused(lambda: sender.send(answer("second")))
+                    sender.send(flags=FINAL)
+                    refused(lambda: sender.send(flags=FINAL))
+                    returned = None
+                elif mode == 2:  # answered through the sender without the final flag, and in the list too
+                    sender.send(answer("sent"))
+                    returned.append(answer("returned"))
+            return returned
+    """
+)
+DECOUPLED_RETURNS = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([b"x"], dtype=np.object_))])
+                for _ in requests
+            ]
+    """
+)
+UNKNOWN_ERROR = textwrap.dedent(
+    """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            error = pb_utils.TritonError("nobody knows", pb_utils.TritonError.UNKNOWN)
+            return [pb_utils.InferenceResponse([], error=error) for _ in requests]
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +151,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
             name, backend="python", max_batch_size=batching, outputs=[("OUT", "TYPE_INT32", "1")], extra=extra
         )
         write_python_model(repository, name, NO_INPUTS, config)
+    for name, model_py, decoupled in (
+        ("sender_default", SENDER_DEFAULT, False),
+        ("decoupled_returns", DECOUPLED_RETURNS, True),
+        ("unknown_error", UNKNOWN_ERROR, False),
+    ):
+        policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
+        config = config_text(
+            name,
+            backend="python",
+            inputs=[("IN", "TYPE_INT32", "1")],
+            outputs=[("OUT", "TYPE_STRING", "1")],
+            extra=f"{policy}\ninstance_group [ {{ kind: KIND_CPU count: 2 }} ]",
+        )
+        write_python_model(repository, name, model_py, config)
     (repository / "parameters_ensemble" / "1").mkdir(parents=True)
     (repository / "parameters_ensemble" / "config.pbtxt").write_text(ENSEMBLE_OF_ECHO)
     process = GeserveProcess(root / "geserve.log", f"--model-repository={repository}").wait_live()
@@ -116,3 +205,66 @@ def test_a_model_without_inputs_loads_and_answers(server: GeserveProcess, module
         results = list(pool.map(lambda _: module.InferenceServerClient(url).infer(model, []), range(4)))
     expected = [[42]] if model.endswith("batched") else [42]
     assert [result.as_numpy("OUT").tolist() for result in results] == [expected] * 4
+
+
+def _text(result: Any) -> str:
+    return str(result.as_numpy("OUT")[0].decode())
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_default_mode_model_answers_through_its_response_sender(server: GeserveProcess, module: Any) -> None:
+    """python_backend's InferenceResponseSender in the default mode (PR #364): one response and FINAL per request,
+    sent during execute or after it returns None; what Triton refuses is refused with its texts."""
+    url = server.url if module is httpclient else f"127.0.0.1:{server.grpc_port}"
+    client = module.InferenceServerClient(url)
+    assert _text(client.infer("sender_default", [_int_input(module, 0)])) in {
+        "later from sender_default_0_0",
+        "later from sender_default_0_1",
+    }
+    assert _text(client.infer("sender_default", [_int_input(module, 1)])) == "response then final"
+    refusals = [line.split("refused: ", 1)[1] for line in server.log().splitlines() if "refused: " in line]
+    assert refusals[:5] == [
+        "Unable to send response. Non-decoupled model cannot send complete final before sending a response.",
+        "Inference Response object must be provided when the response flags is set to zero.",
+        "Unable to send response. Unsupported flag provided.",
+        "Unable to send response. Non-decoupled model cannot send more than one response.",
+        "Unable to send response. Response sender has been closed.",
+    ]
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("sender_default", [_int_input(module, 2)])
+    assert error.value.message().endswith(
+        "', message: Unable to send response. Non-decoupled model cannot send more than one response."
+    ), error.value.message()
+    assert "Failed to process the request(s) for model 'sender_default_0_" in error.value.message()
+    assert _text(client.infer("sender_default", [_int_input(module, 1)])) == "response then final"
+
+
+def test_a_decoupled_model_whose_execute_returns_responses_fails_the_request_with_tritons_text(
+    server: GeserveProcess,
+) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("decoupled_returns", [_int_input(grpcclient)], enable_empty_final_response=True)
+        result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert result is None and error is not None
+    assert re.fullmatch(
+        r"Failed to process the request\(s\) for model 'decoupled_returns_0_[01]', message: Python model "
+        r"'decoupled_returns' is using the decoupled mode and the execute function must return None\.",
+        error.message(),
+    ), error.message()
+
+
+def test_a_models_unknown_error_is_400_over_http_and_unknown_over_grpc(server: GeserveProcess) -> None:
+    """TRITONSERVER_ERROR_UNKNOWN maps as Triton maps it (http_server.cc HttpCodeFromError, grpc_utils.cc)."""
+    with pytest.raises(InferenceServerException) as error:
+        httpclient.InferenceServerClient(server.url).infer("unknown_error", [_int_input(httpclient)])
+    assert error.value.status() == "400" and error.value.message() == "nobody knows"
+    with pytest.raises(InferenceServerException) as error:
+        grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}").infer(
+            "unknown_error", [_int_input(grpcclient)]
+        )
+    assert error.value.status() == "StatusCode.UNKNOWN" and error.value.message() == "nobody knows"

@@ -31,6 +31,7 @@ from geserve.errors import (
     ModelLoadError,
     NotFoundError,
     UnavailableError,
+    UnknownError,
     UnsupportedError,
 )
 from geserve.repository.config import config_to_json
@@ -46,7 +47,63 @@ _ERRORS: dict[int, type[GeserveError]] = {
     pb_utils.TritonError.UNSUPPORTED: UnsupportedError,
     pb_utils.TritonError.ALREADY_EXISTS: AlreadyExistsError,
     pb_utils.TritonError.CANCELLED: CancelledError,
+    pb_utils.TritonError.UNKNOWN: UnknownError,
 }
+
+
+class _SenderAnswers:
+    """What a non-decoupled batch's requests answered through their response senders: each request's response and
+    whether its FINAL flag came, which execute may leave to other threads after it returns."""
+
+    def __init__(self) -> None:
+        self._responses: dict[int, pb_utils.InferenceResponse] = {}
+        self._finals: set[int] = set()
+        self._changed = threading.Condition()
+
+    def record(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        with self._changed:
+            if response is not None:
+                self._responses[index] = response
+            if final:
+                self._finals.add(index)
+            self._changed.notify_all()
+
+    def responded(self, index: int) -> bool:
+        with self._changed:
+            return index in self._responses
+
+    def final(self, index: int) -> bool:
+        with self._changed:
+            return index in self._finals
+
+    def response(self, index: int) -> pb_utils.InferenceResponse | None:
+        with self._changed:
+            return self._responses.get(index)
+
+    def wait_final(self, index: int, model: str) -> pb_utils.InferenceResponse | None:
+        """The request's response once its FINAL flag came: Triton waits for it without end, and so does this,
+        saying in the log every minute which request is still waited for."""
+        with self._changed:
+            while not self._changed.wait_for(lambda: index in self._finals, timeout=_FINAL_WAIT_LOG_S):
+                logger.warning(
+                    "model '%s': request %d of the batch has not sent its final response through its response "
+                    "sender; execute returned None, so it is waited for",
+                    model,
+                    index,
+                )
+            return self._responses.get(index)
+
+
+# How often a request answered through its sender, and still waited for, is named in the log.
+_FINAL_WAIT_LOG_S = 60.0
+
+
+def _python_error(error: BaseException) -> str:
+    """A Python exception as Triton's python backend words it (pybind11's error_already_set): the type and message,
+    then `At:` and each frame of the model's code, innermost first."""
+    frames = traceback.extract_tb(error.__traceback__)[1:]  # the first is the call into execute
+    lines = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
+    return f"{last_line(error)}\n\nAt:\n{lines}" if lines else last_line(error)
 
 
 def last_line(error: BaseException) -> str:
@@ -142,29 +199,47 @@ class PythonBackend:
         raise InternalError(f"model '{self._name}': the python backend runs requests, not bare batches")
 
     def execute_requests(self, requests: Sequence[BackendRequest], emit: ResponseEmitter) -> list[RequestResult] | None:
-        sent: dict[int, pb_utils.InferenceResponse] = {}
-        prepared = [self._request(index, request, emit, sent) for index, request in enumerate(requests)]
+        answers = _SenderAnswers()
+        prepared = [self._request(index, request, emit, answers) for index, request in enumerate(requests)]
         try:
             returned = self._model.execute(prepared)
             if inspect.isawaitable(returned):
                 if self._decoupled:
-                    # Decoupled coroutines run side by side and answer through their senders.
+                    # Decoupled coroutines run side by side and answer through their senders (what they return is
+                    # not looked at, as in Triton).
                     self._submit(returned).add_done_callback(self._log_failure)
                     return None
                 returned = self._wait(returned)
         except GeserveError:
             raise
         except BaseException as error:
-            logger.exception("execute of model '%s' failed", self._name)
-            raise InternalError(f"model '{self._name}': execute failed: {last_line(error)}") from None
+            logger.error("%s", self._failed(_python_error(error)))
+            raise InternalError(self._failed(_python_error(error))) from None
         if self._decoupled:
+            if returned is not None:
+                self._refuse_returned(prepared, emit)
             return None
-        if returned is None and len(sent) == len(requests):
-            returned = [sent[index] for index in range(len(requests))]  # answered through the senders
-        return self._results(returned, len(requests))
+        if returned is None:  # answered through the response senders, maybe after execute returned
+            return [self._unpacked(answers.wait_final(index, self._name)) for index in range(len(requests))]
+        return self._results(returned, prepared, answers)
+
+    def _failed(self, message: str) -> str:
+        """Triton's text for a failed execute (python_backend pb_stub.cc), which names the instance."""
+        instance = self._instance_name or f"{self._name}_0"
+        return f"Failed to process the request(s) for model '{instance}', message: {message}"
+
+    def _refuse_returned(self, prepared: Sequence[pb_utils.InferenceRequest], emit: ResponseEmitter) -> None:
+        """A decoupled model returned responses: every request not answered in full fails, as in Triton."""
+        text = self._failed(
+            f"Python model '{self._name}' is using the decoupled mode and the execute function must return None."
+        )
+        logger.error("%s", text)
+        for index, request in enumerate(prepared):
+            if request.get_response_sender()._close():  # the server's own final answer
+                emit(index, None, InternalError(text), True)
 
     def _request(
-        self, index: int, request: BackendRequest, emit: ResponseEmitter, sent: dict[int, pb_utils.InferenceResponse]
+        self, index: int, request: BackendRequest, emit: ResponseEmitter, answers: _SenderAnswers
     ) -> pb_utils.InferenceRequest:
         parameters = request.parameters
         flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0) | (
@@ -189,32 +264,52 @@ class PythonBackend:
             if self._decoupled:
                 outputs, error = _unpack(response, self._name) if response is not None else (None, None)
                 emit(index, outputs, error, final)
-            elif response is not None:
-                sent[index] = response
+            else:
+                answers.record(index, response, final)
 
-        prepared.attach(pb_utils.InferenceResponseSender(handle, request.cancelled), request.cancelled)
+        sender = pb_utils.InferenceResponseSender(handle, request.cancelled, decoupled=self._decoupled)
+        prepared.attach(sender, request.cancelled)
         return prepared
 
-    def _results(self, returned: Any, count: int) -> list[RequestResult]:
+    def _results(
+        self, returned: Any, prepared: Sequence[pb_utils.InferenceRequest], answers: _SenderAnswers
+    ) -> list[RequestResult]:
+        count = len(prepared)
         if not isinstance(returned, list | tuple) or len(returned) != count:
             size = len(returned) if isinstance(returned, list | tuple) else type(returned).__name__
-            raise InternalError(
-                f"model '{self._name}': execute must return a list of {count} InferenceResponse(s), one per request; "
-                f"it returned {size}"
+            failure = InternalError(
+                self._failed(
+                    "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                    f"InferenceRequest(s) size is:{count}, and InferenceResponse(s) size is:{size}"
+                )
             )
+            return [failure] * count
+        if any(entry is not None and answers.responded(index) for index, entry in enumerate(returned)):
+            # Answered twice, through the sender and in the list: Triton fails every request not answered in full.
+            failure = InternalError(
+                self._failed("Unable to send response. Non-decoupled model cannot send more than one response.")
+            )
+            return [
+                self._unpacked(answers.response(index)) if answers.final(index) else failure for index in range(count)
+            ]
         results: list[RequestResult] = []
-        for response in returned:
-            if not isinstance(response, pb_utils.InferenceResponse):
+        for index, response in enumerate(returned):
+            if response is None:  # this request is answered through its sender
+                results.append(self._unpacked(answers.wait_final(index, self._name)))
+            elif not isinstance(response, pb_utils.InferenceResponse):
                 results.append(
                     InternalError(
                         f"model '{self._name}': execute returned {type(response).__name__} "
                         "where an InferenceResponse was expected"
                     )
                 )
-                continue
-            outputs, error = _unpack(response, self._name)
-            results.append(error if error is not None else outputs or {})
+            else:
+                results.append(self._unpacked(response))
         return results
+
+    def _unpacked(self, response: pb_utils.InferenceResponse | None) -> RequestResult:
+        outputs, error = _unpack(response, self._name) if response is not None else ({}, None)
+        return error if error is not None else outputs or {}
 
     # -- readiness, async and unloading --------------------------------------------------------
 

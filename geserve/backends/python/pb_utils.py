@@ -202,26 +202,50 @@ ResponseHandler = Callable[[InferenceResponse | None, bool], None]
 
 
 class InferenceResponseSender:
-    """Sends any number of responses for one request; the last carries the FINAL flag."""
+    """Sends a request's responses, the last with the FINAL flag: any number for a decoupled model, exactly one for
+    any other (python_backend's response_sender.cc: its checks and its texts)."""
 
-    def __init__(self, handler: ResponseHandler, cancelled: Callable[[], bool]) -> None:
+    def __init__(self, handler: ResponseHandler, cancelled: Callable[[], bool], decoupled: bool = True) -> None:
         self._handler = handler
         self._cancelled = cancelled
+        self._decoupled = decoupled
         self._closed = False
+        self._responses = 0
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self._lock:
+            if not self._decoupled:
+                if response is not None and self._responses > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if response is None and self._responses == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before sending a "
+                        "response."
+                    )
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
-            if response is None and not final:
-                raise TritonModelException("Inference Response object must be provided when the flag is not FINAL.")
             self._closed = final
+            self._responses += response is not None
         self._handler(response, final)
 
     def is_cancelled(self) -> bool:
         return self._cancelled()
+
+    def _close(self) -> bool:
+        """Close the sender for the server's own final answer (an error): whether it was still open."""
+        with self._lock:
+            was_open, self._closed = not self._closed, True
+        return was_open
 
 
 class PreferredMemory:
