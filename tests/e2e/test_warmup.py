@@ -221,7 +221,7 @@ def _metric(server: GeserveProcess, family: str, model: str) -> float:
 def test_every_instance_runs_each_sample_count_times_before_ready(server: GeserveProcess, root: Path) -> None:
     _client(server)
     records = _records(root)
-    assert sorted(records) == ["recorder_0_0", "recorder_0_1"]  # both instances (Triton's names), nothing else has run yet
+    assert sorted(records) == ["recorder_0_0", "recorder_0_1"]  # both instances, nothing else has run yet
     from_file = {"requests": 2, "IN": [[FILE_VALUES], [FILE_VALUES]]}
     zeros = {"requests": 1, "IN": [[[0, 0, 0]]]}
     for executions in records.values():
