@@ -77,15 +77,15 @@ def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStream
 def _stream_messages(
     request: pb.ModelInferRequest, item: StreamedResponse, final_flag: bool
 ) -> list[pb.ModelStreamInferResponse]:
-    """The stream messages for one response of a request. With `triton_enable_empty_final_response`
-    every response says whether it is the last, and a bare FINAL becomes an empty response."""
+    """The stream messages for one response of a request. Every response says whether it is the last
+    (`triton_final_response`, as Triton's stream_infer_handler.cc sets it on each one it writes); with
+    `triton_enable_empty_final_response` a bare FINAL becomes an empty response."""
     messages = []
     if item.error is not None:
         messages.append(_stream_error(request, item.error.message))
     if item.response is not None:
         message = pb.ModelStreamInferResponse(infer_response=convert.infer_reply(item.response).to_message())
-        if final_flag:
-            message.infer_response.parameters[convert.FINAL_RESPONSE].bool_param = item.final
+        message.infer_response.parameters[convert.FINAL_RESPONSE].bool_param = item.final
         messages.append(message)
     elif item.final and final_flag:
         empty = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
@@ -226,6 +226,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if traced is not None:
                     infer_request = replace(infer_request, trace_context=traced)
                 async for item in self._service.infer_stream(infer_request):
+                    if item.error is not None and close_on_error:
+                        # Triton writes the responses before it and ends the stream with the error's status.
+                        if item.response is not None:
+                            await answers.put(_stream_messages(request, replace(item, error=None), final_flag)[0])
+                        await answers.put(_StreamEnd(item.error))
+                        return
                     messages = _stream_messages(request, item, final_flag)
                     trace = item.response.trace if item.response is not None else None
                     for index, response in enumerate(messages):

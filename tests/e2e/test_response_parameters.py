@@ -131,8 +131,11 @@ def _stream(server: GeserveProcess, model: str, text: str, **options: Any) -> li
 def test_streams_carry_each_responses_parameters(server: GeserveProcess) -> None:
     sent = [{"bool": False, "int": 2048}, {"str": "Hello World!"}, {}]
     responses = _stream(server, "response_params_decoupled", json.dumps(sent))
-    assert [_grpc_parameters(response) for response in responses] == sent
-    # With the final flag asked for, geserve's triton_final_response joins the model's own, and wins over them.
+    # triton_final_response joins the model's own on every streamed response (Triton's stream handler sets it on each).
+    assert [_grpc_parameters(response) for response in responses] == [
+        {**parameters, "triton_final_response": False} for parameters in sent
+    ]
+    # With the empty final response asked for, the stream ends with one; triton_final_response wins over the model's.
     sent = [{"int": 1}, {"triton_final_response": "the model's"}]
     responses = _stream(server, "response_params_decoupled", json.dumps(sent), enable_empty_final_response=True)
     got = [_grpc_parameters(response) for response in responses]
@@ -143,7 +146,7 @@ def test_streams_carry_each_responses_parameters(server: GeserveProcess) -> None
     ]
     # A model that is not decoupled, through ModelStreamInfer.
     responses = _stream(server, "response_params", json.dumps({"streamed": True}))
-    assert [_grpc_parameters(response) for response in responses] == [{"streamed": True}]
+    assert [_grpc_parameters(response) for response in responses] == [{"streamed": True, "triton_final_response": True}]
 
 
 def test_cached_responses_answer_with_their_parameters(server: GeserveProcess) -> None:

@@ -132,6 +132,22 @@ UNKNOWN_ERROR = textwrap.dedent(
             return [pb_utils.InferenceResponse([], error=error) for _ in requests]
     """
 )
+STREAMS_THEN_FAILS = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                sender = request.get_response_sender()
+                for text in (b"one", b"two"):
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text], dtype=np.object_))]))
+                error = pb_utils.TritonError("the third went wrong", pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse([], error=error), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +171,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
         ("sender_default", SENDER_DEFAULT, False),
         ("decoupled_returns", DECOUPLED_RETURNS, True),
         ("unknown_error", UNKNOWN_ERROR, False),
+        ("streams_then_fails", STREAMS_THEN_FAILS, True),
     ):
         policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
         config = config_text(
@@ -268,3 +285,47 @@ def test_a_models_unknown_error_is_400_over_http_and_unknown_over_grpc(server: G
             "unknown_error", [_int_input(grpcclient)]
         )
     assert error.value.status() == "StatusCode.UNKNOWN" and error.value.message() == "nobody knows"
+
+
+def _streamed(
+    server: GeserveProcess, model: str, value: int = 0, headers: dict[str, str] | None = None
+) -> list[tuple[Any, Any]]:
+    """What a stream's callback got for one request, until the stream went quiet or closed."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers)
+    got: list[tuple[Any, Any]] = []
+    try:
+        client.async_stream_infer(model, [_int_input(grpcclient, value)])
+        got.append(answers.get(timeout=30))
+        while True:
+            try:
+                got.append(answers.get(timeout=1.0))
+            except queue.Empty:
+                break
+    finally:
+        client.stop_stream()
+    return got
+
+
+def test_every_streamed_response_says_whether_it_is_the_last(server: GeserveProcess) -> None:
+    """triton_final_response on every response of a stream, asked for or not (stream_infer_handler.cc)."""
+    for model, finals in (("sender_default", [True]), ("streams_then_fails", [False, False])):
+        got = _streamed(server, model, value=1)
+        results = [result for result, error in got if result is not None]
+        flags = [result.get_response().parameters["triton_final_response"].bool_param for result in results]
+        assert flags == finals, (model, got)
+
+
+def test_a_decoupled_error_after_responses_closes_the_stream_with_its_status_when_asked(server: GeserveProcess) -> None:
+    """Without triton_grpc_error the error is a message and the stream stays open; with it, the responses before
+    it arrive and the stream ends with the error's status."""
+    got = _streamed(server, "streams_then_fails")
+    assert [_text(result) for result, error in got if result is not None] == ["one", "two"]
+    errors = [error for result, error in got if error is not None]
+    assert [error.message() for error in errors] == ["the third went wrong"], got
+    got = _streamed(server, "streams_then_fails", headers={"triton_grpc_error": "true"})  # closes the stream
+    assert [_text(result) for result, error in got if result is not None] == ["one", "two"]
+    errors = [error for result, error in got if error is not None]
+    assert len(errors) == 1 and errors[0].status() == "StatusCode.INVALID_ARGUMENT", got
+    assert "the third went wrong" in errors[0].message()
