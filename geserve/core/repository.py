@@ -525,7 +525,8 @@ def _composing_models(source: ModelSource) -> tuple[str, ...] | None:
 
 
 def _check_override_path(name: str, relative: str) -> None:
-    """A `file:` override path a file system can hold, refused with the client's own words otherwise."""
+    """A `file:` override path a file system can hold, refused as Triton refuses it (in the client's own words)
+    otherwise."""
     shown = f"{FILE_PREFIX}{relative[:64]}{'...' if len(relative) > 64 else ''}"
     problem = ""
     if "\x00" in relative:
@@ -537,7 +538,11 @@ def _check_override_path(name: str, relative: str) -> None:
     elif any(len(part.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES for part in relative.split("/")):
         problem = f"has a file or folder name longer than {_MAX_NAME_BYTES} bytes"
     if problem:
-        raise InvalidArgumentError(f"failed to load '{name}': file override '{shown}' {problem}")
+        # Triton fails these while it writes the overrides out to poll them: INTERNAL, "failed to poll from model
+        # repository" (its own simple_grpc_model_control example expects both).
+        raise InternalError(
+            f"failed to load '{name}', failed to poll from model repository: file override '{shown}' {problem}"
+        )
 
 
 def _config_override(name: str, text: Any) -> mc.ModelConfig:

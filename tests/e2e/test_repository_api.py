@@ -147,10 +147,10 @@ def test_file_overrides_load_into_a_fresh_model_folder(explicit: GeserveProcess)
         ("simple", {"config": '"text"'}, 400, "the 'config' parameter must be a JSON object"),
         ("simple", {"config": '{"instance_group": [{"count": -3}]}'}, 400, "asks for -3 instances"),
         ("simple", {"config": '{"instance_group": [{"count": 100000}]}'}, 400, "asks for 100000 instances"),
-        ("long", {"config": "{}", f"file:1/{'a' * 300}.onnx": "AAAA"}, 400, "name longer than 255 bytes"),
-        ("nul", {"config": "{}", "file:1/a\u0000b.onnx": "AAAA"}, 400, "contains a NUL character"),
-        ("deep", {"config": "{}", "file:" + "d/" * 2000 + "m.onnx": "AAAA"}, 400, "is longer than 1024 bytes"),
-        ("deep", {"config": "{}", "file:" + "d/" * 40 + "m.onnx": "AAAA"}, 400, "is more than 32 folders deep"),
+        ("long", {"config": "{}", f"file:1/{'a' * 300}.onnx": "AAAA"}, 500, "name longer than 255 bytes"),
+        ("nul", {"config": "{}", "file:1/a\u0000b.onnx": "AAAA"}, 500, "contains a NUL character"),
+        ("deep", {"config": "{}", "file:" + "d/" * 2000 + "m.onnx": "AAAA"}, 500, "is longer than 1024 bytes"),
+        ("deep", {"config": "{}", "file:" + "d/" * 40 + "m.onnx": "AAAA"}, 500, "is more than 32 folders deep"),
     ],
 )
 def test_load_refusals_then_a_good_request(
@@ -172,6 +172,17 @@ def test_grpc_refuses_traversal_names_and_repository_names(explicit: GeserveProc
     assert "path traversal" in error.value.message()
     status, answer = _post(explicit, "/v2/repository/other/index")
     assert status == 501 and answer == {"error": "'repository_name' specification is not supported"}
+    _infer_simple(httpclient.InferenceServerClient(explicit.url))
+
+
+def test_an_override_name_past_name_max_is_what_tritons_example_expects(explicit: GeserveProcess) -> None:
+    """Triton's simple_grpc_model_control example: INTERNAL, "failed to poll from model repository", still live."""
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{explicit.grpc_port}")
+    with pytest.raises(InferenceServerException) as error:
+        grpc.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+    assert error.value.status() == "StatusCode.INTERNAL"
+    assert "failed to poll from model repository" in error.value.message()
+    assert grpc.is_server_live() and grpc.is_model_ready("simple")
     _infer_simple(httpclient.InferenceServerClient(explicit.url))
 
 
