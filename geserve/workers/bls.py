@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import queue
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from geserve.backends.python import pb_utils
-from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
+from geserve.workers.messages import BlsCall, BlsCancel, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, unlink_quietly, write_tensors
 
@@ -104,6 +105,11 @@ class BlsClient:
             raise pb_utils.TritonModelException("the server went away during a BLS request")
         return reply
 
+    def cancel(self, call_id: int) -> None:
+        """Ask the server to cancel a decoupled call: its callee sees `is_cancelled()`, and the call ends."""
+        with contextlib.suppress(OSError, ValueError):  # the front-end is gone: so is the call
+            self._send(BlsCancel(call_id))
+
     def _forget(self, call_id: int) -> None:
         """No more replies for this call reach its queue: later ones are discarded as they arrive."""
         with self._lock:
@@ -138,16 +144,18 @@ class BlsClient:
 
 
 class ResponseIterator(Iterator[Any]):
-    """The responses of a decoupled BLS call, read in order. Once the model lets go of it (drops it, read or not;
-    a loop it broke out of, once no name holds it any more) or calls `close()`, the replies already queued and
-    those still to come are discarded, their segments unlinked, so an abandoned stream leaves no shared memory
-    behind."""
+    """The responses of a decoupled BLS call, read in order, as Triton's ResponseIterator. `cancel()` cancels the
+    callee's request (its `is_cancelled()` turns true) and the responses still to come end with the final one.
+    Once the model lets go of it (drops it, read or not; a loop it broke out of, once no name holds it any more)
+    or calls `close()`, an unfinished call is cancelled, and the replies already queued and those still to come
+    are discarded, their segments unlinked, so an abandoned stream leaves no shared memory behind."""
 
     def __init__(self, client: BlsClient, call_id: int, replies: queue.SimpleQueue[BlsReply | None]) -> None:
         self._client = client
         self._call_id = call_id
         self._replies = replies
-        self._done = False
+        self._done = False  # no more to read
+        self._ended = False  # the final reply came
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -161,13 +169,22 @@ class ResponseIterator(Iterator[Any]):
             self.close()
             raise
         if reply.final:
+            self._ended = True
             self.close()
         return _response(reply)
+
+    def cancel(self) -> None:
+        """Cancel the callee's request, as Triton's `ResponseIterator.cancel()`; the responses before its end can
+        still be read."""
+        if not self._ended:
+            self._client.cancel(self._call_id)
 
     def close(self) -> None:
         if self._done:
             return
         self._done = True
+        if not self._ended:
+            self._client.cancel(self._call_id)
         self._client._forget(self._call_id)
         while True:  # what arrived before `_forget` and was not read
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
@@ -11,10 +12,17 @@ import numpy as np
 
 from geserve import log_records
 from geserve.codecs import dtypes
-from geserve.errors import GeserveError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError
+from geserve.errors import (
+    CancelledError,
+    GeserveError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from geserve.residency import SharedTensor
 from geserve.types import CallChain, InferInput, InferRequest, RequestedOutput, response_parameters
-from geserve.workers.messages import BlsCall, BlsReply, ControlCall, ControlReply
+from geserve.workers.messages import BlsCall, BlsCancel, BlsReply, ControlCall, ControlReply
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors, write_tensors
 from geserve.workers.streams import StreamItem
@@ -22,6 +30,8 @@ from geserve.workers.streams import StreamItem
 logger = logging.getLogger(__name__)
 # Triton's text for a request whose timeout ran out.
 TIMEOUT_EXPIRED = "Request timeout expired"
+# What a decoupled BLS call its caller cancelled ends with, when its callee has not ended it first.
+CANCELLED = "Request was cancelled"
 
 
 class ModelCaller(Protocol):
@@ -51,7 +61,10 @@ async def serve_call(
             raise UnavailableError("BLS requests cannot reach the server from this worker")
         timeout_s = call.timeout_us / 1e6 if call.timeout_us > 0 else None
         if call.decoupled:
-            await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run, chain=chain), timeout_s)
+            try:
+                await asyncio.wait_for(_stream(caller, request, call.call_id, reply, run, chain=chain), timeout_s)
+            except asyncio.CancelledError:  # the caller cancelled it: closing the stream cancelled the callee
+                reply(BlsReply(call.call_id, (), CancelledError(CANCELLED), True))
             return
         outputs = await asyncio.wait_for(caller.call_model(request, chain), timeout_s)
         refs = write_tensors(arrays_of(outputs), run.segment_name("blsout"))
@@ -151,8 +164,18 @@ class BlsServer:
         self._run = run
         self._chain = chain
         self._tasks: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+        self._streams: dict[int, asyncio.Task[None]] = {}  # decoupled calls by call id, which a BlsCancel names
 
-    def __call__(self, call: BlsCall | ControlCall, reply: Callable[[BlsReply | ControlReply], None]) -> None:
+    def __call__(
+        self, call: BlsCall | BlsCancel | ControlCall, reply: Callable[[BlsReply | ControlReply], None]
+    ) -> None:
+        if isinstance(call, BlsCancel):
+            streaming = self._streams.get(call.call_id)
+            if streaming is not None:
+                # After the call's first step (queued when it came, before this): a task cancelled before it starts
+                # never runs, and would leave the call's input segment behind.
+                asyncio.get_running_loop().call_soon(streaming.cancel)
+            return
         if isinstance(call, ControlCall):
             work = serve_control(self._caller(), call, reply)
         else:
@@ -160,3 +183,10 @@ class BlsServer:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if isinstance(call, BlsCall) and call.decoupled:
+            self._streams[call.call_id] = task
+            task.add_done_callback(functools.partial(self._ended, call.call_id))
+
+    def _ended(self, call_id: int, task: asyncio.Task[None]) -> None:
+        if self._streams.get(call_id) is task:
+            del self._streams[call_id]

@@ -19,6 +19,7 @@ from geserve.workers.client import local_tensors
 from geserve.workers.messages import (
     BatchPlaced,
     BlsCall,
+    BlsCancel,
     BlsReply,
     Cancel,
     ControlCall,
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 # What the worker says about its own life (loaded, could not load, exiting on purpose): its supervisor's business.
 Lifecycle = Loaded | LoadFailed | Retiring
 # Serves one BLS or model control call of the model, answering through the callback (as often as the call is answered).
-BlsHandler = Callable[[BlsCall | ControlCall, Callable[[BlsReply | ControlReply], None]], None]
+BlsHandler = Callable[[BlsCall | BlsCancel | ControlCall, Callable[[BlsReply | ControlReply], None]], None]
 
 # How long a status read waits for the worker, which answers between batches.
 STATUS_TIMEOUT_S = 10.0
@@ -240,7 +241,7 @@ class WorkerChannel:
                 answer.set_result(message)
         elif isinstance(message, Partial):
             self._on_partial(message)
-        elif isinstance(message, BlsCall | ControlCall):
+        elif isinstance(message, BlsCall | BlsCancel | ControlCall):
             self._serve_bls(message, self.reply)
         elif isinstance(message, StatusReport):
             if self._status is not None and not self._status.done():

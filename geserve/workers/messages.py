@@ -234,6 +234,14 @@ class BlsCall:
 
 
 @dataclass(frozen=True, slots=True)
+class BlsCancel:
+    """A python model cancelled a decoupled BLS call (`ResponseIterator.cancel()`, or dropped it unfinished): the
+    callee's request is cancelled, and the call ends with a final reply."""
+
+    call_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class BlsReply:
     """One response to a BlsCall: outputs in a segment of its own (the worker reads and unlinks it), or the
     error the call met; `final` ends the call."""

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import GeserveProcess, config_text, write_python_model
+from tests.support import GeserveProcess, config_text, wait_until, write_python_model
 
 pytestmark = pytest.mark.e2e
 
@@ -148,6 +148,57 @@ STREAMS_THEN_FAILS = textwrap.dedent(
             return None
     """
 )
+TICKS = textwrap.dedent(
+    """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                tag = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+                sender = request.get_response_sender()
+                deadline = time.monotonic() + 20
+                while not sender.is_cancelled() and time.monotonic() < deadline:
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([b"tick"], dtype=np.object_))]))
+                    time.sleep(0.05)
+                pb_utils.Logger.log_info(f"ticks {tag} cancelled: {sender.is_cancelled()}")
+                if not sender.is_cancelled():
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+    """
+)
+BLS_CANCEL = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                mode = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+                call = pb_utils.InferenceRequest(
+                    model_name="ticks", inputs=[pb_utils.Tensor("IN", np.array([mode], dtype=np.int32))],
+                    requested_output_names=["OUT"],
+                )
+                iterator = call.exec(decoupled=True)
+                first = next(iterator)
+                text = first.output_tensors()[0].as_numpy()[0].decode()
+                if mode == 1:  # cancel, then read to the end
+                    iterator.cancel()
+                    rest = list(iterator)
+                    errors = [r.error().message() for r in rest if r.has_error()]
+                    text += f" then {len(rest)} more, errors {errors}"
+                else:  # dropped unfinished
+                    del iterator
+                responses.append(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], dtype=np.object_))])
+                )
+            return responses
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +223,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
         ("decoupled_returns", DECOUPLED_RETURNS, True),
         ("unknown_error", UNKNOWN_ERROR, False),
         ("streams_then_fails", STREAMS_THEN_FAILS, True),
+        ("ticks", TICKS, True),
+        ("bls_cancel", BLS_CANCEL, False),
     ):
         policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
         config = config_text(
@@ -329,3 +382,18 @@ def test_a_decoupled_error_after_responses_closes_the_stream_with_its_status_whe
     errors = [error for result, error in got if error is not None]
     assert len(errors) == 1 and errors[0].status() == "StatusCode.INVALID_ARGUMENT", got
     assert "the third went wrong" in errors[0].message()
+
+
+@pytest.mark.parametrize(("mode", "how"), [(1, "cancel"), (2, "drop")])
+def test_a_bls_response_iterator_cancelled_or_dropped_cancels_its_callee(
+    server: GeserveProcess, mode: int, how: str
+) -> None:
+    """ResponseIterator.cancel() cancels the callee (its is_cancelled() turns true) and the iterator ends; so does
+    dropping an unfinished iterator."""
+    client = httpclient.InferenceServerClient(server.url)
+    text = _text(client.infer("bls_cancel", [_int_input(httpclient, mode)]))
+    assert text.startswith("tick"), text
+    if how == "cancel":
+        assert text.endswith("errors ['Request was cancelled']"), text
+    assert wait_until(lambda: f"ticks {mode} cancelled: True" in server.log(), 15), server.log()[-3000:]
+    assert f"ticks {mode} cancelled: False" not in server.log()

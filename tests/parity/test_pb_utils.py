@@ -18,7 +18,7 @@ from tests.parity.triton_lists import TRITON_PB_UTILS
 
 THIS_FILE = "tests/parity/test_pb_utils.py"
 # Works under another name: `exec(decoupled=True)` returns a generator where Triton returns a ResponseIterator.
-STAND_INS = {"ResponseIterator.__iter__", "ResponseIterator.__next__"}
+STAND_INS = {"ResponseIterator.__iter__", "ResponseIterator.__next__", "ResponseIterator.cancel"}
 CONFIG = {"input": [{"name": "IN", "data_type": "TYPE_FP32"}], "model_transaction_policy": {"decoupled": True}}
 
 
