@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ipaddress
 import os
@@ -23,6 +24,7 @@ from geserve.restrictions import parse_restrictions
 from geserve.settings import (
     ControlMode,
     GrpcSettings,
+    GrpcTls,
     HttpSettings,
     LoggingSettings,
     MetricsSettings,
@@ -59,6 +61,32 @@ def auto_frontend_processes() -> int:
     return 1 if cores < 2 else min(max(cores // 2, 2), 8)
 
 
+def _grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
+    """The gRPC listener's TLS, its files read now: a file missing or unreadable stops startup naming its flag (Triton
+    would serve with an empty one). --grpc-use-ssl-mutual implies --grpc-use-ssl, as in Triton."""
+    mutual = bool(args.grpc_use_ssl_mutual)
+    if not (args.grpc_use_ssl or mutual):
+        return None
+    needed = ["--grpc-server-cert", "--grpc-server-key", *(["--grpc-root-cert"] if mutual else [])]
+    missing = [flag for flag in needed if not getattr(args, flag[2:].replace("-", "_"))]
+    if missing:
+        mode = "--grpc-use-ssl-mutual" if mutual else "--grpc-use-ssl"
+        raise InvalidArgumentError(f"{mode} needs {' and '.join(missing)}")
+
+    def read(flag: str) -> bytes:
+        path = getattr(args, flag[2:].replace("-", "_"))
+        try:
+            content = Path(path).read_bytes()
+        except OSError as error:
+            raise InvalidArgumentError(f"{flag}: cannot read '{path}': {error.strerror or error}") from None
+        if b"-----BEGIN " not in content:
+            raise InvalidArgumentError(f"{flag}: '{path}' holds no PEM block")
+        return content
+
+    root = read("--grpc-root-cert") if mutual or args.grpc_root_cert else None
+    return GrpcTls(read("--grpc-server-key"), read("--grpc-server-cert"), root, mutual)
+
+
 def parse_settings(
     argv: Sequence[str] | None = None, prog: str = "geserve", environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -84,6 +112,7 @@ def parse_settings(
         trace_settings, trace_warnings = trace_flags.trace_settings(args)
         TraceController(trace_settings)  # checks the values
         cache_bytes, cache_warnings = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
+        grpc_tls = _grpc_tls(args)
     except GeserveError as error:
         parser.error(error.message)
     warnings, refusal = triton_flags.check(args)
@@ -158,6 +187,7 @@ def parse_settings(
         max_inflight_rpcs=args.grpc_max_inflight_rpcs,
         max_connections=args.grpc_max_connections or 0,
         restrictions=grpc_restrictions,
+        tls=grpc_tls,
     )
     metrics = MetricsSettings(
         enabled=args.allow_metrics,

@@ -483,6 +483,20 @@ def _add_grpc_flags(group: argparse._ArgumentGroup) -> None:
         group.add_argument(flag, type=int, default=default, metavar="N", help=f"{meaning} (default: {default})")
     _boolean(group, "--grpc-keepalive-permit-without-calls", False, "allow keepalive pings with no call open")
     _boolean(group, "--reuse-grpc-port", False, "let several servers listen on the gRPC port (SO_REUSEPORT)")
+    _boolean(group, "--grpc-use-ssl", False, "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)")
+    _boolean(
+        group,
+        "--grpc-use-ssl-mutual",
+        False,
+        "serve gRPC over mutual TLS: clients present certificates that chain to --grpc-root-cert (implies "
+        "--grpc-use-ssl)",
+    )
+    for flag, meaning in (
+        ("--grpc-server-cert", "the server's certificate chain (PEM), with --grpc-use-ssl"),
+        ("--grpc-server-key", "the server's private key (PEM), with --grpc-use-ssl"),
+        ("--grpc-root-cert", "the root certificates (PEM) client certificates must chain to, with mutual TLS"),
+    ):
+        group.add_argument(flag, default="", metavar="PATH", help=meaning)
     for flag, meaning in (
         ("--grpc-max-connection-age", "ms a connection may live before the server asks the client to reconnect"),
         ("--grpc-max-connection-age-grace", "ms a connection past its age has to finish its calls"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -13,10 +14,13 @@ try:
 except ImportError:  # a python model's execution environment holds geserve's own package, not its dependencies
     orjson = None  # type: ignore[assignment]
 
-TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# --log-format's values (and the logging extension's log_format) -> the date format of a text line; json: none.
-DATE_FORMATS: dict[str, str | None] = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S%z", "json": None}
+# --log-format's values (and the logging extension's log_format): Triton's two text layouts, and one JSON object
+# per line.
+DATE_FORMATS: dict[str, str | None] = {"default": "%m%d %H:%M:%S", "ISO8601": "%Y-%m-%dT%H:%M:%SZ", "json": None}
 JSON = "json"
+ISO8601 = "ISO8601"
+# Triton's level letters (common logging.h LEVEL_NAMES); its verbose lines are "I" too.
+_LETTERS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
 # What a line about one request says of it, each when known: log calls pass them with `extra=request_fields(...)`.
 REQUEST_FIELDS = ("model", "version", "request_id")
 # The fields every JSON line starts with: a worker's tags never replace them.
@@ -64,14 +68,40 @@ class JsonFormatter(logging.Formatter):
         return self._encode(line)
 
 
+class TritonFormatter(logging.Formatter):
+    """Triton's text lines (common logging.cc LogPreamble), in UTC: `default` is glog's
+    `I1205 21:25:58.874000 <pid> <file>:<line>] <message>`, `ISO8601` is
+    `2026-12-05T21:29:43Z I <pid> <file>:<line>] <message>`; a worker's `[label name=value ...]` starts its message."""
+
+    def __init__(self, iso8601: bool, prefix: str = "") -> None:
+        super().__init__()
+        self._iso8601 = iso8601
+        self._prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = time.gmtime(record.created)
+        letter = _LETTERS.get(record.levelno, "E" if record.levelno > logging.WARNING else "I")
+        where = f"{record.process} {record.filename}:{record.lineno}] "
+        if self._iso8601:
+            head = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', when)} {letter} {where}"
+        else:
+            micros = int((record.created % 1) * 1_000_000)
+            head = f"{letter}{time.strftime('%m%d %H:%M:%S', when)}.{micros:06d} {where}"
+        line = head + self._prefix + record.getMessage()
+        if record.exc_info:
+            line += "\n" + (record.exc_text or self.formatException(record.exc_info))
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line
+
+
 def formatter(log_format: str, tags: Mapping[str, str | int] | None = None, label: str = "") -> logging.Formatter:
-    """The formatter of `log_format`: a text line shows `[label name=value ...]` of `tags` before the logger's name, a
-    JSON line has them as fields."""
+    """The formatter of `log_format`: a text line starts its message with `[label name=value ...]` of `tags`, a JSON
+    line has them as fields."""
     if log_format == JSON:
         return JsonFormatter(tags)
     tagged = " ".join([label, *(f"{name}={value}" for name, value in (tags or {}).items())]).strip()
-    text = TEXT.replace("%(name)s", f"[{tagged}] %(name)s") if tagged else TEXT
-    return logging.Formatter(text, DATE_FORMATS[log_format])
+    return TritonFormatter(log_format == ISO8601, f"[{tagged}] " if tagged else "")
 
 
 def log_to(

@@ -123,6 +123,17 @@ class HttpSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcTls:
+    """TLS for the gRPC listener (--grpc-use-ssl), its PEM files read at start: the server's key and certificate
+    and, for --grpc-use-ssl-mutual, the root certificates client certificates must chain to (required then)."""
+
+    key: bytes
+    certificate: bytes
+    root_certificates: bytes | None = None
+    mutual: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class GrpcSettings:
     """The gRPC listener and its HTTP/2 keepalive settings; defaults are tritonserver's."""
 
@@ -147,6 +158,7 @@ class GrpcSettings:
     max_concurrent_streams: int = DEFAULT_GRPC_STREAMS  # per connection: HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
     max_inflight_rpcs: int = DEFAULT_GRPC_INFLIGHT_RPCS  # per process: past it, RESOURCE_EXHAUSTED at once
     max_connections: int = 0  # per process; 0: a quarter of the file-descriptor limit
+    tls: GrpcTls | None = None  # None: plain gRPC
 
     def channel_options(self) -> list[tuple[str, int]]:
         age = []

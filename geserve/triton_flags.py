@@ -28,9 +28,6 @@ IGNORED = {
     "--grpc-infer-response-compression-level": "responses are sent uncompressed",
     "--model-load-thread-count": "models load concurrently on the event loop",
     "--model-load-retry-count": "a failed load is reported at once",
-    "--grpc-server-cert": "ignored without --grpc-use-ssl, as in Triton",
-    "--grpc-server-key": "ignored without --grpc-use-ssl, as in Triton",
-    "--grpc-root-cert": "ignored without --grpc-use-ssl, as in Triton",
     "--sagemaker-port": "ignored without --allow-sagemaker",
     "--sagemaker-safe-port-range": "ignored without --allow-sagemaker",
     "--sagemaker-thread-count": "ignored without --allow-sagemaker",
@@ -51,10 +48,6 @@ class Refusal:
 
 
 REFUSED = {
-    "--grpc-use-ssl": Refusal("geserve serves plain gRPC; terminate TLS in front of it", lambda v: v.lower() in _FALSE),
-    "--grpc-use-ssl-mutual": Refusal(
-        "geserve serves plain gRPC; terminate TLS in front of it", lambda v: v.lower() in _FALSE
-    ),
     "--rate-limit": Refusal("geserve has no rate limiter", lambda v: v.lower() == "off"),
     "--rate-limit-resource": Refusal("geserve has no rate limiter"),
     "--model-namespacing": Refusal("model names are global in geserve", lambda v: v.lower() in _FALSE),

@@ -32,8 +32,16 @@ def create_server(
     add_service(server, grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], servicer)
     add_service(server, health_pb2.DESCRIPTOR.services_by_name["Health"], HealthServicer(service))
     host = f"[{settings.address}]" if ":" in settings.address else settings.address
-    port = server.add_insecure_port(f"{host}:{settings.port}")
-    return server, port
+    address = f"{host}:{settings.port}"
+    tls = settings.tls
+    if tls is None:
+        return server, server.add_insecure_port(address)
+    # As Triton's SslServerCredentialsOptions: the key and certificate pair, the root certificates, and with mutual
+    # TLS a client certificate requested, required and verified.
+    credentials = grpc.ssl_server_credentials(
+        [(tls.key, tls.certificate)], root_certificates=tls.root_certificates, require_client_auth=tls.mutual
+    )
+    return server, server.add_secure_port(address, credentials)
 
 
 def connection_limit() -> int:

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
@@ -152,6 +153,10 @@ def run_worker(connection: Connection, spec: InstanceSpec) -> None:
     # Blocked while the process started (lineage.start_shielded): ignored now, pending ones are discarded.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
     os.environ.update(dict(spec.environment))  # before the backend is imported
+    # The model's process surface is Triton's stub's, whose embedded interpreter has sys.argv == [''] (pybind11's
+    # scoped_interpreter without arguments): a model that parses its command line (unittest.main, argparse) sees
+    # none, not the server's.
+    sys.argv = [""]
     tags: dict[str, str | int] = {
         "model": spec.model_name,
         "version": str(spec.model_version),

@@ -199,6 +199,22 @@ BLS_CANCEL = textwrap.dedent(
             return responses
     """
 )
+ARGV_PROBE = textwrap.dedent(
+    """
+    import json
+    import sys
+    import unittest
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            program = unittest.main(module=None, exit=False)  # parses sys.argv, as a model's own tests do
+            text = json.dumps({"argv": sys.argv, "ran": program.result.testsRun})
+            out = pb_utils.Tensor("OUT", np.array([text.encode()], dtype=np.object_))
+            return [pb_utils.InferenceResponse([out]) for _ in requests]
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +241,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
         ("streams_then_fails", STREAMS_THEN_FAILS, True),
         ("ticks", TICKS, True),
         ("bls_cancel", BLS_CANCEL, False),
+        ("argv_probe", ARGV_PROBE, False),
     ):
         policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
         config = config_text(
@@ -397,3 +414,10 @@ def test_a_bls_response_iterator_cancelled_or_dropped_cancels_its_callee(
         assert text.endswith("errors ['Request was cancelled']"), text
     assert wait_until(lambda: f"ticks {mode} cancelled: True" in server.log(), 15), server.log()[-3000:]
     assert f"ticks {mode} cancelled: False" not in server.log()
+
+
+def test_a_model_sees_the_stubs_command_line_not_the_servers(server: GeserveProcess) -> None:
+    """sys.argv is [''] as in Triton's stub (pybind11's interpreter without arguments): unittest.main(exit=False)
+    inside a model runs instead of failing on the server's flags."""
+    seen = json.loads(_text(httpclient.InferenceServerClient(server.url).infer("argv_probe", [_int_input(httpclient)])))
+    assert seen == {"argv": [""], "ran": 0}

@@ -77,13 +77,21 @@ def test_without_orjson_the_line_is_the_same(monkeypatch: pytest.MonkeyPatch) ->
     assert _json(log_records.JsonFormatter().format(record)) == with_orjson
 
 
-def test_text_formats_are_tritons_and_the_worker_tag_is_unchanged() -> None:
+def test_text_formats_are_tritons_and_the_worker_tag_starts_the_message() -> None:
+    """Triton's layouts (common logging.cc): glog's for default, ISO 8601's, both in UTC, with pid and file:line."""
     record = _record("x")
-    assert log_records.formatter("default").format(record).endswith(" WARNING geserve.core.repository: x")
+    record.created = 1796505958.874  # 2026-12-05 21:25:58.874 UTC
+    record.process, record.filename, record.lineno = 1234, "repository.py", 77
+    default = log_records.formatter("default").format(record)
+    assert default == "W1205 21:25:58.874000 1234 repository.py:77] x", default
+    iso = log_records.formatter("ISO8601").format(record)
+    assert iso == "2026-12-05T21:25:58Z W 1234 repository.py:77] x", iso
     tags: dict[str, str | int] = {"model": "m", "version": "1", "instance": "m_0", "device": 0, "pid": 9}
     worker = log_records.formatter("ISO8601", tags, label="worker").format(record)
-    assert worker.endswith(" WARNING [worker model=m version=1 instance=m_0 device=0 pid=9] geserve.core.repository: x")
-    assert "T" in worker.split(" ", 1)[0]  # ISO 8601's date and time
+    assert worker.endswith(" W 1234 repository.py:77] [worker model=m version=1 instance=m_0 device=0 pid=9] x")
+    for level, letter in ((logging.DEBUG, "I"), (logging.INFO, "I"), (logging.ERROR, "E"), (logging.CRITICAL, "E")):
+        record.levelno = level
+        assert log_records.formatter("default").format(record).startswith(letter + "1205 "), level
 
 
 @pytest.fixture

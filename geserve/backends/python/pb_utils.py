@@ -414,7 +414,8 @@ def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) ->
 
 
 class Logger:
-    """Model logging, into the server's log with the worker's model and instance tags."""
+    """Model logging, into the server's log with the worker's model and instance tags; a line names the model's own
+    file and line, as Triton's does."""
 
     class LogLevel:
         INFO = 0
@@ -431,23 +432,23 @@ class Logger:
     @staticmethod
     def log(message: str, level: int = 0) -> None:
         levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
-        _logger.log(levels.get(level, logging.INFO), "%s", message)
+        _logger.log(levels.get(level, logging.INFO), "%s", message, stacklevel=2)
 
     @staticmethod
     def log_info(message: str) -> None:
-        _logger.info("%s", message)
+        _logger.info("%s", message, stacklevel=2)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _logger.warning("%s", message)
+        _logger.warning("%s", message, stacklevel=2)
 
     @staticmethod
     def log_error(message: str) -> None:
-        _logger.error("%s", message)
+        _logger.error("%s", message, stacklevel=2)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _logger.debug("%s", message)
+        _logger.debug("%s", message, stacklevel=2)
 
 
 # -- model control (Triton 23.07+: load_model, unload_model, is_model_ready) --------------------------
