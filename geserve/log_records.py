@@ -87,7 +87,8 @@ class TritonFormatter(logging.Formatter):
         else:
             micros = int((record.created % 1) * 1_000_000)
             head = f"{letter}{time.strftime('%m%d %H:%M:%S', when)}.{micros:06d} {where}"
-        line = head + self._prefix + record.getMessage()
+        record.message = record.getMessage()  # as logging.Formatter leaves it, for whoever reads the record after
+        line = head + self._prefix + record.message
         if record.exc_info:
             line += "\n" + (record.exc_text or self.formatException(record.exc_info))
         if record.stack_info:

@@ -416,7 +416,8 @@ class ModelRepository:
                 for listener in self.listeners:
                     listener(version)
             for number, version in sorted(model.versions.items()):
-                logger.info("model '%s' version %d ready (%s)", source.name, number, _served_by(version))
+                # Triton's words, which readiness scripts wait for ("successfully loaded '<model>'"), then geserve's.
+                logger.info("successfully loaded '%s' version %d (%s)", source.name, number, _served_by(version))
         if old is not None and old is not model:
             await self._retire(old, wait=False)
         return model

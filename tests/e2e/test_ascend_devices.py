@@ -43,7 +43,7 @@ def test_the_runtime_counts_the_npus_and_a_cpu_group_of_a_ge_model_is_refused(la
     http = httpclient.InferenceServerClient(server.url)
     assert not http.is_model_ready("affine_cpu")
     assert (
-        "model 'affine_cpu': instance_group[0] ('affine_cpu') has kind KIND_CPU, but the 'ge' backend runs .om "
+        "model 'affine_cpu': instance_group[0] ('affine_cpu_0') has kind KIND_CPU, but the 'ge' backend runs .om "
         "models on Ascend NPUs only" in server.log()
     )
     assert http.is_model_ready("simple") and http.is_model_ready("affine")

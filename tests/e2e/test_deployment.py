@@ -166,7 +166,14 @@ def test_a_tritonserver_command_line_starts_geserve(launch: Launch, repository: 
     assert "ignoring --pinned-memory-pool-byte-size" in text
     assert "ignoring --backend-config=python,shm-default-byte-size=1048576" in text
     refused = subprocess.run(
-        [sys.executable, "-m", "geserve", "tritonserver", f"--model-repository={repository}", "--grpc-use-ssl=true"],
+        [
+            sys.executable,
+            "-m",
+            "geserve",
+            "tritonserver",
+            f"--model-repository={repository}",
+            "--model-namespacing=true",
+        ],
         check=False,
         capture_output=True,
         text=True,
@@ -174,7 +181,7 @@ def test_a_tritonserver_command_line_starts_geserve(launch: Launch, repository: 
         timeout=60,
     )
     assert refused.returncode == 2
-    assert "--grpc-use-ssl=true is not supported" in refused.stderr
+    assert "--model-namespacing=true is not supported" in refused.stderr
 
 
 def test_grpc_channels_are_asked_to_reconnect_after_the_maximum_age(launch: Launch, repository: Path) -> None:

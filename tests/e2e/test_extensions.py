@@ -98,7 +98,7 @@ def test_logging_settings_change_live_and_refuse_the_log_file(ext_server: Geserv
 def _traces(server: GeserveProcess, request_id: str) -> list[dict[str, Any]]:
     found = []
     for line in server.log().splitlines():
-        match = re.search(r"geserve\.trace: trace (\{.*\})$", line)
+        match = re.search(r"trace\.py:\d+\] trace (\{.*\})$", line)
         if match:
             record = json.loads(match.group(1))
             if record["request_id"] == request_id:

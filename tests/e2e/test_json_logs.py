@@ -123,7 +123,7 @@ def test_every_line_is_json(
         line["logger"] == "uvicorn.access" and '"POST /v2/models/echo/infer' in line["message"] for line in lines
     )
     # Lines with the request's fields are about requests only: a model's ready line names no request.
-    ready = [line for line in lines if "version 1 ready" in line["message"]]
+    ready = [line for line in lines if "' version 1 (" in line["message"]]
     assert ready and not any("request_id" in line for line in ready), ready
     workers = {line["pid"] for line in worker}
     engine = {line["pid"] for line in lines if line["logger"] == "geserve.core.repository"}
