@@ -17,6 +17,7 @@ from geserve.core.trace import TraceController
 from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.event_loop import loop_factory
 from geserve.flags import COMMANDS, build_parser
+from geserve.frontdoor import header_forwarding
 from geserve.memory import keep_freed_memory
 from geserve.metrics import config as metrics_config
 from geserve.repository import remote
@@ -113,6 +114,8 @@ def parse_settings(
         TraceController(trace_settings)  # checks the values
         cache_bytes, cache_warnings = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
         grpc_tls = _grpc_tls(args)
+        for flag in ("--http-header-forward-pattern", "--grpc-header-forward-pattern"):
+            header_forwarding.compile_pattern(getattr(args, flag[2:].replace("-", "_")), flag)
     except GeserveError as error:
         parser.error(error.message)
     warnings, refusal = triton_flags.check(args)
@@ -168,6 +171,7 @@ def parse_settings(
         max_unsent_bytes=args.http_max_unsent_bytes,
         restrictions=http_restrictions,
         openapi=args.http_openapi,
+        header_forward_pattern=args.http_header_forward_pattern,
     )
     grpc = GrpcSettings(
         enabled=args.allow_grpc,
@@ -188,6 +192,7 @@ def parse_settings(
         max_connections=args.grpc_max_connections or 0,
         restrictions=grpc_restrictions,
         tls=grpc_tls,
+        header_forward_pattern=args.grpc_header_forward_pattern,
     )
     metrics = MetricsSettings(
         enabled=args.allow_metrics,
@@ -204,6 +209,7 @@ def parse_settings(
         control_mode=ControlMode(args.model_control_mode),
         startup_models=tuple(args.load_model),
         poll_secs=float(args.repository_poll_secs),
+        config_name=args.model_config_name or "",
     )
     workers = WorkerSettings(
         auto_complete=not args.disable_auto_complete_config and not args.strict_model_config,

@@ -88,6 +88,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _config_name(value: str) -> str:
+    """--model-config-name: a file name (Triton refuses an empty one)."""
+    if not value:
+        raise argparse.ArgumentTypeError("empty argument for --model-config-name")
+    if "/" in value or value in (".", ".."):
+        raise argparse.ArgumentTypeError(f"'{value}' is not a file name under a model's configs/ folder")
+    return value
+
+
 def _boolean(group: argparse._ArgumentGroup, name: str, default: bool, help_text: str) -> None:
     group.add_argument(
         name,
@@ -330,6 +339,14 @@ def _add_model_control_flags(group: argparse._ArgumentGroup) -> None:
         metavar="SECONDS",
         help="with --model-control-mode=poll, seconds between repository scans (default: 15)",
     )
+    group.add_argument(
+        "--model-config-name",
+        type=_config_name,
+        default=None,  # argparse would check a default string with `type`
+        metavar="NAME",
+        help="read each model's configs/NAME.pbtxt where it has one, config.pbtxt otherwise (Triton's per-host "
+        "configs)",
+    )
 
 
 def _add_client_memory_flags(group: argparse._ArgumentGroup) -> None:
@@ -376,6 +393,13 @@ def _add_http_flags(group: argparse._ArgumentGroup) -> None:
         "APIS:KEY=VALUE",
         "only requests with header KEY: VALUE may use these API groups (comma-separated: "
         f"{', '.join(GROUPS)}); repeatable",
+    )
+    group.add_argument(
+        "--http-header-forward-pattern",
+        default="",
+        metavar="REGEX",
+        help="infer request headers whose name the pattern matches (anywhere, ignoring case) reach the model as "
+        "request parameters, as Triton's",
     )
     group.add_argument("--http-address", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
     _boolean(group, "--reuse-http-port", False, "let several servers listen on the HTTP port (SO_REUSEPORT)")
@@ -483,6 +507,13 @@ def _add_grpc_flags(group: argparse._ArgumentGroup) -> None:
         group.add_argument(flag, type=int, default=default, metavar="N", help=f"{meaning} (default: {default})")
     _boolean(group, "--grpc-keepalive-permit-without-calls", False, "allow keepalive pings with no call open")
     _boolean(group, "--reuse-grpc-port", False, "let several servers listen on the gRPC port (SO_REUSEPORT)")
+    group.add_argument(
+        "--grpc-header-forward-pattern",
+        default="",
+        metavar="REGEX",
+        help="call metadata whose key the pattern matches (anywhere, ignoring case) reaches the model as request "
+        "parameters, as Triton's",
+    )
     _boolean(group, "--grpc-use-ssl", False, "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)")
     _boolean(
         group,

@@ -120,6 +120,7 @@ class HttpSettings:
     max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES  # response bytes one connection may have waiting to be sent
     restrictions: Mapping[str, Restriction] = field(default_factory=dict)
     openapi: bool = True  # --http-openapi: serve /openapi.json and /docs
+    header_forward_pattern: str = ""  # --http-header-forward-pattern: headers passed on as request parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,7 @@ class GrpcSettings:
     max_inflight_rpcs: int = DEFAULT_GRPC_INFLIGHT_RPCS  # per process: past it, RESOURCE_EXHAUSTED at once
     max_connections: int = 0  # per process; 0: a quarter of the file-descriptor limit
     tls: GrpcTls | None = None  # None: plain gRPC
+    header_forward_pattern: str = ""  # --grpc-header-forward-pattern: metadata passed on as request parameters
 
     def channel_options(self) -> list[tuple[str, int]]:
         age = []
@@ -206,6 +208,7 @@ class RepositorySettings:
     control_mode: ControlMode = ControlMode.NONE
     startup_models: tuple[str, ...] = ()
     poll_secs: float = 15.0
+    config_name: str = ""  # --model-config-name: configs/<name>.pbtxt over config.pbtxt where a model has it
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ def prepare_model(
         config = mc.ModelConfig()
         config.CopyFrom(override)
     else:
-        config, _ = config_io.read_model_config(source.path, source.name)
+        config, _ = config_io.read_model_config(source.path, source.name, source.config_name)
     config_io.refuse_unsupported(config)
     agents.run_agents(config, source.path)  # Triton's repository agents act before the model loads
     response_cache.check_config(config)

@@ -62,6 +62,7 @@ class ModelRepository:
         stop_timeout_s: float = 30.0,
     ) -> None:
         self.repositories = list(settings.paths)
+        self._config_name = settings.config_name  # --model-config-name
         self._remote_urls = settings.remotes
         self._named = ", ".join([*map(str, settings.paths), *settings.remotes])  # as the command line gave them
         self._mirrors: list[S3Mirror] = []  # made at startup, their folders added to `repositories`
@@ -196,7 +197,7 @@ class ModelRepository:
         """Scan every repository, the remote ones' copies first brought up to date for `models` (None: all of
         them; empty: only which models there are). Off the event loop: the store is read over the network."""
         await self._sync(models)
-        return await self._off_loop(scan_repositories, self.repositories)
+        return await self._off_loop(scan_repositories, self.repositories, self._config_name)
 
     async def _sync(self, models: Collection[str] | None) -> None:
         """Bring the remote repositories' copies up to date for `models`. The turn is given back when the sync's
@@ -348,7 +349,7 @@ class ModelRepository:
                 await self._sync(())  # nothing listed yet (a startup that failed): the store's answer is awaited
             elif self.mode is not ControlMode.POLL:
                 self._refresh_listing()
-            scan = await self._off_loop(scan_repositories, self.repositories)
+            scan = await self._off_loop(scan_repositories, self.repositories, self._config_name)
         except RemoteRepositoryError as error:
             raise InternalError(str(error)) from None
         entries: list[dict[str, str]] = []
@@ -517,7 +518,7 @@ def _composing_models(source: ModelSource) -> tuple[str, ...] | None:
     """The models an ensemble's steps name, read from its config.pbtxt; None for a model that is not an ensemble
     (or whose config cannot be read: its load reports why)."""
     try:
-        config, _ = config_io.read_model_config(source.path, source.name)
+        config, _ = config_io.read_model_config(source.path, source.name, source.config_name)
     except ModelLoadError:
         return None
     if not is_ensemble(config):

@@ -28,7 +28,9 @@ def create_server(
         interceptors=interceptors,
         maximum_concurrent_rpcs=settings.max_inflight_rpcs,
     )
-    servicer = InferenceServicer(service, trace_context=trace_context)
+    servicer = InferenceServicer(
+        service, trace_context=trace_context, header_forward_pattern=settings.header_forward_pattern
+    )
     add_service(server, grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], servicer)
     add_service(server, health_pb2.DESCRIPTOR.services_by_name["Health"], HealthServicer(service))
     host = f"[{settings.address}]" if ":" in settings.address else settings.address

@@ -19,12 +19,13 @@ from geserve._generated import grpc_service_pb2_grpc as pb_grpc
 from geserve._generated import health_pb2, health_pb2_grpc
 from geserve.core.api import InferenceAPI
 from geserve.errors import DecoupledModelError, GeserveError, InvalidArgumentError, UnsupportedError
+from geserve.frontdoor import header_forwarding
 from geserve.grpc import convert
 from geserve.grpc.decoding import decoded
 from geserve.grpc.errors import GRPC_STATUS
 from geserve.grpc.raw import InferMessage, InferReply
 from geserve.memory import TRIM_AFTER_BYTES, trim_soon
-from geserve.types import StreamedResponse, TraceContext, TraceMark, TraceRecord
+from geserve.types import InferRequest, StreamedResponse, TraceContext, TraceMark, TraceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,10 @@ class _StreamEnd:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service; the HTTP twins' validation and messages, through the same service."""
 
-    def __init__(self, service: InferenceAPI, *, trace_context: bool = False) -> None:
+    def __init__(self, service: InferenceAPI, *, trace_context: bool = False, header_forward_pattern: str = "") -> None:
         self._service = service
+        # --grpc-header-forward-pattern: call metadata passed on to the model as request parameters.
+        self._forward = header_forwarding.compile_pattern(header_forward_pattern, "--grpc-header-forward-pattern")
         self._recording: set[asyncio.Task[None]] = set()  # traces on their way to be written
         # Whether ModelInfer reads a client's trace context from its metadata (trace mode opentelemetry): grpc.aio
         # builds a call's metadata anew each time it is asked for (~1 us), which no other unary request needs.
@@ -162,9 +165,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         raw: Sequence[memoryview] | None = None,
         received_ns: int = 0,
         trace_context: TraceContext | None = None,
+        metadata: Any = None,
     ) -> InferReply:
         read_ns = time.monotonic_ns()
-        infer_request = convert.infer_request_from_proto(request, raw)
+        infer_request = self._with_forwarded(convert.infer_request_from_proto(request, raw), metadata)
         if trace_context is not None:
             infer_request = replace(infer_request, trace_context=trace_context)
         try:
@@ -176,6 +180,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return reply
         before = (("GRPC_WAITREAD_START", received_ns or read_ns), ("GRPC_WAITREAD_END", read_ns))
         return replace(reply, sent=self._on_sent(response.trace, before))
+
+    def _with_forwarded(self, request: InferRequest, metadata: Any) -> InferRequest:
+        """The request with the call metadata --grpc-header-forward-pattern matches as string parameters (after
+        the request's own, as Triton adds them)."""
+        if self._forward is None:
+            return request
+        pairs = ((key, value) for key, value in metadata or () if isinstance(value, str))  # `-bin` keys are bytes
+        found = header_forwarding.forwarded(self._forward, pairs)
+        return replace(request, parameters={**request.parameters, **found}) if found else request
 
     def _on_sent(self, trace: TraceRecord, before: tuple[TraceMark, ...]) -> Callable[[int, int], None]:
         """What a traced answer calls once it is on its way: the trace, completed, goes to be written."""
@@ -195,22 +208,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest | InferMessage, context: Context
     ) -> InferReply:
         traced = _trace_context(context.invocation_metadata()) if self._trace_context else None
+        metadata = context.invocation_metadata() if self._forward is not None else None
         # Registered with `parse_infer_request`, which leaves the raw contents in the received bytes.
         if isinstance(request, InferMessage):
             message, raw, received_ns = request.message, request.raw_input_contents, request.received_ns
             try:
-                return await _answer(context, lambda: self._infer(message, raw, received_ns, traced))
+                return await _answer(context, lambda: self._infer(message, raw, received_ns, traced, metadata))
             finally:
                 if request.size > TRIM_AFTER_BYTES:
                     trim_soon()  # answered or refused, its megabytes stay with the process otherwise
-        return await _answer(context, lambda: self._infer(request, trace_context=traced))
+        return await _answer(context, lambda: self._infer(request, trace_context=traced, metadata=metadata))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answers in completion order; errors go in `error_message` and the stream stays open, unless
         the client sent `triton_grpc_error: true`, which closes the stream with the error's status."""
-        metadata = {key.lower(): value for key, value in (context.invocation_metadata() or ())}
+        stream_metadata = context.invocation_metadata() or ()
+        metadata = {key.lower(): value for key, value in stream_metadata}
         close_on_error = str(metadata.get(GRPC_ERROR_HEADER, "")).lower() == "true"
         traced = _trace_context(metadata.items())  # every request of the stream continues the stream's context
         answers: asyncio.Queue[pb.ModelStreamInferResponse | _Traced | _StreamEnd] = asyncio.Queue(
@@ -222,7 +237,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def answer(request: pb.ModelInferRequest, waited: tuple[TraceMark, ...]) -> None:
             final_flag = convert.wants_final_flag(request)
             try:
-                infer_request = convert.infer_request_from_proto(request)
+                infer_request = self._with_forwarded(convert.infer_request_from_proto(request), stream_metadata)
                 if traced is not None:
                     infer_request = replace(infer_request, trace_context=traced)
                 async for item in self._service.infer_stream(infer_request):

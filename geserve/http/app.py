@@ -109,7 +109,7 @@ def create_app(service: InferenceAPI, settings: HttpSettings) -> HttpApp:
     limit = settings.max_input_size
     return HttpApp(
         create_api(service, limit, openapi=settings.openapi),
-        InferEndpoint(service, limit, settings.max_json_size),
+        InferEndpoint(service, limit, settings.max_json_size, settings.header_forward_pattern),
         GenerateEndpoint(service, limit, settings.max_json_size),
         settings.restrictions,
     )

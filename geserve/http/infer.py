@@ -10,6 +10,7 @@ from typing import Any
 from geserve.codecs.digits import decimal_value, shortened
 from geserve.core.api import InferenceAPI
 from geserve.errors import DecoupledModelError, InvalidArgumentError, TooLargeError, UnsupportedError
+from geserve.frontdoor import header_forwarding
 from geserve.http import codec
 from geserve.http.body import ClientDisconnectedError, accepted_encoding, compress, decoded, read_body
 from geserve.http.direct import BODY_EXTENSION
@@ -29,10 +30,17 @@ DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transa
 class InferEndpoint:
     """POST /v2/models/<m>[/versions/<v>]/infer, answered straight over ASGI."""
 
-    def __init__(self, service: InferenceAPI, max_input_size: int, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
+    def __init__(
+        self,
+        service: InferenceAPI,
+        max_input_size: int,
+        max_json_size: int = DEFAULT_MAX_JSON_SIZE,
+        header_forward_pattern: str = "",
+    ) -> None:
         self._service = service
         self._limit = max_input_size
         self._json_limit = max_json_size
+        self._forward = header_forwarding.compile_pattern(header_forward_pattern, "--http-header-forward-pattern")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, match: re.Match[str]) -> None:
         if scope["method"] != "POST":
@@ -102,6 +110,12 @@ class InferEndpoint:
                 header_size, COPY_BYTES, _decode, view[:header_size], view[header_size:], model_name, version
             )
         request = with_trace_context(request, headers)
+        if self._forward is not None:
+            found = header_forwarding.forwarded(
+                self._forward, ((key.decode("latin-1"), value.decode("latin-1")) for key, value in headers.items())
+            )
+            if found:
+                request = replace(request, parameters={**request.parameters, **found})
         client = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
         try:
             if client is None:

@@ -14,6 +14,7 @@ from geserve.repository import ragged, sequence
 
 ModelConfig = mc.ModelConfig
 CONFIG_FILENAME = "config.pbtxt"
+CUSTOM_CONFIG_FOLDER = "configs"  # --model-config-name's configs/<name>.pbtxt
 _INT64_TYPES = {
     descriptor.FieldDescriptor.TYPE_INT64,
     descriptor.FieldDescriptor.TYPE_UINT64,
@@ -35,9 +36,20 @@ def parse_config_text(text: str, source: str) -> mc.ModelConfig:
     return config
 
 
-def read_model_config(model_dir: Path, model_name: str) -> tuple[mc.ModelConfig, bool]:
-    """The model's config.pbtxt, or an empty config when there is none; and whether a file existed."""
-    path = model_dir / CONFIG_FILENAME
+def config_path(model_dir: Path, config_name: str = "") -> Path:
+    """The model's config file: with --model-config-name, `configs/<name>.pbtxt` where the folder has it, else
+    config.pbtxt, as Triton's GetModelConfigFullPath chooses."""
+    if config_name:
+        chosen = model_dir / CUSTOM_CONFIG_FOLDER / f"{config_name}.pbtxt"
+        if chosen.is_file():
+            return chosen
+    return model_dir / CONFIG_FILENAME
+
+
+def read_model_config(model_dir: Path, model_name: str, config_name: str = "") -> tuple[mc.ModelConfig, bool]:
+    """The model's config file (`config_path`), or an empty config when there is none; and whether a file
+    existed."""
+    path = config_path(model_dir, config_name)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -14,10 +14,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
-    """A model folder found in one of the repositories."""
+    """A model folder found in one of the repositories; `config_name` (--model-config-name) picks
+    `configs/<name>.pbtxt` over `config.pbtxt` where the folder has it."""
 
     name: str
     path: Path
+    config_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +30,7 @@ class ScanResult:
     conflicts: dict[str, str]
 
 
-def scan_repositories(repositories: list[Path]) -> ScanResult:
+def scan_repositories(repositories: list[Path], config_name: str = "") -> ScanResult:
     """List model folders across repositories; a name found in two repositories is unavailable."""
     models: dict[str, ModelSource] = {}
     conflicts: dict[str, str] = {}
@@ -44,7 +46,7 @@ def scan_repositories(repositories: list[Path]) -> ScanResult:
                     f"'{models[entry.name].path.parent}' and '{repository}'"
                 )
                 continue
-            models[entry.name] = ModelSource(entry.name, entry)
+            models[entry.name] = ModelSource(entry.name, entry, config_name)
     for name in conflicts:
         models.pop(name, None)
     return ScanResult(models, conflicts)

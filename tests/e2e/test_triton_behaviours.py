@@ -254,7 +254,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
         write_python_model(repository, name, model_py, config)
     (repository / "parameters_ensemble" / "1").mkdir(parents=True)
     (repository / "parameters_ensemble" / "config.pbtxt").write_text(ENSEMBLE_OF_ECHO)
-    process = GeserveProcess(root / "geserve.log", f"--model-repository={repository}").wait_live()
+    # A model with a per-host config (--model-config-name), and one without: config.pbtxt serves it.
+    for name, host_config in (("per_host", True), ("one_config", False)):
+        config = config_text(
+            name, backend="python", inputs=[("IN", "TYPE_INT32", "1")], outputs=[("PARAMETERS", "TYPE_STRING", "1")]
+        )
+        folder = write_python_model(
+            repository, name, PARAMETERS_ECHO, config + 'parameters { key: "host" value { string_value: "any" } }'
+        )
+        if host_config:
+            (folder / "configs").mkdir()
+            (folder / "configs" / "h100.pbtxt").write_text(
+                config + 'parameters { key: "host" value { string_value: "h100" } }'
+            )
+    process = GeserveProcess(
+        root / "geserve.log",
+        f"--model-repository={repository}",
+        "--model-config-name=h100",
+        "--http-header-forward-pattern=^x-forward|^priority$",
+        "--grpc-header-forward-pattern=^x-forward",
+    ).wait_live()
     yield process
     assert process.stop() == 0, process.log()
 
@@ -421,3 +440,35 @@ def test_a_model_sees_the_stubs_command_line_not_the_servers(server: GeserveProc
     inside a model runs instead of failing on the server's flags."""
     seen = json.loads(_text(httpclient.InferenceServerClient(server.url).infer("argv_probe", [_int_input(httpclient)])))
     assert seen == {"argv": [""], "ran": 0}
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_headers_the_pattern_matches_reach_the_model_and_its_ensembles_steps(
+    server: GeserveProcess, module: Any
+) -> None:
+    """--http-header-forward-pattern / --grpc-header-forward-pattern: matching headers become string request
+    parameters (matched anywhere in the name, ignoring case), as Triton's."""
+    url = server.url if module is httpclient else f"127.0.0.1:{server.grpc_port}"
+    client = module.InferenceServerClient(url)
+    # HTTP header names are matched ignoring case (and arrive lowercase); gRPC metadata keys are lowercase.
+    headers = {"X-Forward-Tenant" if module is httpclient else "x-forward-tenant": "blue", "x-other": "not forwarded"}
+    for model in ("parameters_echo", "parameters_ensemble"):
+        seen = _seen_parameters(client.infer(model, [_int_input(module)], parameters={"own": 1}, headers=headers))
+        assert seen == {"own": 1, "x-forward-tenant": "blue"}, (model, seen)
+
+
+def test_a_forwarded_header_with_a_reserved_name_is_refused_with_tritons_text(server: GeserveProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("parameters_echo", [_int_input(httpclient)], headers={"priority": "1"})
+    assert error.value.status() == "400"
+    assert error.value.message() == "Header 'priority' is reserved for Triton usage and cannot be forwarded."
+    assert _seen_parameters(client.infer("parameters_echo", [_int_input(httpclient)])) == {}
+
+
+def test_model_config_name_picks_a_models_per_host_config_where_it_has_one(server: GeserveProcess) -> None:
+    """--model-config-name h100: configs/h100.pbtxt over config.pbtxt, which serves a model without one."""
+    client = httpclient.InferenceServerClient(server.url)
+    for model, host in (("per_host", "h100"), ("one_config", "any")):
+        config = client.get_model_config(model)
+        assert config["parameters"]["host"]["string_value"] == host, (model, config)

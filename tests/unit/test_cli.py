@@ -149,9 +149,8 @@ def test_tritonserver_tuning_flags_are_ignored_with_a_warning() -> None:
 @pytest.mark.parametrize(
     ("flag", "message"),
     [
-        ("--grpc-use-ssl=true", "--grpc-use-ssl=true is not supported: geserve serves plain gRPC"),
+        ("--allow-sagemaker=true", "--allow-sagemaker=true is not supported: geserve has no SageMaker endpoint"),
         ("--rate-limit=execution_count", "--rate-limit=execution_count is not supported: geserve has no rate limiter"),
-        ("--http-header-forward-pattern=.*", "--http-header-forward-pattern=.* is not supported"),
         ("--model-namespacing=true", "--model-namespacing=true is not supported"),
         ("--backend-config=default-max-batch-size=8", "--backend-config=default-max-batch-size=8 is not supported"),
     ],

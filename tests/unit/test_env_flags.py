@@ -118,6 +118,7 @@ def test_the_test_suites_and_builds_variables_are_not_flags() -> None:
 def test_tritonserver_flags_are_read_too(capsys: pytest.CaptureFixture[str]) -> None:
     """The tritonserver flags geserve refuses or ignores have their variables too, refused or warned about as on
     the command line."""
-    assert "--grpc-use-ssl=true is not supported" in _refusal(capsys, REPOSITORY, {"GESERVE_GRPC_USE_SSL": "true"})
+    refusal = _refusal(capsys, REPOSITORY, {"GESERVE_MODEL_NAMESPACING": "true"})
+    assert "--model-namespacing=true is not supported" in refusal
     warned = parse_settings(REPOSITORY, environ={"GESERVE_BACKEND_DIRECTORY": "/opt/tritonserver/backends"})
     assert any("--backend-directory" in warning for warning in warned.server.warnings)
