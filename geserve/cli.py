@@ -34,6 +34,7 @@ from geserve.settings import (
     Settings,
     WorkerSettings,
 )
+from geserve.workers import rate_limiter
 from geserve.workers.devices import discover_devices
 
 
@@ -114,6 +115,7 @@ def parse_settings(
         TraceController(trace_settings)  # checks the values
         cache_bytes, cache_warnings = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
         grpc_tls = _grpc_tls(args)
+        rate_limit_resources = tuple(rate_limiter.parse_resource(text) for text in args.rate_limit_resource)
         for flag in ("--http-header-forward-pattern", "--grpc-header-forward-pattern"):
             header_forwarding.compile_pattern(getattr(args, flag[2:].replace("-", "_")), flag)
     except GeserveError as error:
@@ -223,6 +225,8 @@ def parse_settings(
         npu_mode=args.npu,
         model_cache_dir=args.model_cache_dir,
         compile_concurrency=args.model_compile_concurrency,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=rate_limit_resources,
         atc_python=args.atc_python,
     )
     return Settings(server, http, grpc, metrics, repository, workers)

@@ -242,8 +242,31 @@ def _repeatable(group: argparse._ArgumentGroup, flag: str, metavar: str, help_te
     group.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text)
 
 
+def _rate_limit(value: str) -> str:
+    """--rate-limit: off or execution_count, in any case (Triton lowercases it)."""
+    lowered = value.lower()
+    if lowered not in ("off", "execution_count"):
+        raise argparse.ArgumentTypeError("invalid argument for --rate-limit")
+    return lowered
+
+
 def _add_worker_flags(group: argparse._ArgumentGroup) -> None:
-    """The worker processes' shared memory, and how many batches each holds at once."""
+    """The worker processes' shared memory, how many batches each holds at once, and the rate limiter."""
+    group.add_argument(
+        "--rate-limit",
+        type=_rate_limit,
+        default="off",
+        metavar="off|execution_count",
+        help="execution_count: an instance runs a batch only once it holds the resources its instance group's "
+        "rate_limiter names, instances waiting in order of their priority, as Triton's rate limiter (default: off)",
+    )
+    _repeatable(
+        group,
+        "--rate-limit-resource",
+        "NAME:COUNT[:DEVICE]",
+        "with --rate-limit=execution_count, the copies of a resource (on DEVICE, else on each device; a global "
+        "resource takes the largest count given for its name); by default the most any instance names; repeatable",
+    )
     group.add_argument(
         "--worker-arena-size",
         type=_positive,

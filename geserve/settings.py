@@ -229,6 +229,8 @@ class WorkerSettings:
     # ATC runs at once (--model-compile-concurrency), on threads of their own: never the shared default pool.
     compile_concurrency: int = 1
     atc_python: str | None = None  # --atc-python: the interpreter ATC's operator compiler runs in
+    rate_limit: str = "off"  # --rate-limit: off, or execution_count (instances run with their resources only)
+    rate_limit_resources: tuple[tuple[str, int, int], ...] = ()  # --rate-limit-resource: (name, device, count)
 
 
 @dataclass(frozen=True, slots=True)

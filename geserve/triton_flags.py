@@ -48,8 +48,6 @@ class Refusal:
 
 
 REFUSED = {
-    "--rate-limit": Refusal("geserve has no rate limiter", lambda v: v.lower() == "off"),
-    "--rate-limit-resource": Refusal("geserve has no rate limiter"),
     "--model-namespacing": Refusal("model names are global in geserve", lambda v: v.lower() in _FALSE),
     "--allow-sagemaker": Refusal("geserve has no SageMaker endpoint", lambda v: v.lower() in _FALSE),
     "--allow-vertex-ai": Refusal("geserve has no Vertex AI endpoint", lambda v: v.lower() in _FALSE),

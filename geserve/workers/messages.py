@@ -43,6 +43,8 @@ class InstanceSpec:
     kind: str = "CPU"
     # Loaded and initialized, but never given a batch (instance_group.passive).
     passive: bool = False
+    # Which instance_group of the config it belongs to (its rate_limiter, for --rate-limit=execution_count).
+    group: int = 0
     # Polled for its status (device usage, the model's readiness and custom metrics).
     polled: bool = False
     # The model's folder (a sequence model's initial_state/ lies there).

@@ -122,6 +122,7 @@ def instance_specs(
                         on_device=group.kind == mc.ModelInstanceGroup.KIND_GPU,
                         kind=_KIND_NAMES.get(group.kind, "CPU"),
                         passive=group.passive,
+                        group=position,
                         polled=group.kind == mc.ModelInstanceGroup.KIND_GPU or backend.per_request,
                         interpreter=environment.interpreter if environment else "",
                         search_path=environment.search_path if environment else (),

@@ -20,13 +20,14 @@ from geserve.repository import ragged
 from geserve.repository.scan import ModelSource
 from geserve.settings import WorkerSettings
 from geserve.types import InstanceStatus
-from geserve.workers import placement
+from geserve.workers import placement, rate_limiter
 from geserve.workers.batch import Batch
 from geserve.workers.bls_serving import ModelCaller
 from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.npu_mode import NpuResolver, Resolved
 from geserve.workers.process import ProcessWorker
+from geserve.workers.rate_limiter import RateLimiter
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
 from geserve.workers.supervisor import RestartPolicy
@@ -41,8 +42,14 @@ class InstancePool:
     instances (instance_group.passive) are loaded, reported and stopped with the others, but never take a
     batch, as Triton leaves them out of its scheduler."""
 
-    def __init__(self, instances: Sequence[WorkerClient], passive: Sequence[WorkerClient] = ()) -> None:
+    def __init__(
+        self,
+        instances: Sequence[WorkerClient],
+        passive: Sequence[WorkerClient] = (),
+        limiter: RateLimiter | None = None,
+    ) -> None:
         self._instances = list(instances)
+        self._limiter = limiter  # --rate-limit=execution_count: a batch runs once its instance holds its resources
         self._passive = list(passive)
         self.passive_only = bool(self._passive) and not self._instances
         depth = max((instance.capacity for instance in self._instances), default=1)
@@ -106,7 +113,10 @@ class InstancePool:
 
     async def _run(self, instance: WorkerClient, batch: Batch) -> BatchResult:
         try:
-            return await instance.execute(batch)
+            if self._limiter is None:
+                return await instance.execute(batch)
+            async with self._limiter.held(instance):
+                return await instance.execute(batch)
         finally:
             self._busy[id(instance)] -= 1
             self._idle.append(instance)
@@ -154,13 +164,19 @@ class InstancePool:
         return len(self._everyone)
 
     async def stop(self, timeout_s: float) -> None:
-        self.stopped = True
+        self._stopped()
         await asyncio.gather(*(instance.stop(timeout_s) for instance in self._everyone))
 
     def kill(self) -> None:
-        self.stopped = True
+        self._stopped()
         for instance in self._everyone:
             instance.kill()
+
+    def _stopped(self) -> None:
+        self.stopped = True
+        if self._limiter is not None:  # its resources no longer count towards what the others may hold
+            for instance in self._instances:
+                self._limiter.unregister(instance)
 
 
 # Each instance is a process: past this many across all loaded models, a load is refused before any starts.
@@ -190,6 +206,10 @@ class InstancePools:
         self.caller: ModelCaller | None = None
         self._pools: list[InstancePool] = []  # every pool it made, until it is stopped
         self._starting = 0  # instances of loads in progress
+        # --rate-limit=execution_count: one limiter over every model's instances, as Triton's.
+        self._limiter = (
+            RateLimiter(settings.rate_limit_resources) if settings.rate_limit == rate_limiter.EXECUTION_COUNT else None
+        )
 
     def stop_compiles(self) -> None:
         """The server is stopping: running ATC compiles are killed (their loads fail at once), none starts."""
@@ -257,6 +277,8 @@ class InstancePools:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
+            scheduled = [worker for worker in started if not worker.spec.passive]
+            self._register(completed, scheduled)
         except asyncio.CancelledError:
             for worker in [first, *others]:
                 worker.kill()
@@ -265,12 +287,29 @@ class InstancePools:
             await asyncio.gather(*(worker.stop(settings.stop_timeout_s) for worker in started))
             raise
         logger.debug("loaded model '%s' version %d with %d instance(s)", completed.name, version, len(started))
-        scheduled = [worker for worker in started if not worker.spec.passive]
         if not scheduled:
             logger.warning(
                 "model '%s' version %d: every instance is passive, so no request can run on it", completed.name, version
             )
-        return InstancePool(scheduled, [worker for worker in started if worker.spec.passive]), completed
+        passive = [worker for worker in started if worker.spec.passive]
+        return InstancePool(scheduled, passive, self._limiter), completed
+
+    def _register(self, config: mc.ModelConfig, scheduled: list[WorkerClient]) -> None:
+        """Give the rate limiter each instance's resources and priority (its group's rate_limiter); a resource
+        with fewer copies than an instance names fails the load, as Triton's does, and registers none."""
+        if self._limiter is None:
+            return
+        rate_limiter.check_config(config)
+        registered: list[WorkerClient] = []
+        try:
+            for worker in scheduled:
+                group = config.instance_group[worker.spec.group]
+                self._limiter.register(worker, rate_limiter.demand_of(config.name, group, worker.spec.device_id))
+                registered.append(worker)
+        except ModelLoadError:
+            for worker in registered:
+                self._limiter.unregister(worker)
+            raise
 
     async def _resolve(self, source: ModelSource, config: mc.ModelConfig, version: int) -> Resolved:
         backend = registry.by_name(config.backend)

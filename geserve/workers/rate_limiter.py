@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from geserve._generated import model_config_pb2 as mc
 from geserve.errors import InvalidArgumentError, ModelLoadError
 
+EXECUTION_COUNT = "execution_count"  # --rate-limit's value that turns it on (off: Triton's default)
 GLOBAL_DEVICE = -2  # Triton's GLOBAL_RESOURCE_KEY
 EVERY_DEVICE = -1  # a --rate-limit-resource without a device: each device has that many
 

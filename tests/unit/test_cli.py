@@ -150,7 +150,6 @@ def test_tritonserver_tuning_flags_are_ignored_with_a_warning() -> None:
     ("flag", "message"),
     [
         ("--allow-sagemaker=true", "--allow-sagemaker=true is not supported: geserve has no SageMaker endpoint"),
-        ("--rate-limit=execution_count", "--rate-limit=execution_count is not supported: geserve has no rate limiter"),
         ("--model-namespacing=true", "--model-namespacing=true is not supported"),
         ("--backend-config=default-max-batch-size=8", "--backend-config=default-max-batch-size=8 is not supported"),
     ],
