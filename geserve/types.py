@@ -288,6 +288,7 @@ class CustomMetric:
     buckets: tuple[float, ...] = ()
     bucket_counts: tuple[int, ...] = ()  # per bucket, then above the last; not cumulative
     sum: float = 0.0
+    set_ns: int = 0  # a gauge: when its value was last changed (wall clock), which of its instances' values is latest
 
 
 @dataclass(frozen=True, slots=True)

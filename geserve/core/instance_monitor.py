@@ -55,8 +55,9 @@ class InstanceMonitor:
 
 
 def merge_custom_metrics(per_instance: Iterable[Iterable[CustomMetric]]) -> list[CustomMetric]:
-    """One series per family and labels: counters and histograms add up over the instances (each
-    process counts its own share); a gauge keeps the first instance's value."""
+    """One series per family and labels, as Triton's one registry holds it for all of a model's stubs: counters and
+    histograms add up over the instances (each process counts its own share); a gauge is the value its instances
+    set last."""
     merged: dict[tuple[str, tuple[tuple[str, str], ...]], CustomMetric] = {}
     for metrics in per_instance:
         for metric in metrics:
@@ -64,7 +65,10 @@ def merge_custom_metrics(per_instance: Iterable[Iterable[CustomMetric]]) -> list
             seen = merged.get(key)
             if seen is None:
                 merged[key] = metric
-            elif metric.kind != "gauge":
+            elif metric.kind == "gauge":
+                if metric.set_ns > seen.set_ns:
+                    merged[key] = metric
+            else:
                 counts = tuple(a + b for a, b in zip(seen.bucket_counts, metric.bucket_counts, strict=False))
                 merged[key] = CustomMetric(
                     seen.family, seen.description, seen.kind, seen.labels, seen.value + metric.value,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -57,6 +58,8 @@ from geserve.types import (
 logger = logging.getLogger(__name__)
 
 # Protocol extensions that work end to end; clients (perf_analyzer) key behaviour off this list.
+# How long a scrape waits for the instances to say what their custom metrics hold now.
+SCRAPE_READ_S = 1.0
 EXTENSIONS = (
     "classification",
     "model_repository",
@@ -291,7 +294,11 @@ class InferenceService:
         return self._monitor.device_usage
 
     async def custom_metrics(self) -> list[CustomMetric]:
-        """The python models' own metrics at the last status read, summed over their instances."""
+        """The python models' own metrics as their instances hold them now, summed over the instances: read at
+        each scrape, as Triton's are, not a polling interval late (the last reading when the instances do not all
+        answer within SCRAPE_READ_S)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._monitor.refresh()), SCRAPE_READ_S)
         return self._monitor.custom_metrics
 
     async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -154,16 +155,22 @@ class WorkerChannel:
         self._send_quietly(Cancel(stream_id))
 
     async def read_status(self) -> InstanceStatus | None:
-        """Device usage, the model's readiness and metrics, read by the worker between batches; callers
-        that ask while a read is on its way share its answer. None when the worker cannot say."""
+        """Device usage, the model's readiness and metrics, read by the worker between batches, after this call
+        began (a scrape sees what execute set just before): a read already on its way when it began is waited out,
+        then the next one is shared by every caller that waited. None when the worker cannot say."""
+        deadline = self._loop.time() + STATUS_TIMEOUT_S
+        earlier = self._status
+        if earlier is not None and not earlier.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(earlier), timeout=STATUS_TIMEOUT_S)
         if not self._pipe.open:
             return None
-        if self._status is None or self._status.done():
+        if self._status is None or self._status is earlier:
             self._status = self._loop.create_future()
             if not self._send_quietly(ReadStatus()):
                 return None
         try:
-            return await asyncio.wait_for(asyncio.shield(self._status), timeout=STATUS_TIMEOUT_S)
+            return await asyncio.wait_for(asyncio.shield(self._status), timeout=max(deadline - self._loop.time(), 0.1))
         except TimeoutError:
             return None
 

@@ -7,6 +7,7 @@ import json
 import queue
 import re
 import textwrap
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,6 +216,57 @@ ARGV_PROBE = textwrap.dedent(
             return [pb_utils.InferenceResponse([out]) for _ in requests]
     """
 )
+METRIC_CHECKS = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    MF = pb_utils.MetricFamily
+
+    def refusal(call):
+        try:
+            call()
+        except pb_utils.TritonModelException as error:
+            return str(error)
+        return "accepted"
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.gauges = MF(name="checks_gauge", description="a gauge", kind=MF.GAUGE)
+            self.gauge = self.gauges.Metric(labels={"model": "metric_checks"})
+
+        def execute(self, requests):
+            value = int(pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()[0])
+            self.gauge.set(float(value))  # seen by the next scrape
+            counters = MF(name="checks_counter", description="a counter", kind=MF.COUNTER)
+            histograms = MF(name="checks_histogram", description="a histogram", kind=MF.HISTOGRAM)
+            counter = counters.Metric(labels={"k": "v"})
+            histogram = histograms.Metric(labels={"k": "v"}, buckets=[1.0, 2.0])
+            dropped = MF(name="checks_dropped", description="dropped", kind=MF.COUNTER)
+            orphan = dropped.Metric()
+            del dropped
+            found = {
+                "kind": refusal(lambda: MF(name="checks_counter", description="other", kind=MF.GAUGE)),
+                "labels": refusal(lambda: counters.Metric(labels=["k"])),
+                "label value": refusal(lambda: counters.Metric(labels={"k": 1})),
+                "buckets type": refusal(lambda: histograms.Metric(buckets=(1.0, 2.0))),
+                "unexpected buckets": refusal(lambda: counters.Metric(buckets=[1.0])),
+                "missing buckets": refusal(lambda: histograms.Metric()),
+                "unsorted": refusal(lambda: histograms.Metric(labels={"k": "w"}, buckets=[2.0, 1.0])),
+                "duplicate": refusal(lambda: histograms.Metric(labels={"k": "x"}, buckets=[1.0, 1.0])),
+                "negative": refusal(lambda: counter.increment(-1)),
+                "counter set": refusal(lambda: counter.set(1)),
+                "counter observe": refusal(lambda: counter.observe(1)),
+                "histogram increment": refusal(lambda: histogram.increment(1)),
+                "histogram value": refusal(lambda: histogram.value()),
+                "after family": refusal(lambda: orphan.increment(1)),
+                "same family": refusal(lambda: MF(name="checks_counter", description="again", kind=MF.COUNTER)),
+            }
+            out = pb_utils.Tensor("OUT", np.array([json.dumps(found).encode()], dtype=np.object_))
+            return [pb_utils.InferenceResponse([out]) for _ in requests]
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +294,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
         ("ticks", TICKS, True),
         ("bls_cancel", BLS_CANCEL, False),
         ("argv_probe", ARGV_PROBE, False),
+        ("metric_checks", METRIC_CHECKS, False),
     ):
         policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
         config = config_text(
@@ -472,3 +525,35 @@ def test_model_config_name_picks_a_models_per_host_config_where_it_has_one(serve
     for model, host in (("per_host", "h100"), ("one_config", "any")):
         config = client.get_model_config(model)
         assert config["parameters"]["host"]["string_value"] == host, (model, config)
+
+
+def test_custom_metrics_are_checked_as_tritons_and_seen_by_the_next_scrape(server: GeserveProcess) -> None:
+    """pb_utils.MetricFamily and Metric refuse what Triton refuses, in its words; a value set in execute is on the
+    very next /metrics, not a polling interval later."""
+    client = httpclient.InferenceServerClient(server.url)
+    for value in (17, 42):
+        found = json.loads(_text(client.infer("metric_checks", [_int_input(httpclient, value)])))
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        assert f'checks_gauge{{model="metric_checks"}} {value}' in scraped, scraped[-2000:]
+    assert "checks_dropped" not in scraped  # its family went away, and its metrics with it
+    kind = "TRITONSERVER_METRIC_KIND_"
+    assert found == {
+        "kind": "Error when creating MetricFamily: Family name already exists with different type",
+        "labels": "Failed to create metric. Labels must be a dictionary.",
+        "label value": "Error when creating Metric: attempt to access JSON non-string as string",
+        "buckets type": "Failed to create metric. Buckets must be a list.",
+        "unexpected buckets": "Failed to create metric. Unexpected buckets found.",
+        "missing buckets": "Failed to create metric. Missing required buckets.",
+        "unsorted": "Error when creating Metric: Bucket Boundaries must be strictly sorted",
+        "duplicate": "Error when creating Metric: Bucket Boundaries must be strictly sorted",
+        "negative": f"Failed to increment metric value: {kind}COUNTER can only be incremented monotonically by "
+        "non-negative values.",
+        "counter set": f"Failed to set metric value: {kind}COUNTER does not support Set",
+        "counter observe": f"Failed to observe metric value: {kind}COUNTER does not support Observe",
+        "histogram increment": f"Failed to increment metric value: {kind}HISTOGRAM does not support Increment",
+        "histogram value": f"Failed to get metric value: {kind}HISTOGRAM does not support Value",
+        "after family": "Failed to increment metric value: Invalid metric operation as the corresponding "
+        "'MetricFamily' has been deleted. The 'MetricFamily' object should be deleted AFTER its corresponding "
+        "'Metric' objects have been deleted.",
+        "same family": "accepted",
+    }

@@ -335,10 +335,11 @@ class PythonBackend:
                         family.description,
                         kinds.get(family.kind, "histogram"),
                         tuple(sorted(metric.labels.items())),
-                        metric.value(),
+                        metric.value,
                         tuple(metric.buckets),
                         tuple(metric.counts) if family.kind == pb_utils.MetricFamily.HISTOGRAM else (),
                         metric.sum,
+                        metric.set_ns,
                     )
                 )
         return series

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -501,62 +503,144 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 # -- custom metrics --------------------------------------------------------------------------------
 
 
-class MetricFamily:
-    """A custom metric family; its metrics appear on the server's /metrics."""
+class _Series:
+    """One labelled series of a family, as /metrics shows it; Metric objects with the same labels share it."""
 
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-    families: dict[str, MetricFamily] = {}
-    _lock = threading.Lock()
-
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
-            raise TritonModelException(f"unknown metric kind {kind}")
-        self.name = name
-        self.description = description
-        self.kind = kind
-        self.metrics: list[Metric] = []
-        with MetricFamily._lock:
-            MetricFamily.families[name] = self
-
-    def Metric(self, labels: Mapping[str, str] | None = None, buckets: Iterable[float] | None = None) -> Metric:  # noqa: N802 - Triton's name
-        if self.kind == self.HISTOGRAM and not buckets:
-            raise TritonModelException("a histogram metric needs buckets")
-        metric = Metric(self, dict(labels or {}), sorted(buckets or ()))
-        with MetricFamily._lock:
-            self.metrics.append(metric)
-        return metric
-
-
-class Metric:
-    def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: list[float]) -> None:
-        self.family = family
+    def __init__(self, labels: dict[str, str], buckets: list[float]) -> None:
         self.labels = labels
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)
         self.sum = 0.0
-        self._value = 0.0
+        self.value = 0.0
+        self.set_ns = 0  # when the value last changed: across instances, the latest gauge value wins
+
+
+class _Registered:
+    """A family name as the server registers it: its kind, the first description given, and its series."""
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self.name, self.description, self.kind = name, description, kind
+        self.metrics: list[_Series] = []
+
+
+_KINDS = {0: "COUNTER", 1: "GAUGE", 2: "HISTOGRAM"}
+_FAMILY_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' object should "
+    "be deleted AFTER its corresponding 'Metric' objects have been deleted."
+)
+
+
+class MetricFamily:
+    """A custom metric family; its metrics appear on the server's /metrics, read at each scrape. Triton's checks and
+    texts (python_backend metric_family.cc, metric.cc; core metric_family.cc): a name registered again with the same
+    kind is the same family (its first description kept), with another kind it is refused; deleting the family
+    removes its metrics, and a Metric used after that is refused."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    families: dict[str, _Registered] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in _KINDS:
+            raise TritonModelException(f"Error when creating MetricFamily: unknown metric kind {kind!r}")
+        with MetricFamily._lock:
+            registered = MetricFamily.families.get(name)
+            if registered is None:
+                registered = MetricFamily.families[name] = _Registered(name, description, kind)
+            elif registered.kind != kind:
+                raise TritonModelException(
+                    "Error when creating MetricFamily: Family name already exists with different type"
+                )
+        self.name = name
+        self.description = registered.description
+        self.kind = kind
+        self._registered = registered
+        self._own: list[_Series] = []  # the series this object's Metric calls made
+        self._deleted = _Flag()
+
+    def Metric(self, labels: Any = None, buckets: Any = None) -> Metric:  # noqa: N802 - Triton's name
+        if labels is None:
+            labels = {}
+        if not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None and not isinstance(buckets, list):
+            raise TritonModelException("Failed to create metric. Buckets must be a list.")
+        if self.kind != self.HISTOGRAM and buckets is not None:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+        if self.kind == self.HISTOGRAM and buckets is None:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        if any(not isinstance(key, str) or not isinstance(value, str) for key, value in labels.items()):
+            raise TritonModelException("Error when creating Metric: attempt to access JSON non-string as string")
+        bounds = [float(bound) for bound in buckets or ()]
+        if any(later <= earlier for earlier, later in itertools.pairwise(bounds)):
+            raise TritonModelException("Error when creating Metric: Bucket Boundaries must be strictly sorted")
+        with MetricFamily._lock:
+            series = next((found for found in self._registered.metrics if found.labels == labels), None)
+            if series is None:  # the same labels again: the same series, as prometheus' Family.Add
+                series = _Series(dict(labels), bounds)
+                self._registered.metrics.append(series)
+            self._own.append(series)
+        return Metric(self.kind, series, self._deleted)
+
+    def __del__(self) -> None:
+        # As Triton: the family's metrics go with it (and leave /metrics); the name stays registered.
+        if not hasattr(self, "_deleted"):  # refused in __init__
+            return
+        self._deleted.set = True
+        with MetricFamily._lock:
+            owned = {id(series) for series in self._own}
+            self._registered.metrics[:] = [series for series in self._registered.metrics if id(series) not in owned]
+
+
+class _Flag:
+    __slots__ = ("set",)
+
+    def __init__(self) -> None:
+        self.set = False
+
+
+class Metric:
+    """One series of a family, as a model holds it: Triton's operations, each refused for a kind without it."""
+
+    def __init__(self, kind: int, series: _Series, family_deleted: _Flag) -> None:
+        self._kind = kind
+        self._series = series
+        self._family_deleted = family_deleted
+
+    def _check(self, action: str, operation: str, allowed: tuple[int, ...]) -> None:
+        if self._family_deleted.set:
+            raise TritonModelException(f"Failed to {action} metric value: {_FAMILY_DELETED}")
+        if self._kind not in allowed:
+            raise TritonModelException(
+                f"Failed to {action} metric value: TRITONSERVER_METRIC_KIND_{_KINDS[self._kind]} does not support "
+                f"{operation}"
+            )
 
     def increment(self, value: float) -> None:
-        if self.family.kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("a counter cannot decrease")
-        if self.family.kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("use observe() on a histogram")
-        self._value += value
+        self._check("increment", "Increment", (MetricFamily.COUNTER, MetricFamily.GAUGE))
+        if self._kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException(
+                "Failed to increment metric value: TRITONSERVER_METRIC_KIND_COUNTER can only be incremented "
+                "monotonically by non-negative values."
+            )
+        self._series.value += value
+        self._series.set_ns = time.time_ns()
 
     def set(self, value: float) -> None:
-        if self.family.kind != MetricFamily.GAUGE:
-            raise TritonModelException("only a gauge can be set")
-        self._value = value
+        self._check("set", "Set", (MetricFamily.GAUGE,))
+        self._series.value = value
+        self._series.set_ns = time.time_ns()
 
     def observe(self, value: float) -> None:
-        if self.family.kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("only a histogram observes")
-        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
-        self.counts[index] += 1
-        self.sum += value
-        self._value += 1
+        self._check("observe", "Observe", (MetricFamily.HISTOGRAM,))
+        series = self._series
+        index = next((i for i, bound in enumerate(series.buckets) if value <= bound), len(series.buckets))
+        series.counts[index] += 1
+        series.sum += value
+        series.value += 1
 
     def value(self) -> float:
-        return self._value
+        self._check("get", "Value", (MetricFamily.COUNTER, MetricFamily.GAUGE))
+        return self._series.value

@@ -5,15 +5,19 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.requests = pb_utils.MetricFamily(
-            name="counted_requests_total", description="Requests the model saw", kind=pb_utils.MetricFamily.COUNTER
-        ).Metric(labels={"model": args["model_name"], "kind": "all"})
-        self.last = pb_utils.MetricFamily(
-            name="counted_last_value", description="The last IN", kind=pb_utils.MetricFamily.GAUGE
-        ).Metric(labels={"model": args["model_name"]})
-        self.sizes = pb_utils.MetricFamily(
-            name="counted_value", description="IN values", kind=pb_utils.MetricFamily.HISTOGRAM
-        ).Metric(labels={"model": args["model_name"]}, buckets=[1.0, 10.0])
+        # The families are kept: as in Triton, a family that goes away takes its metrics with it.
+        self.families = [
+            pb_utils.MetricFamily(
+                name="counted_requests_total", description="Requests the model saw", kind=pb_utils.MetricFamily.COUNTER
+            ),
+            pb_utils.MetricFamily(
+                name="counted_last_value", description="The last IN", kind=pb_utils.MetricFamily.GAUGE
+            ),
+            pb_utils.MetricFamily(name="counted_value", description="IN values", kind=pb_utils.MetricFamily.HISTOGRAM),
+        ]
+        self.requests = self.families[0].Metric(labels={"model": args["model_name"], "kind": "all"})
+        self.last = self.families[1].Metric(labels={"model": args["model_name"]})
+        self.sizes = self.families[2].Metric(labels={"model": args["model_name"]}, buckets=[1.0, 10.0])
         pb_utils.Logger.log_info("counted is initialized")
 
     def execute(self, requests):
