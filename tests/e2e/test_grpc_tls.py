@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,17 +87,22 @@ def _client(
     )
 
 
-def test_grpc_over_tls_serves_tls_clients_and_refuses_plain_ones(
-    tmp_path: Path, certificates: Path, launch: object
-) -> None:
-    repository = tmp_path / "models"
+def _tls_server(launch: Callable[..., GeserveProcess], folder: Path, certificates: Path, *flags: str) -> GeserveProcess:
+    """A server of `simple` with the server's certificate and key, and `flags`."""
+    repository = folder / "models"
     copy_model("simple", repository)
-    server = launch(  # type: ignore[operator]
+    return launch(
         f"--model-repository={repository}",
-        "--grpc-use-ssl=true",
         f"--grpc-server-cert={certificates / 'server.pem'}",
         f"--grpc-server-key={certificates / 'server.key'}",
+        *flags,
     ).wait_live()
+
+
+def test_grpc_over_tls_serves_tls_clients_and_refuses_plain_ones(
+    tmp_path: Path, certificates: Path, launch: Callable[..., GeserveProcess]
+) -> None:
+    server = _tls_server(launch, tmp_path, certificates, "--grpc-use-ssl=true")
     _infer(_client(server, certificates))
     plain = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     with pytest.raises(InferenceServerException) as error:
@@ -106,17 +112,12 @@ def test_grpc_over_tls_serves_tls_clients_and_refuses_plain_ones(
 
 
 def test_mutual_tls_serves_clients_with_certificates_from_its_root_only(
-    tmp_path: Path, certificates: Path, launch: object
+    tmp_path: Path, certificates: Path, launch: Callable[..., GeserveProcess]
 ) -> None:
-    repository = tmp_path / "models"
-    copy_model("simple", repository)
-    server = launch(  # type: ignore[operator]
-        f"--model-repository={repository}",
-        "--grpc-use-ssl-mutual=true",  # implies --grpc-use-ssl, as in Triton
-        f"--grpc-server-cert={certificates / 'server.pem'}",
-        f"--grpc-server-key={certificates / 'server.key'}",
-        f"--grpc-root-cert={certificates / 'ca.pem'}",
-    ).wait_live()
+    # --grpc-use-ssl-mutual implies --grpc-use-ssl, as in Triton.
+    server = _tls_server(
+        launch, tmp_path, certificates, "--grpc-use-ssl-mutual=true", f"--grpc-root-cert={certificates / 'ca.pem'}"
+    )
     _infer(_client(server, certificates, "client"))
     for refused in (_client(server, certificates), _client(server, certificates, "stranger")):
         with pytest.raises(InferenceServerException):
