@@ -46,7 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeserveProcess]
     probes.mkdir()
     # Requests free to meet wait long for each other (a loaded machine may start the second one late);
     # requests held apart never meet, so each waits out its whole wait: keep that one short.
-    for name, limit, wait_s in (("one_at_a_time", "max_inflight_requests: 1", 3), ("unbounded", "", 60)):
+    for name, limit, wait_s in (("one_at_a_time", "max_inflight_requests: 1", 1.5), ("unbounded", "", 60)):
         probe = f"{name}_probe"
         shutil.copytree(PROBE, repository / probe)
         config = repository / probe / "config.pbtxt"

@@ -17,7 +17,7 @@ from tests.support import GeserveProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.one_layout]
 PROBE = Path(__file__).resolve().parents[1] / "python_models" / "inflight_probe"
 # Each probe waits this long to meet another request running beside it (across both models: one folder).
-WAIT_S = 1.5
+WAIT_S = 0.75
 
 
 def _probe(repository: Path, probes: Path, name: str, rate_limiter: str) -> None:
