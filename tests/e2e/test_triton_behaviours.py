@@ -107,6 +107,8 @@ SENDER_DEFAULT = textwrap.dedent(
                 elif mode == 2:  # answered through the sender without the final flag, and in the list too
                     sender.send(answer("sent"))
                     returned.append(answer("returned"))
+                elif mode == 3:  # never answered: waited for until its client goes away
+                    returned = None
             return returned
     """
 )
@@ -557,3 +559,18 @@ def test_custom_metrics_are_checked_as_tritons_and_seen_by_the_next_scrape(serve
         "'Metric' objects have been deleted.",
         "same family": "accepted",
     }
+
+
+def test_a_request_the_model_never_answers_through_its_sender_ends_when_its_client_goes_away(
+    server: GeserveProcess,
+) -> None:
+    """Triton waits for a default-mode request's final response without end; a client that gives up (its deadline)
+    cancels it, and the instance serves the next request instead of waiting on for ever."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    for _ in range(2):  # one on each of the model's two instances
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("sender_default", [_int_input(grpcclient, 3)], client_timeout=1.0)
+        assert "DEADLINE_EXCEEDED" in str(error.value.status())
+    assert (
+        _text(client.infer("sender_default", [_int_input(grpcclient, 1)], client_timeout=30)) == "response then final"
+    )

@@ -11,7 +11,7 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -80,22 +80,35 @@ class _SenderAnswers:
         with self._changed:
             return self._responses.get(index)
 
-    def wait_final(self, index: int, model: str) -> pb_utils.InferenceResponse | None:
-        """The request's response once its FINAL flag came: Triton waits for it without end, and so does this,
-        saying in the log every minute which request is still waited for."""
+    def wait_final(
+        self, index: int, model: str, cancelled: Callable[[], bool]
+    ) -> pb_utils.InferenceResponse | GeserveError | None:
+        """The request's response once its FINAL flag came. Triton waits for it without end; so does this, saying in
+        the log every minute which request is still waited for, unless the request is cancelled (its client went
+        away), which ends the wait with a CANCELLED error."""
+        waited = 0.0
         with self._changed:
-            while not self._changed.wait_for(lambda: index in self._finals, timeout=_FINAL_WAIT_LOG_S):
-                logger.warning(
-                    "model '%s': request %d of the batch has not sent its final response through its response "
-                    "sender; execute returned None, so it is waited for",
-                    model,
-                    index,
-                )
+            while not self._changed.wait_for(lambda: index in self._finals, timeout=_CANCEL_CHECK_S):
+                if cancelled():
+                    return CancelledError(
+                        f"model '{model}': the request was cancelled before it was answered through its response sender"
+                    )
+                waited += _CANCEL_CHECK_S
+                if waited >= _FINAL_WAIT_LOG_S:
+                    waited = 0.0
+                    logger.warning(
+                        "model '%s': request %d of the batch has not sent its final response through its response "
+                        "sender; execute returned None, so it is waited for",
+                        model,
+                        index,
+                    )
             return self._responses.get(index)
 
 
-# How often a request answered through its sender, and still waited for, is named in the log.
+# How often a request answered through its sender, and still waited for, is named in the log, and how often whether
+# it was cancelled is looked at meanwhile.
 _FINAL_WAIT_LOG_S = 60.0
+_CANCEL_CHECK_S = 0.5
 
 
 def _python_error(error: BaseException) -> str:
@@ -220,8 +233,8 @@ class PythonBackend:
                 self._refuse_returned(prepared, emit)
             return None
         if returned is None:  # answered through the response senders, maybe after execute returned
-            return [self._unpacked(answers.wait_final(index, self._name)) for index in range(len(requests))]
-        return self._results(returned, prepared, answers)
+            return [self._sent(answers, index, requests[index]) for index in range(len(requests))]
+        return self._results(returned, requests, prepared, answers)
 
     def _failed(self, message: str) -> str:
         """Triton's text for a failed execute (python_backend pb_stub.cc), which names the instance."""
@@ -272,7 +285,11 @@ class PythonBackend:
         return prepared
 
     def _results(
-        self, returned: Any, prepared: Sequence[pb_utils.InferenceRequest], answers: _SenderAnswers
+        self,
+        returned: Any,
+        requests: Sequence[BackendRequest],
+        prepared: Sequence[pb_utils.InferenceRequest],
+        answers: _SenderAnswers,
     ) -> list[RequestResult]:
         count = len(prepared)
         if not isinstance(returned, list | tuple) or len(returned) != count:
@@ -295,7 +312,7 @@ class PythonBackend:
         results: list[RequestResult] = []
         for index, response in enumerate(returned):
             if response is None:  # this request is answered through its sender
-                results.append(self._unpacked(answers.wait_final(index, self._name)))
+                results.append(self._sent(answers, index, requests[index]))
             elif not isinstance(response, pb_utils.InferenceResponse):
                 results.append(
                     InternalError(
@@ -306,6 +323,11 @@ class PythonBackend:
             else:
                 results.append(self._unpacked(response))
         return results
+
+    def _sent(self, answers: _SenderAnswers, index: int, request: BackendRequest) -> RequestResult:
+        """What request `index` answered through its sender, waited for."""
+        answered = answers.wait_final(index, self._name, request.cancelled)
+        return answered if isinstance(answered, GeserveError) else self._unpacked(answered)
 
     def _unpacked(self, response: pb_utils.InferenceResponse | None) -> RequestResult:
         outputs, error = _unpack(response, self._name) if response is not None else ({}, None)
