@@ -63,6 +63,12 @@ def auto_frontend_processes() -> int:
     return 1 if cores < 2 else min(max(cores // 2, 2), 8)
 
 
+def _given(args: argparse.Namespace, flag: str) -> str:
+    """A string flag's value, by the flag's name."""
+    value: str = getattr(args, flag[2:].replace("-", "_"))
+    return value
+
+
 def _grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
     """The gRPC listener's TLS, its files read now: a file missing or unreadable stops startup naming its flag (Triton
     would serve with an empty one). --grpc-use-ssl-mutual implies --grpc-use-ssl, as in Triton."""
@@ -70,13 +76,13 @@ def _grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
     if not (args.grpc_use_ssl or mutual):
         return None
     needed = ["--grpc-server-cert", "--grpc-server-key", *(["--grpc-root-cert"] if mutual else [])]
-    missing = [flag for flag in needed if not getattr(args, flag[2:].replace("-", "_"))]
+    missing = [flag for flag in needed if not _given(args, flag)]
     if missing:
         mode = "--grpc-use-ssl-mutual" if mutual else "--grpc-use-ssl"
         raise InvalidArgumentError(f"{mode} needs {' and '.join(missing)}")
 
     def read(flag: str) -> bytes:
-        path = getattr(args, flag[2:].replace("-", "_"))
+        path = _given(args, flag)
         try:
             content = Path(path).read_bytes()
         except OSError as error:
@@ -117,7 +123,7 @@ def parse_settings(
         grpc_tls = _grpc_tls(args)
         rate_limit_resources = tuple(rate_limiter.parse_resource(text) for text in args.rate_limit_resource)
         for flag in ("--http-header-forward-pattern", "--grpc-header-forward-pattern"):
-            header_forwarding.compile_pattern(getattr(args, flag[2:].replace("-", "_")), flag)
+            header_forwarding.compile_pattern(_given(args, flag), flag)
     except GeserveError as error:
         parser.error(error.message)
     warnings, refusal = triton_flags.check(args)

@@ -73,9 +73,10 @@ class TritonFormatter(logging.Formatter):
     `I1205 21:25:58.874000 <pid> <file>:<line>] <message>`, `ISO8601` is
     `2026-12-05T21:29:43Z I <pid> <file>:<line>] <message>`; a worker's `[label name=value ...]` starts its message."""
 
-    def __init__(self, iso8601: bool, prefix: str = "") -> None:
+    def __init__(self, log_format: str, prefix: str = "") -> None:
         super().__init__()
-        self._iso8601 = iso8601
+        self._iso8601 = log_format == ISO8601
+        self._date = DATE_FORMATS[log_format] or ""
         self._prefix = prefix
 
     def format(self, record: logging.LogRecord) -> str:
@@ -83,10 +84,10 @@ class TritonFormatter(logging.Formatter):
         letter = _LETTERS.get(record.levelno, "E" if record.levelno > logging.WARNING else "I")
         where = f"{record.process} {record.filename}:{record.lineno}] "
         if self._iso8601:
-            head = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', when)} {letter} {where}"
+            head = f"{time.strftime(self._date, when)} {letter} {where}"
         else:
             micros = int((record.created % 1) * 1_000_000)
-            head = f"{letter}{time.strftime('%m%d %H:%M:%S', when)}.{micros:06d} {where}"
+            head = f"{letter}{time.strftime(self._date, when)}.{micros:06d} {where}"
         record.message = record.getMessage()  # as logging.Formatter leaves it, for whoever reads the record after
         line = head + self._prefix + record.message
         if record.exc_info:
@@ -102,7 +103,7 @@ def formatter(log_format: str, tags: Mapping[str, str | int] | None = None, labe
     if log_format == JSON:
         return JsonFormatter(tags)
     tagged = " ".join([label, *(f"{name}={value}" for name, value in (tags or {}).items())]).strip()
-    return TritonFormatter(log_format == ISO8601, f"[{tagged}] " if tagged else "")
+    return TritonFormatter(log_format, f"[{tagged}] " if tagged else "")
 
 
 def log_to(

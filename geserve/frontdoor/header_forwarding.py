@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from geserve.errors import InvalidArgumentError
+from geserve.types import InferRequest
 
 # Parameters Triton sets itself (its common.h): a header of these names is refused, as is any `triton_` one.
 RESERVED = frozenset(
@@ -37,3 +39,11 @@ def forwarded(pattern: re.Pattern[str] | None, headers: Iterable[tuple[str, str]
             raise InvalidArgumentError(f"Header '{key}' is reserved for Triton usage and cannot be forwarded.")
         found[key] = value
     return found
+
+
+def with_forwarded(
+    request: InferRequest, pattern: re.Pattern[str] | None, headers: Iterable[tuple[str, str]]
+) -> InferRequest:
+    """The request with the headers `pattern` matches as string parameters, after its own, as Triton adds them."""
+    found = forwarded(pattern, headers)
+    return replace(request, parameters={**request.parameters, **found}) if found else request

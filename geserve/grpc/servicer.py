@@ -182,13 +182,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return replace(reply, sent=self._on_sent(response.trace, before))
 
     def _with_forwarded(self, request: InferRequest, metadata: Any) -> InferRequest:
-        """The request with the call metadata --grpc-header-forward-pattern matches as string parameters (after
-        the request's own, as Triton adds them)."""
+        """The request with the call metadata --grpc-header-forward-pattern matches as string parameters."""
         if self._forward is None:
             return request
         pairs = ((key, value) for key, value in metadata or () if isinstance(value, str))  # `-bin` keys are bytes
-        found = header_forwarding.forwarded(self._forward, pairs)
-        return replace(request, parameters={**request.parameters, **found}) if found else request
+        return header_forwarding.with_forwarded(request, self._forward, pairs)
 
     def _on_sent(self, trace: TraceRecord, before: tuple[TraceMark, ...]) -> Callable[[int, int], None]:
         """What a traced answer calls once it is on its way: the trace, completed, goes to be written."""

@@ -111,11 +111,8 @@ class InferEndpoint:
             )
         request = with_trace_context(request, headers)
         if self._forward is not None:
-            found = header_forwarding.forwarded(
-                self._forward, ((key.decode("latin-1"), value.decode("latin-1")) for key, value in headers.items())
-            )
-            if found:
-                request = replace(request, parameters={**request.parameters, **found})
+            pairs = ((key.decode("latin-1"), value.decode("latin-1")) for key, value in headers.items())
+            request = header_forwarding.with_forwarded(request, self._forward, pairs)
         client = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
         try:
             if client is None:

@@ -27,7 +27,6 @@ from geserve.workers.client import ThreadWorker, WorkerClient
 from geserve.workers.messages import BatchResult, InstanceSpec
 from geserve.workers.npu_mode import NpuResolver, Resolved
 from geserve.workers.process import ProcessWorker
-from geserve.workers.rate_limiter import RateLimiter
 from geserve.workers.runs import RunId
 from geserve.workers.shm import SHM_PREFIX
 from geserve.workers.supervisor import RestartPolicy
@@ -46,7 +45,7 @@ class InstancePool:
         self,
         instances: Sequence[WorkerClient],
         passive: Sequence[WorkerClient] = (),
-        limiter: RateLimiter | None = None,
+        limiter: rate_limiter.RateLimiter | None = None,
     ) -> None:
         self._instances = list(instances)
         self._limiter = limiter  # --rate-limit=execution_count: a batch runs once its instance holds its resources
@@ -208,7 +207,9 @@ class InstancePools:
         self._starting = 0  # instances of loads in progress
         # --rate-limit=execution_count: one limiter over every model's instances, as Triton's.
         self._limiter = (
-            RateLimiter(settings.rate_limit_resources) if settings.rate_limit == rate_limiter.EXECUTION_COUNT else None
+            rate_limiter.RateLimiter(settings.rate_limit_resources)
+            if settings.rate_limit == rate_limiter.EXECUTION_COUNT
+            else None
         )
 
     def stop_compiles(self) -> None:
@@ -304,7 +305,7 @@ class InstancePools:
         try:
             for worker in scheduled:
                 group = config.instance_group[worker.spec.group]
-                self._limiter.register(worker, rate_limiter.demand_of(config.name, group, worker.spec.device_id))
+                self._limiter.register(worker, rate_limiter.demand_of(group, worker.spec.device_id))
                 registered.append(worker)
         except ModelLoadError:
             for worker in registered:

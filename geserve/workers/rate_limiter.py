@@ -48,7 +48,7 @@ def parse_resource(text: str) -> tuple[str, int, int]:
     return parts[0], device, count
 
 
-def demand_of(model: str, group: mc.ModelInstanceGroup, device: int) -> Demand:
+def demand_of(group: mc.ModelInstanceGroup, device: int) -> Demand:
     """An instance of `group` on `device`: its resources as keys of the limiter's pool."""
     resources: dict[tuple[str, int], int] = {}
     for resource in group.rate_limiter.resources:

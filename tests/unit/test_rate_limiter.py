@@ -29,7 +29,7 @@ def _group(*resources: tuple[str, int, bool], priority: int = 0) -> mc.ModelInst
 
 
 def test_resources_are_keyed_by_device_or_global() -> None:
-    demand = demand_of("m", _group(("R1", 2, False), ("R2", 1, True), priority=3), device=1)
+    demand = demand_of(_group(("R1", 2, False), ("R2", 1, True), priority=3), device=1)
     assert demand == Demand({("R1", 1): 2, ("R2", GLOBAL_DEVICE): 1}, 3)
 
 

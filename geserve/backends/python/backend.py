@@ -226,15 +226,16 @@ class PythonBackend:
         except GeserveError:
             raise
         except BaseException as error:
-            logger.error("%s", self._failed(_python_error(error)))
-            raise InternalError(self._failed(_python_error(error))) from None
+            text = self._failed(_python_error(error))
+            logger.error("%s", text)
+            raise InternalError(text) from None
         if self._decoupled:
             if returned is not None:
                 self._refuse_returned(prepared, emit)
             return None
         if returned is None:  # answered through the response senders, maybe after execute returned
             return [self._sent(answers, index, requests[index]) for index in range(len(requests))]
-        return self._results(returned, requests, prepared, answers)
+        return self._results(returned, requests, answers)
 
     def _failed(self, message: str) -> str:
         """Triton's text for a failed execute (python_backend pb_stub.cc), which names the instance."""
@@ -285,13 +286,9 @@ class PythonBackend:
         return prepared
 
     def _results(
-        self,
-        returned: Any,
-        requests: Sequence[BackendRequest],
-        prepared: Sequence[pb_utils.InferenceRequest],
-        answers: _SenderAnswers,
+        self, returned: Any, requests: Sequence[BackendRequest], answers: _SenderAnswers
     ) -> list[RequestResult]:
-        count = len(prepared)
+        count = len(requests)
         if not isinstance(returned, list | tuple) or len(returned) != count:
             size = len(returned) if isinstance(returned, list | tuple) else type(returned).__name__
             failure = InternalError(
