@@ -26,6 +26,7 @@ from tests.deploy.manifests import (
     render_templates,
     validate_core,
 )
+from tests.deploy.prometheus import selects
 
 README = DEPLOY / "README.md"
 VOLCANO_FILES = ("values-ascend.yaml", "values-ascend-volcano.yaml")
@@ -118,25 +119,6 @@ def test_every_value_the_readme_sets_is_one_the_chart_reads() -> None:
 # -- kube-prometheus-stack --------------------------------------------------------------------------
 
 
-def _selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
-    """A Kubernetes LabelSelector: {} selects everything; matchLabels and matchExpressions all hold."""
-    if selector is None:
-        return False
-    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
-        return False
-    for expression in selector.get("matchExpressions", []):
-        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
-        holds = {
-            "In": key in labels and labels[key] in values,
-            "NotIn": key not in labels or labels[key] not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }[operator]
-        if not holds:
-            return False
-    return True
-
-
 def _kube_prometheus_stack(release: str) -> dict[str, Any]:
     """The selectors of the Prometheus kube-prometheus-stack installs with its defaults as `release`:
     serviceMonitorSelectorNilUsesHelmValues and ruleSelectorNilUsesHelmValues are true, so its
@@ -157,7 +139,7 @@ def _picked(prometheus: dict[str, Any], objects: list[dict[str, Any]]) -> set[st
     for kind, prefix in (("ServiceMonitor", "serviceMonitor"), ("PrometheusRule", "rule")):
         for document in by_kind(objects, kind):
             labels = document["metadata"].get("labels", {})
-            if _selects(prometheus[f"{prefix}Selector"], labels) and _selects(
+            if selects(prometheus[f"{prefix}Selector"], labels) and selects(
                 prometheus[f"{prefix}NamespaceSelector"], namespace
             ):
                 picked.add(kind)
@@ -166,12 +148,12 @@ def _picked(prometheus: dict[str, Any], objects: list[dict[str, Any]]) -> set[st
 
 def test_the_label_selector_model_follows_kubernetes() -> None:
     labels = {"release": "prom", "app": "geserve"}
-    assert _selects({}, labels) and not _selects(None, labels)
-    assert _selects({"matchLabels": {"release": "prom"}}, labels)
-    assert not _selects({"matchLabels": {"release": "other"}}, labels)
-    assert _selects({"matchExpressions": [{"key": "app", "operator": "In", "values": ["geserve"]}]}, labels)
-    assert not _selects({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, labels)
-    assert _selects({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, labels)
+    assert selects({}, labels) and not selects(None, labels)
+    assert selects({"matchLabels": {"release": "prom"}}, labels)
+    assert not selects({"matchLabels": {"release": "other"}}, labels)
+    assert selects({"matchExpressions": [{"key": "app", "operator": "In", "values": ["geserve"]}]}, labels)
+    assert not selects({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, labels)
+    assert selects({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, labels)
 
 
 def test_labels_let_kube_prometheus_stack_pick_the_service_monitor_and_rule() -> None:
@@ -191,7 +173,7 @@ def test_labels_let_kube_prometheus_stack_pick_the_service_monitor_and_rule() ->
     assert monitor["metadata"]["labels"]["app.kubernetes.io/name"] == "geserve"
     # ... and the ServiceMonitor still finds the metrics Service and its port.
     service = next(s for s in by_kind(labelled, "Service") if s["metadata"]["name"].endswith("-metrics"))
-    assert _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
 
 
@@ -357,7 +339,7 @@ def test_the_volcano_values_schedule_with_volcano_and_hand_its_npus_to_the_runti
     assert pod["schedulerName"] == "volcano"
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels["ring-controller.atlas"].startswith("ascend-")
-    assert _selects(deployment["spec"]["selector"], labels)  # still the Deployment's own pods
+    assert selects(deployment["spec"]["selector"], labels)  # still the Deployment's own pods
     container = containers_of(deployment)[0]
     npus = [name for name in container["resources"]["limits"] if name.startswith("huawei.com/")]
     visible = next(e for e in container["env"] if e["name"] == "ASCEND_VISIBLE_DEVICES")
