@@ -11,13 +11,14 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from google.protobuf import json_format
 
 from geserve._generated import model_config_pb2 as mc
+from geserve.abandonable import AbandonableExecutor
 from geserve.core.api import FILE_PREFIX
 from geserve.core.ensemble import is_ensemble, steps_of
 from geserve.core.loader import load_model
@@ -67,7 +68,8 @@ class ModelRepository:
         self._named = ", ".join([*map(str, settings.paths), *settings.remotes])  # as the command line gave them
         self._mirrors: list[S3Mirror] = []  # made at startup, their folders added to `repositories`
         self._mirror_root: Path | None = None  # a temporary folder of ours, removed at shutdown
-        self._io = ThreadPoolExecutor(REPOSITORY_THREADS, thread_name_prefix="geserve-repository")
+        # Daemon threads: a call hung in the store is abandoned at exit, not waited out after SIGTERM.
+        self._io = AbandonableExecutor(REPOSITORY_THREADS, thread_name_prefix="geserve-repository")
         # One sync at a time (index, poll and load may overlap), waited for on the loop rather than on a thread.
         self._sync_turn = asyncio.Lock()
         self._listed = False  # every remote repository listed at least once: the index can answer from its copy
@@ -487,7 +489,7 @@ class ModelRepository:
         await asyncio.gather(*(version.stop(timeout_s) for version in versions), *self._retiring)
         for name in list(self._override_dirs):
             self._drop_override_folder(name)
-        # A sync stuck in a store that hangs is not waited for here: its calls end within the client's timeouts.
+        # A sync stuck in a store that hangs is not waited for, here or at exit: its thread is a daemon.
         self._io.shutdown(wait=False, cancel_futures=True)
         if self._mirror_root is not None:
             shutil.rmtree(self._mirror_root, ignore_errors=True)

@@ -4,6 +4,7 @@ request's signature) on a loopback port."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.s3_server import REGION, S3Server
-from tests.support import GeserveProcess, run_on_threads, write_identity_model
+from tests.support import GeserveProcess, descendants, run_on_threads, write_identity_model
 
 boto3 = pytest.importorskip("boto3")
 
@@ -286,3 +287,29 @@ def test_a_store_that_hangs_holds_up_neither_requests_nor_the_index(
     with httpclient.InferenceServerClient(server.url) as client:
         _wait_for(lambda: client.is_model_ready("added"))
     _echo(server.url, "added", [3.0])
+
+
+@pytest.mark.parametrize("frontend_processes", [1, 2])
+def test_sigterm_while_a_call_to_the_store_hangs_ends_the_server_at_once(
+    launch: Launch, s3: S3Server, tmp_path: Path, frontend_processes: int
+) -> None:
+    url = _bucket(s3, f"sigterm-{frontend_processes}", tmp_path, "echo")
+    server = launch(
+        f"--model-repository={url}",
+        "--model-control-mode=poll",
+        "--repository-poll-secs=1",
+        "--exit-timeout-secs=5",
+        f"--frontend-processes={frontend_processes}",
+        env=s3.credentials,
+    ).wait_live()
+    _echo(server.url, "echo", [1.0])
+    with s3.hung():
+        time.sleep(2.5)  # a poll is waiting on the store by now, for up to its timeouts (about 20 s)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        status = server.wait_exit(timeout_s=30)
+        took = time.monotonic() - started
+    assert status == 0, server.log()
+    # Nothing is left to drain: the hung call is abandoned, not waited out.
+    assert took < 4, f"exited {took:.1f} s after SIGTERM\n{server.log()}"
+    assert not descendants(server.process.pid)
