@@ -62,8 +62,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         on_lost: Callable[[Exception | None], None],
         on_made: Callable[[], None] | None = None,
         on_unsendable: Callable[[Any, Exception], None] | None = None,
+        riders: Callable[[], list[Any]] | None = None,
     ) -> None:
         self._on_message = on_message
+        self._riders = riders  # messages that wait for a frame leaving anyway, asked for as each frame leaves
         self._on_lost = on_lost
         self._on_made = on_made
         self._on_unsendable = on_unsendable  # a message that cannot be pickled, and why (it is not sent)
@@ -93,6 +95,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         messages, self._pending = self._pending, []
         if not messages or self.transport is None or self.transport.is_closing():
             return
+        if self._riders is not None:
+            messages += self._riders()
         try:
             parts = encode(messages)
         except Exception:  # one of them cannot be pickled: the others still go, one frame each

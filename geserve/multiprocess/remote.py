@@ -11,6 +11,7 @@ from typing import Any
 from geserve._generated import model_config_pb2 as mc
 from geserve.core.shared_memory import RegionMirror
 from geserve.errors import InternalError, UnavailableError
+from geserve.lingering import LingeringIds
 from geserve.multiprocess.calls import (
     MODELS_EVENT,
     REGIONS_EVENT,
@@ -18,7 +19,6 @@ from geserve.multiprocess.calls import (
     Kind,
 )
 from geserve.multiprocess.framing import FrameProtocol
-from geserve.per_turn import PerTurn
 from geserve.residency import Lease
 from geserve.snapshots import ModelView
 from geserve.submissions import Answer, Submission
@@ -43,11 +43,14 @@ class RemoteEngineLink:
         self._kept: dict[int, Submission] = {}
         self._streams: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
         self._on_event = on_event
-        self._channel = FrameProtocol(self._received, self._lost, on_unsendable=self._unsendable)
+        self._channel = FrameProtocol(
+            self._received, self._lost, on_unsendable=self._unsendable, riders=self._riding_releases
+        )
         self._models: dict[str, ModelView] = {}
         self._regions = RegionMirror()
-        # Answers whose outputs are no longer read here, released together once per turn of the loop.
-        self._releases = PerTurn(self._send_releases)
+        # Answers whose outputs are no longer read here: released with the next frame to the engine, or together in
+        # a frame of their own when none leaves soon.
+        self._releases = LingeringIds(self._send_releases)
         self.lost = asyncio.Event()  # set when the engine's end closes
         self._told = asyncio.Event()  # the engine's first snapshots are in
 
@@ -117,13 +120,17 @@ class RemoteEngineLink:
             self._release(lease_id)
 
     def _release(self, lease_id: object) -> None:
-        """Called wherever the last array of an answer died (any thread): released with the others of this turn."""
+        """Called wherever the last array of an answer died (any thread): released with the next frame."""
         assert isinstance(lease_id, int)
         self._releases.add(lease_id)
 
     def _send_releases(self, released: tuple[int, ...]) -> None:
         if not self.lost.is_set():
             self._channel.send((Kind.RELEASE, released))
+
+    def _riding_releases(self) -> list[tuple[Any, ...]]:
+        released = self._releases.take()
+        return [(Kind.RELEASE, released)] if released else []
 
     def _unsendable(self, message: tuple[Any, ...], error: Exception) -> None:
         """A call whose arguments cannot be pickled fails with why; nothing of it reached the engine."""

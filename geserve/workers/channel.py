@@ -10,10 +10,11 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from geserve.errors import GeserveError
-from geserve.per_turn import PerTurn
+from geserve.lingering import LingeringIds
 from geserve.types import InstanceStatus, with_parameters
 from geserve.workers.batch import Cancellable
 from geserve.workers.client import local_tensors
@@ -79,8 +80,9 @@ class WorkerChannel:
         self._reply_segments: deque[str] = deque(maxlen=_KEPT_REPLY_SEGMENTS)
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        # Batches whose outputs their readers are done with, sent together once per turn of the loop.
-        self._releases = PerTurn(self._send_releases)
+        # Batches whose outputs their readers are done with: they ride on the next batch, or leave together in a
+        # Release of their own when none follows soon.
+        self._releases = LingeringIds(self._send_releases)
         self._releases.start()
         # Read on the loop as the worker writes; messages of any size arrive and leave whole.
         self._pipe = PipeEnd(connection, self._on_message, self._on_pipe_lost)
@@ -133,15 +135,24 @@ class WorkerChannel:
         InvalidArgumentError (nothing sent) when the message is over the channel's limit."""
         answer: asyncio.Future[BatchPlaced] = self._loop.create_future()
         self._in_flight[message.batch_id] = answer
+        released = self._releases.take()
+        if released:
+            message = replace(message, released=released)
         try:
-            self._pipe.send(message)
+            try:
+                self._pipe.send(message)
+            except GeserveError:  # over the channel's limit, so not sent: the releases still go
+                if released:
+                    self._send_releases(released)
+                raise
             return await answer
         finally:
             self._in_flight.pop(message.batch_id, None)
 
     def release(self, batch_id: object) -> None:
         """The readers of batch `batch_id`'s outputs are done with them: the worker may reuse their place. Called
-        wherever the last reader let go (any thread); sent with the others released in the same turn of the loop."""
+        wherever the last reader let go (any thread); sent with the next batch, or with the others released within a
+        few milliseconds when no batch follows."""
         assert isinstance(batch_id, int)
         self._releases.add(batch_id)
 

@@ -16,7 +16,16 @@ from geserve.backends.base import ResponseEmitter
 from geserve.errors import GeserveError
 from geserve.types import response_parameters
 from geserve.workers import pipe
-from geserve.workers.messages import BlsReply, Cancel, ControlReply, Partial, Release, RequestInfo, Shutdown
+from geserve.workers.messages import (
+    BlsReply,
+    Cancel,
+    ControlReply,
+    Partial,
+    Release,
+    RequestInfo,
+    RunBatch,
+    Shutdown,
+)
 from geserve.workers.runs import RunId
 from geserve.workers.shm import write_tensors
 
@@ -138,20 +147,28 @@ class Inbox:
         the front-end is gone."""
         while True:
             message: object
-            if self._queue is None:
-                message = self._connection.recv()
-            else:
+            if self._queue is not None:  # the reader thread handled cancellations and releases already
                 message = self._queue.get()
                 if message is self._END:
                     raise EOFError
-            if isinstance(message, Cancel):
-                self._cancelled.add(message.stream_id)
-            elif isinstance(message, Release):
-                self._release(message.batch_ids)
-            else:
+                return message
+            message = self._connection.recv()
+            if not self._handled_here(message):
                 return message
             if not self.ready():
                 return None
+
+    def _handled_here(self, message: object) -> bool:
+        """Take a cancellation or released outputs (alone, or riding on a batch); True when that was all it was."""
+        if isinstance(message, Cancel):
+            self._cancelled.add(message.stream_id)
+            return True
+        if isinstance(message, Release):
+            self._release(message.batch_ids)
+            return True
+        if isinstance(message, RunBatch) and message.released:
+            self._release(message.released)
+        return False
 
     def _read(self) -> None:
         assert self._queue is not None and self._bls is not None
@@ -164,11 +181,7 @@ class Inbox:
                 return
             if isinstance(message, BlsReply | ControlReply):
                 self._bls.deliver(message)
-            elif isinstance(message, Cancel):
-                self._cancelled.add(message.stream_id)
-            elif isinstance(message, Release):
-                self._release(message.batch_ids)
-            else:
+            elif not self._handled_here(message):
                 self._queue.put(message)
                 if isinstance(message, Shutdown):
                     return

@@ -108,17 +108,19 @@ class RunBatch:
     inputs: tuple[BatchInput, ...]
     output_names: tuple[str, ...]
     requests: tuple[RequestInfo, ...]
+    # Earlier batches whose outputs are read and done with, as a Release would name them: they ride along here.
+    released: tuple[int, ...] = ()
 
     def __reduce__(self) -> tuple[Callable[..., RunBatch], tuple[object, ...]]:
         # Sent once per batch: plain tuples pickle several times faster than dataclasses and named tuples.
-        fields = (self.batch_id, self.inputs, self.output_names)
+        fields = (self.batch_id, self.inputs, self.output_names, self.released)
         return _run_batch, (fields, tuple(map(tuple, self.requests)))
 
 
 def _run_batch(fields: tuple[Any, ...], requests: tuple[tuple[Any, ...], ...]) -> RunBatch:
-    batch_id, inputs, output_names = fields
+    batch_id, inputs, output_names, released = fields
     infos = tuple(tuple.__new__(RequestInfo, request) for request in requests)
-    return RunBatch(batch_id, inputs, output_names, infos)
+    return RunBatch(batch_id, inputs, output_names, infos, released)
 
 
 @dataclass(frozen=True, slots=True)

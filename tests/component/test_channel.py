@@ -7,12 +7,14 @@ import multiprocessing
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from geserve.errors import InternalError, InvalidArgumentError, UnavailableError
+from geserve.lingering import LINGER_S
 from geserve.types import InstanceStatus
 from geserve.workers import messages, pipe
 from geserve.workers.channel import Lifecycle, WorkerChannel
@@ -81,19 +83,40 @@ async def test_answers_resolve_their_own_batches_whatever_their_order(ends: Ends
     assert ends.channel.in_flight == 0
 
 
-async def test_outputs_released_in_one_turn_reach_the_worker_as_one_release(ends: Ends) -> None:
-    # Readers let go of a batch's outputs on the loop or on another thread; the worker hears of them once a turn.
+async def test_released_outputs_ride_on_the_next_batch_or_leave_together_after_the_linger(ends: Ends) -> None:
+    # Readers let go of a batch's outputs on the loop or on another thread.
     reader = threading.Thread(target=ends.channel.release, args=(4,))
     reader.start()
-    reader.join()  # the loop does not turn meanwhile
+    reader.join()
     ends.channel.release(5)
+    await asyncio.sleep(0)
+    assert not ends.worker.poll(0)  # waiting for a batch to ride on
+    next_batch = batch(ends)
+    running = asyncio.ensure_future(ends.channel.run(next_batch))
+    await asyncio.sleep(0)
+    assert ends.received() == replace(next_batch, released=(4, 5))  # one message for all three
+    ends.worker.send(placed(next_batch.batch_id))
+    await asyncio.wait_for(running, 5)
+    await asyncio.sleep(LINGER_S * 4)
+    assert not ends.worker.poll(0)  # nothing else was sent for them
+    # No batch follows: they leave together in a Release of their own, after the linger.
     ends.channel.release(6)
+    ends.channel.release(7)
     await asyncio.sleep(0)
-    assert ends.received() == messages.Release((4, 5, 6))
-    assert not ends.worker.poll(0.05)  # nothing else was sent for them
-    ends.channel.release(7)  # a later turn's: a Release of its own
-    await asyncio.sleep(0)
-    assert ends.received() == messages.Release((7,))
+    assert not ends.worker.poll(0)
+    await asyncio.sleep(LINGER_S * 4)
+    assert ends.received() == messages.Release((6, 7))
+
+
+async def test_releases_riding_on_a_batch_over_the_limit_still_leave(
+    ends: Ends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipe, "MAX_MESSAGE_BYTES", 1 << 16)
+    ends.channel.release(8)
+    oversized = messages.RunBatch(ends.channel.new_id(), (), ("X" * (1 << 17),), ())
+    with pytest.raises(InvalidArgumentError):
+        await ends.channel.run(oversized)
+    assert ends.received() == messages.Release((8,))
 
 
 async def test_a_lost_connection_closes_the_channel_and_fail_ends_everything_in_flight(ends: Ends) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from geserve.backends.python import pb_utils
 from geserve.workers.mailbox import Inbox, Outbox
-from geserve.workers.messages import Cancel, Partial, ReadStatus, Release, RequestInfo, Shutdown
+from geserve.workers.messages import Cancel, Partial, ReadStatus, Release, RequestInfo, RunBatch, Shutdown
 from geserve.workers.runs import RunId
 from geserve.workers.shm import take_tensors
 
@@ -63,6 +63,25 @@ def test_only_cancellations_and_releases_waiting_hand_the_main_loop_nothing(pipe
         assert isinstance(inbox.get(), ReadStatus)
     finally:
         inbox.close()
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_releases_riding_on_a_batch_are_taken_once_and_the_batch_reaches_the_main_loop(
+    pipe: Ends, threaded: bool
+) -> None:
+    front_end, worker = pipe
+    released: list[tuple[int, ...]] = []
+    inbox = Inbox(worker, set(), Outbox(worker, RUN), threaded=threaded, release=released.append)
+    try:
+        front_end.send(RunBatch(9, (), ("OUT",), (), released=(7, 8)))
+        message = inbox.get()
+        assert isinstance(message, RunBatch) and message.batch_id == 9
+        assert released == [(7, 8)]  # before the batch runs, and once
+        front_end.send(RunBatch(10, (), ("OUT",), ()))
+        assert isinstance(inbox.get(), RunBatch) and released == [(7, 8)]
+    finally:
+        inbox.close()
+        pb_utils.set_bls_caller(None)
 
 
 def test_the_front_end_gone_ends_the_inbox(pipe: Ends) -> None:

@@ -289,6 +289,33 @@ async def test_sends_of_one_turn_leave_in_one_writelines() -> None:
     assert reader.messages == [(3, 5, "later"), (3, 6, "later too")]
 
 
+async def test_riders_join_the_next_frame_that_leaves_and_send_none_of_their_own() -> None:
+    waiting: list[Any] = []
+
+    def riders() -> list[Any]:
+        taken = list(waiting)
+        waiting.clear()
+        return taken
+
+    protocol = FrameProtocol(lambda message: None, lambda exc: None, riders=riders)
+    transport = FakeTransport()
+    protocol.connection_made(transport)
+    waiting.append((8, (1, 2)))
+    await asyncio.sleep(0)
+    assert transport.writes == []  # riders alone make no frame
+    protocol.send((3, 1, "submission"))
+    await asyncio.sleep(0)
+    [parts] = transport.writes
+    reader = Reader()
+    reader.feed(b"".join(bytes(part) for part in parts), CHUNK)
+    assert reader.messages == [(3, 1, "submission"), (8, (1, 2))]  # one frame, one write
+    protocol.send((3, 2, "next"))
+    await asyncio.sleep(0)
+    reader = Reader()
+    reader.feed(b"".join(bytes(part) for part in transport.writes[1]), CHUNK)
+    assert reader.messages == [(3, 2, "next")]  # taken once
+
+
 async def test_nothing_is_written_to_a_closing_transport() -> None:
     protocol, transport = _connected()
     protocol.send((3, 1, "queued"))
