@@ -18,7 +18,7 @@ from geserve.errors import GeserveError, InvalidArgumentError
 from geserve.event_loop import loop_factory
 from geserve.flags import COMMANDS, build_parser
 from geserve.frontdoor import header_forwarding
-from geserve.memory import keep_freed_memory
+from geserve.memory import bound_arenas, keep_freed_memory
 from geserve.metrics import config as metrics_config
 from geserve.repository import remote
 from geserve.restrictions import parse_restrictions
@@ -265,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_records.log_to(logging_settings.log_file, logging_settings.level, logging_settings.log_format)
     LogControl(logging_settings).apply()
     keep_freed_memory()
+    bound_arenas()
     if settings.server.frontend_processes > 1:
         from geserve.multiprocess.supervisor import Supervisor
 
