@@ -267,7 +267,10 @@ def test_a_client_that_half_closes_after_its_request_gets_the_answer(
     # A request that takes longer than HALF_CLOSE_PROBE_S (a loaded machine) is answered after a 100 Continue.
     [answer] = responses(received.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n"))
     assert_echoed(answer, data)
-    assert answer[1][b"connection"] == b"close"
+    # The answer says `connection: close` when the FIN was read before it was written; a client delayed between
+    # its request and its FIN (a loaded machine) may be answered first, without it. Either way the server closed
+    # the connection after the FIN: `read_until_closed` returned.
+    assert answer[1].get(b"connection", b"close") == b"close"
     assert_infers(server)
     assert "Traceback" not in server.log()
 
