@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import mmap
 import socket
@@ -50,6 +51,7 @@ class ControlLine:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
+        self._kept: collections.deque[bytes] = collections.deque()  # read by a listener they were not for
 
     @classmethod
     async def open(cls, control: socket.socket) -> ControlLine:
@@ -57,12 +59,22 @@ class ControlLine:
         return cls(reader, writer)
 
     async def next_word(self) -> bytes:
-        """The next word from the supervisor; b"" when it is gone (its end closed)."""
+        """The next word from the supervisor (one kept back first); b"" when it is gone (its end closed)."""
+        if self._kept:
+            return self._kept.popleft()
+        return await self.read_word()
+
+    async def read_word(self) -> bytes:
+        """The next word off the line itself, past any kept back: for a listener that keeps what is not its own."""
         try:
             line = await self._reader.readline()
         except (ConnectionError, OSError):
             return b""
         return line.strip()
+
+    def keep(self, word: bytes) -> None:
+        """A word read by a listener it was not for: `next_word` gives it to the next reader."""
+        self._kept.append(word)
 
     def tell(self, word: bytes) -> None:
         if not self._writer.is_closing():

@@ -109,8 +109,11 @@ async def _shut_down(engine: EngineHost, control: ControlLine | None, timeout_s:
 
 async def _supervisor_gone(control: ControlLine) -> str:
     while True:
-        word = await control.next_word()
+        word = await control.read_word()
         if word == b"":
             return "the supervisor is gone"
         if word == KILL:
             return "second signal"
+        # Another word (the STOP that follows the protocol processes' exit, during a stop begun at startup) is
+        # for whoever reads the line after this stops listening: dropped, it would be waited for in vain.
+        control.keep(word)
